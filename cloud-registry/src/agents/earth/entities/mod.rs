@@ -1,0 +1,1 @@
+//! Entity query over the six Earth domains (seed 000 "Earth Entity Query").

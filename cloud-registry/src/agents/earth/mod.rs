@@ -1,0 +1,3 @@
+//! The Earth natural-language command (seed 000 "Earth Command").
+
+pub mod entities;

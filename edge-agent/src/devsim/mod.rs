@@ -1,0 +1,1 @@
+//! Device simulators that speak real wire protocols on pseudo-terminals.

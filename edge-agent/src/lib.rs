@@ -1,0 +1,7 @@
+//! Benchlink edge agent: the daemon that runs on each bench computer.
+//!
+//! It describes the attached hardware (from one TOML file), drives it through
+//! one driver per capability type, keeps evidence in a SQLite outbox and talks
+//! to the registry over MQTT (control) and HTTP (artifact bytes).
+
+pub mod devsim;
