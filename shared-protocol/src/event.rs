@@ -1,0 +1,86 @@
+//! The capability event stream (seed 001 §7), served as Server-Sent Events
+//! at `GET /api/v1/capability-events/stream`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::Timestamp;
+
+wire_enum! {
+    /// Event types: the fifteen of seed 001 §7, then the audit-task events
+    /// (seed 001 §8) that share the stream.
+    pub enum EventType {
+        ProviderRegistered = "provider_registered",
+        CapabilityRegistered = "capability_registered",
+        CapabilityHealthChanged = "capability_health_changed",
+        LeaseRequested = "lease_requested",
+        LeaseGranted = "lease_granted",
+        LeaseRenewed = "lease_renewed",
+        LeaseReleaseRequested = "lease_release_requested",
+        LeaseReleased = "lease_released",
+        LeaseExpired = "lease_expired",
+        LeasePreemptRequested = "lease_preempt_requested",
+        LeasePreempted = "lease_preempted",
+        SessionStarted = "session_started",
+        SessionCompleted = "session_completed",
+        SessionFailed = "session_failed",
+        ArtifactUploaded = "artifact_uploaded",
+        AuditTaskCreated = "audit_task_created",
+        AuditTaskClaimed = "audit_task_claimed",
+        AuditTaskReleased = "audit_task_released",
+        AuditTaskCompleted = "audit_task_completed",
+    }
+}
+
+impl EventType {
+    /// The fifteen types seed 001 §7 lists.
+    pub const SEED_SECTION_7: [EventType; 15] = [
+        EventType::ProviderRegistered,
+        EventType::CapabilityRegistered,
+        EventType::CapabilityHealthChanged,
+        EventType::LeaseRequested,
+        EventType::LeaseGranted,
+        EventType::LeaseRenewed,
+        EventType::LeaseReleaseRequested,
+        EventType::LeaseReleased,
+        EventType::LeaseExpired,
+        EventType::LeasePreemptRequested,
+        EventType::LeasePreempted,
+        EventType::SessionStarted,
+        EventType::SessionCompleted,
+        EventType::SessionFailed,
+        EventType::ArtifactUploaded,
+    ];
+}
+
+/// One event. `event_id` increases by one per event for the registry's whole
+/// life (it is the SSE `id:`; a client resumes with `Last-Event-ID`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapabilityEvent {
+    pub event_id: u64,
+    pub event_type: EventType,
+    pub occurred_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_request_id: Option<String>,
+    /// Type-specific detail (the lease, the session, the health change...).
+    pub data: Value,
+}
+
+/// Sent as SSE event `stream_gap` when a client fell too far behind and
+/// events `from_event_id..=to_event_id` were dropped for it; it should
+/// reconnect with `Last-Event-ID` to fetch them from the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamGap {
+    pub from_event_id: u64,
+    pub to_event_id: u64,
+}

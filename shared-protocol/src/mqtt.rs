@@ -1,0 +1,334 @@
+//! The MQTT control plane (DESIGN.md "Control plane: MQTT"): topics, QoS,
+//! and the JSON envelope every message travels in.
+//!
+//! | topic | direction | QoS | retained |
+//! |---|---|---|---|
+//! | `{prefix}/providers/{p}/status` | edge→cloud | 1 | yes; LWT `offline` |
+//! | `{prefix}/providers/{p}/register` | edge→cloud | 1 | no |
+//! | `{prefix}/providers/{p}/heartbeat` | edge→cloud | 0 | no |
+//! | `{prefix}/providers/{p}/commands` | cloud→edge | 1 | no |
+//! | `{prefix}/providers/{p}/results` | edge→cloud | 1 | no |
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::artifact::CapabilityArtifact;
+use crate::capability::{CapabilityAction, CapabilityRegistration};
+use crate::lease::PreemptNotice;
+use crate::provider::{OnlineStatus, ProviderRegisterRequest};
+use crate::session::SessionStatus;
+use crate::validate::{check_id, Validate, ValidationError};
+use crate::{Timestamp, PROTOCOL_VERSION};
+
+/// Default topic prefix.
+pub const DEFAULT_TOPIC_PREFIX: &str = "benchlink/v1";
+
+wire_enum! {
+    /// The five per-provider topics.
+    pub enum TopicKind {
+        Status = "status",
+        Register = "register",
+        Heartbeat = "heartbeat",
+        Commands = "commands",
+        Results = "results",
+    }
+}
+
+/// MQTT QoS level as a plain number (0, 1, 2).
+pub type QosLevel = u8;
+
+impl TopicKind {
+    /// The QoS messages on this topic are published with.
+    pub fn qos(self) -> QosLevel {
+        match self {
+            TopicKind::Heartbeat => 0,
+            _ => 1,
+        }
+    }
+
+    /// Whether messages on this topic are retained (only `status`).
+    pub fn retained(self) -> bool {
+        self == TopicKind::Status
+    }
+}
+
+/// A topic that is not one of ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("topic `{topic}` is not a Benchlink provider topic under `{prefix}`: {reason}")]
+pub struct TopicError {
+    pub topic: String,
+    pub prefix: String,
+    pub reason: &'static str,
+}
+
+/// Build `{prefix}/providers/{provider_id}/{kind}`.
+pub fn topic(prefix: &str, provider_id: &str, kind: TopicKind) -> String {
+    format!("{prefix}/providers/{provider_id}/{}", kind.as_str())
+}
+
+/// A subscription filter for `kind` of every provider:
+/// `{prefix}/providers/+/{kind}`.
+pub fn topic_filter_all(prefix: &str, kind: TopicKind) -> String {
+    format!("{prefix}/providers/+/{}", kind.as_str())
+}
+
+/// Split a topic built by [`topic`] into its provider id and kind.
+///
+/// Errors: wrong prefix, wrong shape, an invalid provider id, or an unknown
+/// kind.
+pub fn parse_topic<'a>(prefix: &str, topic: &'a str) -> Result<(&'a str, TopicKind), TopicError> {
+    let err = |reason| TopicError {
+        topic: topic.to_string(),
+        prefix: prefix.to_string(),
+        reason,
+    };
+    let rest = topic
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix("/providers/"))
+        .ok_or_else(|| err("wrong prefix"))?;
+    let mut parts = rest.split('/');
+    let (Some(provider), Some(kind), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(err("expected providers/{provider_id}/{kind}"));
+    };
+    check_id("provider_id", provider).map_err(|_| err("invalid provider id"))?;
+    let kind = kind.parse::<TopicKind>().map_err(|_| err("unknown kind"))?;
+    Ok((provider, kind))
+}
+
+/// Every MQTT message: `protocol_version`, `message_id` (de-duplication:
+/// QoS 1 delivers at least once), `sent_at`, `type`, `body`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub protocol_version: String,
+    /// Unique per message; a receiver drops a second copy of the same id.
+    pub message_id: String,
+    pub sent_at: Timestamp,
+    #[serde(rename = "type")]
+    pub message_type: MessageType,
+    pub body: Value,
+}
+
+/// Why an envelope was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error("malformed envelope: {0}")]
+    Malformed(#[from] crate::ParseError),
+    #[error("protocol_version `{0}` is not supported (this side speaks {PROTOCOL_VERSION})")]
+    Version(String),
+    #[error("expected a `{expected}` message, got `{got}`")]
+    WrongType {
+        expected: MessageType,
+        got: MessageType,
+    },
+}
+
+impl Validate for Envelope {
+    fn validate(&self) -> Result<(), ValidationError> {
+        if self.message_id.is_empty() || self.message_id.len() > 128 {
+            return Err(ValidationError::new(
+                "message_id",
+                "must be 1 to 128 characters",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Envelope {
+    /// Wrap `body` with a fresh `message_id` and `sent_at`.
+    pub fn new<T: Serialize>(
+        message_type: MessageType,
+        message_id: String,
+        sent_at: Timestamp,
+        body: &T,
+    ) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            protocol_version: PROTOCOL_VERSION.to_string(),
+            message_id,
+            sent_at,
+            message_type,
+            body: serde_json::to_value(body)?,
+        })
+    }
+
+    /// Parse and check an envelope from payload bytes. A different major
+    /// protocol version is refused.
+    pub fn parse(payload: &[u8]) -> Result<Self, EnvelopeError> {
+        let env: Envelope = crate::parse_json(payload)?;
+        let major = env.protocol_version.split('.').next().unwrap_or("");
+        if major != PROTOCOL_VERSION.split('.').next().unwrap_or("1") {
+            return Err(EnvelopeError::Version(env.protocol_version));
+        }
+        Ok(env)
+    }
+
+    /// The body as `T`, when `type` is `expected`.
+    pub fn body_as<T: DeserializeOwned + Validate>(
+        &self,
+        expected: MessageType,
+    ) -> Result<T, EnvelopeError> {
+        if self.message_type != expected {
+            return Err(EnvelopeError::WrongType {
+                expected,
+                got: self.message_type,
+            });
+        }
+        Ok(crate::parse_value(self.body.clone())?)
+    }
+
+    /// Serialize to payload bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // An Envelope holds only JSON values and strings: serialization
+        // cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+wire_enum! {
+    /// The `type` of an envelope, and the topic it travels on.
+    pub enum MessageType {
+        /// `status` topic: [`StatusBody`].
+        Status = "status",
+        /// `register` topic: [`RegisterBody`].
+        Register = "register",
+        /// `heartbeat` topic: [`crate::provider::HeartbeatRequest`].
+        Heartbeat = "heartbeat",
+        /// `commands` topic: [`RegisterAck`].
+        RegisterAck = "register_ack",
+        /// `commands` topic: [`ActionCommand`].
+        ActionInvoke = "action_invoke",
+        /// `commands` topic: [`ActionCancel`].
+        ActionCancel = "action_cancel",
+        /// `commands` topic: [`PreemptNotice`].
+        PreemptRequested = "preempt_requested",
+        /// `commands` topic: [`LeaseRevoked`].
+        LeaseRevoked = "lease_revoked",
+        /// `results` topic: [`SessionUpdate`].
+        SessionUpdate = "session_update",
+    }
+}
+
+/// Retained provider status; the LWT carries `offline` with the same boot id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusBody {
+    pub provider_id: String,
+    pub online_status: OnlineStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+}
+
+impl Validate for StatusBody {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_id("provider_id", &self.provider_id)
+    }
+}
+
+/// Provider and capability batch in one message (seed 001 §4.1 + §4.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterBody {
+    pub provider: ProviderRegisterRequest,
+    pub capabilities: Vec<CapabilityRegistration>,
+}
+
+impl Validate for RegisterBody {
+    fn validate(&self) -> Result<(), ValidationError> {
+        self.provider.validate().map_err(|e| e.within("provider"))?;
+        crate::validate::validate_each("capabilities", &self.capabilities)
+    }
+}
+
+/// The registry's answer to a `register` message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterAck {
+    pub provider_id: String,
+    pub accepted: bool,
+    pub heartbeat_interval_seconds: u32,
+    /// Capability ids stored.
+    pub registered: Vec<String>,
+    /// Why not accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Validate for RegisterAck {
+    fn validate(&self) -> Result<(), ValidationError> {
+        Ok(())
+    }
+}
+
+/// Run `action` on `capability_id` for session `session_id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionCommand {
+    pub session_id: String,
+    pub lease_id: String,
+    pub capability_id: String,
+    pub action: CapabilityAction,
+    pub params: serde_json::Map<String, Value>,
+    /// The driver must finish within this many milliseconds.
+    pub timeout_ms: u32,
+}
+
+impl Validate for ActionCommand {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_id("session_id", &self.session_id)?;
+        check_id("capability_id", &self.capability_id)
+    }
+}
+
+/// Cancel a running session (preemption at grace end, or the holder's stop).
+/// A non-interruptible action finishes first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionCancel {
+    pub session_id: String,
+    pub reason: String,
+}
+
+impl Validate for ActionCancel {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_id("session_id", &self.session_id)
+    }
+}
+
+impl Validate for PreemptNotice {
+    fn validate(&self) -> Result<(), ValidationError> {
+        Ok(())
+    }
+}
+
+/// A lease ended early (revoked after preemption, or expired): the provider
+/// cancels what still runs under it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseRevoked {
+    pub lease_id: String,
+    pub capability_id: String,
+    pub reason: String,
+}
+
+impl Validate for LeaseRevoked {
+    fn validate(&self) -> Result<(), ValidationError> {
+        Ok(())
+    }
+}
+
+/// Progress or end of a session, with metadata of the artifacts it made
+/// (their bytes follow over HTTP).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionUpdate {
+    pub session_id: String,
+    pub capability_id: String,
+    pub status: SessionStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_summary: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    #[serde(default)]
+    pub artifacts: Vec<CapabilityArtifact>,
+    pub occurred_at: Timestamp,
+}
+
+impl Validate for SessionUpdate {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_id("session_id", &self.session_id)?;
+        crate::validate::validate_each("artifacts", &self.artifacts)
+    }
+}

@@ -1,0 +1,80 @@
+//! Sessions: one action executed under a lease (seed 001 §2.2.4).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::capability::CapabilityAction;
+use crate::validate::{check_range, Validate, ValidationError};
+use crate::Timestamp;
+
+wire_enum! {
+    /// Where a session is (seed 001 §2.2.4 `status`; `incomplete_evidence`
+    /// is §5.4's state for a session whose evidence never finished uploading).
+    pub enum SessionStatus {
+        Pending = "pending",
+        Running = "running",
+        Completed = "completed",
+        Failed = "failed",
+        Cancelled = "cancelled",
+        IncompleteEvidence = "incomplete_evidence",
+    }
+}
+
+impl SessionStatus {
+    /// True once nothing more will happen to the session.
+    pub fn is_final(self) -> bool {
+        !matches!(self, SessionStatus::Pending | SessionStatus::Running)
+    }
+}
+
+/// A session as the registry stores and returns it (seed 001 §2.2.4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapabilitySession {
+    pub session_id: String,
+    pub lease_id: String,
+    pub capability_id: String,
+    pub action: CapabilityAction,
+    pub started_at: Timestamp,
+    pub ended_at: Option<Timestamp>,
+    pub status: SessionStatus,
+    /// The action's parameters as given.
+    pub input_summary: Value,
+    /// Driver result (e.g. `{"voltage_v": 5.0, "current_a": 0.12}`).
+    pub result_summary: Option<Value>,
+    /// Artifact ids produced by this session.
+    pub artifact_refs: Vec<String>,
+    pub error_message: Option<String>,
+}
+
+/// Invoke an action on a leased capability:
+/// `POST /api/v1/capability-leases/{lease_id}/actions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionInvokeRequest {
+    pub action: CapabilityAction,
+    /// Action parameters; each driver documents its own (units in names).
+    #[serde(default)]
+    pub params: Map<String, Value>,
+    /// Wait up to this long for the session to end before answering,
+    /// milliseconds (0 = answer at once with the running session).
+    #[serde(default)]
+    pub wait_ms: u32,
+    /// The capability; required when the lease covers several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_id: Option<String>,
+    /// Deadline for the driver, milliseconds (default 30,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u32>,
+}
+
+impl Validate for ActionInvokeRequest {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_range("wait_ms", self.wait_ms, 0, 300_000)?;
+        if let Some(t) = self.timeout_ms {
+            check_range("timeout_ms", t, 1, 600_000)?;
+        }
+        Ok(())
+    }
+}
+
+/// Free-form structured result of a driver action.
+pub type ResultSummary = Map<String, Value>;

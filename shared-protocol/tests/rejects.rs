@@ -1,0 +1,178 @@
+//! Bad input is refused with an error that names the field.
+
+use serde_json::{json, Value};
+use shared_protocol::audit::{AuditTaskRequest, AuditTaskResult};
+use shared_protocol::capability::{
+    CapabilityAction, CapabilityBatchRegisterRequest, CapabilityType,
+};
+use shared_protocol::earth::EarthAction;
+use shared_protocol::lease::LeaseRequest;
+use shared_protocol::mqtt::{parse_topic, topic, Envelope, MessageType, TopicKind};
+use shared_protocol::{parse_json, ParseError};
+
+fn lease_request() -> Value {
+    json!({
+        "capability_id": "cam-front-01",
+        "holder_type": "audit_agent",
+        "holder_ref": "audit:multimodal-auditor-01",
+        "project_id": "proj_device_assistant",
+        "purpose": "LED check",
+        "priority": 75,
+        "requested_duration_seconds": 120
+    })
+}
+
+fn field_of(err: ParseError) -> String {
+    err.field()
+        .unwrap_or_else(|| panic!("error names no field: {err}"))
+        .to_string()
+}
+
+fn parse_lease(v: Value) -> Result<LeaseRequest, ParseError> {
+    parse_json(&serde_json::to_vec(&v).unwrap())
+}
+
+#[test]
+fn unknown_holder_type_names_the_field() {
+    let mut v = lease_request();
+    v["holder_type"] = json!("robot_overlord");
+    let err = parse_lease(v).unwrap_err();
+    assert_eq!(field_of(err), "holder_type");
+}
+
+#[test]
+fn unknown_capability_type_in_a_batch_names_its_path() {
+    let v = json!({"provider_id": "p1", "capabilities": [
+        {"capability_id": "c1", "capability_type": "camera", "display_name": "c",
+         "lease_mode": "exclusive", "preemptible": true, "supported_actions": ["snapshot"]},
+        {"capability_id": "c2", "capability_type": "toaster", "display_name": "t",
+         "lease_mode": "exclusive", "preemptible": true, "supported_actions": []}
+    ]});
+    let err =
+        parse_json::<CapabilityBatchRegisterRequest>(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert_eq!(field_of(err), "capabilities[1].capability_type");
+}
+
+#[test]
+fn missing_required_field_is_named() {
+    let mut v = lease_request();
+    v.as_object_mut().unwrap().remove("holder_ref");
+    let err = parse_lease(v).unwrap_err();
+    assert_eq!(field_of(err), "holder_ref");
+}
+
+#[test]
+fn priority_above_100_is_out_of_range() {
+    let mut v = lease_request();
+    v["priority"] = json!(101);
+    let err = parse_lease(v).unwrap_err();
+    assert!(err.to_string().contains("out of range"), "{err}");
+    assert_eq!(field_of(err), "priority");
+}
+
+#[test]
+fn negative_and_huge_numbers_are_refused_with_the_field() {
+    let mut v = lease_request();
+    v["priority"] = json!(-1);
+    assert_eq!(field_of(parse_lease(v).unwrap_err()), "priority");
+    let mut v = lease_request();
+    v["requested_duration_seconds"] = json!(0);
+    assert_eq!(
+        field_of(parse_lease(v).unwrap_err()),
+        "requested_duration_seconds"
+    );
+}
+
+#[test]
+fn an_action_the_type_does_not_support_is_refused() {
+    let v = json!({"provider_id": "p1", "capabilities": [
+        {"capability_id": "relay-1", "capability_type": "relay", "display_name": "r",
+         "lease_mode": "exclusive", "preemptible": true,
+         "supported_actions": ["switch_on", "snapshot"]}
+    ]});
+    let err =
+        parse_json::<CapabilityBatchRegisterRequest>(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert_eq!(field_of(err), "capabilities[0].supported_actions[1]");
+}
+
+#[test]
+fn lease_request_needs_exactly_one_target() {
+    let mut v = lease_request();
+    v.as_object_mut().unwrap().remove("capability_id");
+    assert_eq!(field_of(parse_lease(v).unwrap_err()), "capability_id");
+}
+
+#[test]
+fn malformed_json_is_a_syntax_error() {
+    let err = parse_json::<LeaseRequest>(b"{\"capability_id\": ").unwrap_err();
+    assert!(matches!(err, ParseError::Syntax(_)), "{err}");
+}
+
+#[test]
+fn audit_result_confidence_outside_0_1_is_refused() {
+    let v = json!({
+        "audit_request_id": "auditreq_001", "audit_type": "software", "status": "completed",
+        "decision": "pass", "confidence": 1.5, "summary": "ok", "duration_ms": 10,
+        "completed_at": "2026-11-30T00:00:00Z"
+    });
+    let err = parse_json::<AuditTaskResult>(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert_eq!(field_of(err), "confidence");
+}
+
+#[test]
+fn unknown_audit_type_is_refused() {
+    let mut v: Value = serde_json::from_str(include_str!(
+        "seed_examples/001_s8.1_audit_task_request.json"
+    ))
+    .unwrap();
+    v["audit_type"] = json!("astrology");
+    let err = parse_json::<AuditTaskRequest>(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert_eq!(field_of(err), "audit_type");
+}
+
+#[test]
+fn an_earth_action_outside_the_six_types_does_not_parse() {
+    let v = json!({"type": "run_script", "code": "alert(1)"});
+    assert!(serde_json::from_value::<EarthAction>(v).is_err());
+}
+
+#[test]
+fn every_action_belongs_to_exactly_one_capability_type() {
+    for action in CapabilityAction::ALL {
+        let owners: Vec<_> = CapabilityType::ALL
+            .iter()
+            .filter(|t| t.supports(*action))
+            .collect();
+        assert_eq!(owners.len(), 1, "{action} owned by {owners:?}");
+        assert_eq!(*owners[0], action.capability_type());
+    }
+    assert_eq!(CapabilityAction::ALL.len(), 34);
+}
+
+#[test]
+fn topics_build_and_parse_back() {
+    let t = topic("benchlink/v1", "bench-a", TopicKind::Heartbeat);
+    assert_eq!(t, "benchlink/v1/providers/bench-a/heartbeat");
+    assert_eq!(
+        parse_topic("benchlink/v1", &t).unwrap(),
+        ("bench-a", TopicKind::Heartbeat)
+    );
+    assert!(parse_topic("benchlink/v1", "benchlink/v1/providers/bench-a/reboot").is_err());
+    assert!(parse_topic("benchlink/v1", "other/providers/bench-a/status").is_err());
+    assert!(parse_topic("benchlink/v1", "benchlink/v1/providers/a/b/status").is_err());
+}
+
+#[test]
+fn envelope_of_another_major_version_is_refused() {
+    let env = Envelope::new(
+        MessageType::Status,
+        "m1".into(),
+        chrono::Utc::now(),
+        &json!({}),
+    )
+    .unwrap();
+    let mut v = serde_json::to_value(&env).unwrap();
+    assert!(Envelope::parse(&serde_json::to_vec(&v).unwrap()).is_ok());
+    v["protocol_version"] = json!("2.0");
+    assert!(Envelope::parse(&serde_json::to_vec(&v).unwrap()).is_err());
+}
