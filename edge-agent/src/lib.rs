@@ -5,3 +5,4 @@
 //! to the registry over MQTT (control) and HTTP (artifact bytes).
 
 pub mod devsim;
+pub mod drivers;

@@ -1,0 +1,221 @@
+//! The event log: every state change is one row of the append-only `events`
+//! table (the audit log) and one message on the live stream (seed 001 §7).
+//!
+//! Writers append inside the same SQLite transaction as the change they
+//! record ([`append`]), so a change and its event commit or roll back
+//! together; after the commit they hand the events to [`EventBus::publish`].
+//! `event_id` is SQLite's rowid: it only grows, which is what
+//! `Last-Event-ID` resumption needs.
+
+use chrono::Utc;
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::Value;
+use shared_protocol::event::{CapabilityEvent, EventType};
+use tokio::sync::broadcast;
+
+use crate::db::{Db, DbError};
+
+/// How many events the live channel buffers per subscriber before a slow
+/// subscriber is told it missed some (it then replays from the table).
+pub const LIVE_BUFFER: usize = 4096;
+
+/// An event about to be appended.
+#[derive(Debug, Clone, Default)]
+pub struct NewEvent {
+    pub event_type: Option<EventType>,
+    pub provider_id: Option<String>,
+    pub capability_id: Option<String>,
+    pub lease_id: Option<String>,
+    pub session_id: Option<String>,
+    pub artifact_id: Option<String>,
+    pub audit_request_id: Option<String>,
+    /// The principal whose request caused it (`system` for the sweeper).
+    pub actor: String,
+    pub data: Value,
+}
+
+impl NewEvent {
+    /// An event of `event_type` caused by `actor`, with `data`.
+    pub fn new(event_type: EventType, actor: impl Into<String>, data: Value) -> Self {
+        Self {
+            event_type: Some(event_type),
+            actor: actor.into(),
+            data,
+            ..Default::default()
+        }
+    }
+    pub fn provider(mut self, id: impl Into<String>) -> Self {
+        self.provider_id = Some(id.into());
+        self
+    }
+    pub fn capability(mut self, id: impl Into<String>) -> Self {
+        self.capability_id = Some(id.into());
+        self
+    }
+    pub fn lease(mut self, id: impl Into<String>) -> Self {
+        self.lease_id = Some(id.into());
+        self
+    }
+    pub fn session(mut self, id: impl Into<String>) -> Self {
+        self.session_id = Some(id.into());
+        self
+    }
+    pub fn artifact(mut self, id: impl Into<String>) -> Self {
+        self.artifact_id = Some(id.into());
+        self
+    }
+    pub fn audit_request(mut self, id: impl Into<String>) -> Self {
+        self.audit_request_id = Some(id.into());
+        self
+    }
+}
+
+/// Create the `events` table; UPDATE and DELETE on it are refused by
+/// triggers, which makes it the append-only audit log.
+pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS events (
+            event_id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            event_type       TEXT NOT NULL,
+            occurred_at      TEXT NOT NULL,
+            actor            TEXT NOT NULL,
+            provider_id      TEXT,
+            capability_id    TEXT,
+            lease_id         TEXT,
+            session_id       TEXT,
+            artifact_id      TEXT,
+            audit_request_id TEXT,
+            data             TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS events_lease ON events(lease_id);
+        CREATE INDEX IF NOT EXISTS events_capability ON events(capability_id);
+        CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+            BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;
+        CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+            BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;",
+    )
+}
+
+/// Append `ev` using `conn` (normally inside the caller's transaction) and
+/// return the stored event with its id.
+pub fn append(conn: &Connection, ev: NewEvent) -> rusqlite::Result<CapabilityEvent> {
+    let event_type = ev
+        .event_type
+        .ok_or_else(|| rusqlite::Error::InvalidParameterName("event_type".into()))?;
+    let now = Utc::now();
+    conn.execute(
+        "INSERT INTO events (event_type, occurred_at, actor, provider_id, capability_id,
+             lease_id, session_id, artifact_id, audit_request_id, data)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![
+            event_type.as_str(),
+            now.to_rfc3339(),
+            ev.actor,
+            ev.provider_id,
+            ev.capability_id,
+            ev.lease_id,
+            ev.session_id,
+            ev.artifact_id,
+            ev.audit_request_id,
+            ev.data.to_string(),
+        ],
+    )?;
+    Ok(CapabilityEvent {
+        event_id: conn.last_insert_rowid() as u64,
+        event_type,
+        occurred_at: now,
+        provider_id: ev.provider_id,
+        capability_id: ev.capability_id,
+        lease_id: ev.lease_id,
+        session_id: ev.session_id,
+        artifact_id: ev.artifact_id,
+        audit_request_id: ev.audit_request_id,
+        data: ev.data,
+    })
+}
+
+fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<CapabilityEvent> {
+    let event_type: String = r.get(1)?;
+    let occurred_at: String = r.get(2)?;
+    let data: String = r.get(9)?;
+    Ok(CapabilityEvent {
+        event_id: r.get::<_, i64>(0)? as u64,
+        event_type: event_type
+            .parse()
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e)))?,
+        occurred_at: chrono::DateTime::parse_from_rfc3339(&occurred_at)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e)))?,
+        provider_id: r.get(3)?,
+        capability_id: r.get(4)?,
+        lease_id: r.get(5)?,
+        session_id: r.get(6)?,
+        artifact_id: r.get(7)?,
+        audit_request_id: r.get(8)?,
+        data: serde_json::from_str(&data).unwrap_or(Value::Null),
+    })
+}
+
+/// Events with `event_id > after`, oldest first, at most `limit`.
+pub fn since(conn: &Connection, after: u64, limit: usize) -> rusqlite::Result<Vec<CapabilityEvent>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT event_id, event_type, occurred_at, provider_id, capability_id, lease_id,
+                session_id, artifact_id, audit_request_id, data
+         FROM events WHERE event_id > ?1 ORDER BY event_id LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![after as i64, limit as i64], row_to_event)?;
+    rows.collect()
+}
+
+/// The highest event id so far (0 when there is none).
+pub fn last_id(conn: &Connection) -> rusqlite::Result<u64> {
+    let id: Option<i64> = conn
+        .query_row("SELECT MAX(event_id) FROM events", [], |r| r.get(0))
+        .optional()?
+        .flatten();
+    Ok(id.unwrap_or(0) as u64)
+}
+
+/// Fan-out of committed events to live subscribers (SSE clients, the MQTT
+/// bridge, waiters).
+#[derive(Clone)]
+pub struct EventBus {
+    tx: broadcast::Sender<CapabilityEvent>,
+    db: Db,
+}
+
+impl EventBus {
+    /// A bus over the events table in `db`.
+    pub fn new(db: Db) -> Self {
+        let (tx, _) = broadcast::channel(LIVE_BUFFER);
+        Self { tx, db }
+    }
+
+    /// Hand committed events to live subscribers, in id order. Call only
+    /// after the transaction that appended them has committed.
+    pub fn publish(&self, events: impl IntoIterator<Item = CapabilityEvent>) {
+        for ev in events {
+            // No subscriber is fine: the table keeps everything.
+            let _ = self.tx.send(ev);
+        }
+    }
+
+    /// A live receiver. A receiver that lags gets `RecvError::Lagged(n)`
+    /// and should replay from the table with [`EventBus::replay`].
+    pub fn subscribe(&self) -> broadcast::Receiver<CapabilityEvent> {
+        self.tx.subscribe()
+    }
+
+    /// Events after `after` from the table (read connection), at most `limit`.
+    pub async fn replay(&self, after: u64, limit: usize) -> Result<Vec<CapabilityEvent>, DbError> {
+        Ok(self.db.read(move |c| since(c, after, limit)).await??)
+    }
+
+    /// Append one event in its own transaction and publish it: for changes
+    /// that have no other rows to write.
+    pub async fn emit(&self, ev: NewEvent) -> Result<CapabilityEvent, DbError> {
+        let stored = self.db.write(move |c| append(c, ev)).await??;
+        self.publish([stored.clone()]);
+        Ok(stored)
+    }
+}

@@ -1,0 +1,284 @@
+//! Drivers: one per capability type, behind one trait.
+//!
+//! The split follows labgrid: the *configuration* says what is attached
+//! (data, in the bench TOML); a *kind trait* per capability type says what
+//! such a device can do (e.g. a power supply sets a voltage); a *vendor
+//! backend* is one small module that speaks one device's wire protocol; and
+//! [`Driver`] is the common face the daemon uses for every capability:
+//! execute a typed action, report health, say whether an action is
+//! non-interruptible.
+//!
+//! Drivers are blocking: the daemon runs each capability on its own OS
+//! thread, so serial, audio and camera I/O never block the async runtime and
+//! actions on one capability run one at a time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use shared_protocol::artifact::ArtifactType;
+use shared_protocol::capability::{CapabilityAction, CapabilityType, HealthStatus};
+
+/// Cooperative cancellation of a running action (preemption at the end of
+/// a grace period, or the holder's stop). Drivers check it between steps;
+/// a non-interruptible step finishes before the driver looks.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Ask the action to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    /// True once [`CancelToken::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// One action to execute.
+#[derive(Debug, Clone)]
+pub struct ActionRequest {
+    pub session_id: String,
+    pub action: CapabilityAction,
+    /// Raw parameters; parse them with [`parse_params`].
+    pub params: Map<String, Value>,
+    /// The driver must return by then ([`DriverError::Timeout`] otherwise).
+    pub deadline: Instant,
+    pub cancel: CancelToken,
+}
+
+/// Evidence a driver produced; the daemon writes it to the outbox (file,
+/// sha256, SQLite row) before anything else happens to it.
+#[derive(Debug, Clone)]
+pub struct NewArtifact {
+    pub artifact_type: ArtifactType,
+    /// MIME type, e.g. `image/jpeg`, `audio/wav`, `text/plain`.
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+    /// Length of audio/video, milliseconds.
+    pub duration_ms: Option<u64>,
+    /// e.g. `{"width": 1280, "height": 720}`.
+    pub metadata: Map<String, Value>,
+}
+
+/// What an action returns: a structured summary (units in the key names,
+/// e.g. `voltage_v`, `current_a`) and any evidence.
+#[derive(Debug, Clone, Default)]
+pub struct ActionOutcome {
+    pub result_summary: Map<String, Value>,
+    pub artifacts: Vec<NewArtifact>,
+}
+
+/// Health as reported in heartbeats (seed 001 §4.3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverHealth {
+    pub status: HealthStatus,
+    /// Why, when not healthy (e.g. `serial port /dev/ttyUSB0 vanished`).
+    pub message: Option<String>,
+}
+
+impl DriverHealth {
+    /// Healthy, no message.
+    pub fn healthy() -> Self {
+        Self {
+            status: HealthStatus::Healthy,
+            message: None,
+        }
+    }
+    /// Unhealthy because of `why`.
+    pub fn unhealthy(why: impl Into<String>) -> Self {
+        Self {
+            status: HealthStatus::Unhealthy,
+            message: Some(why.into()),
+        }
+    }
+}
+
+/// Why an action failed. Each variant maps to a clear session error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DriverError {
+    /// The capability type has no such action, or this device lacks it
+    /// (e.g. `set_ptz` on a fixed camera).
+    #[error("action `{action}` is not supported by this {kind}: {why}")]
+    Unsupported {
+        action: CapabilityAction,
+        kind: CapabilityType,
+        why: String,
+    },
+    /// A parameter is missing, malformed or out of range; nothing was sent
+    /// to the device.
+    #[error("invalid parameter `{field}`: {message}")]
+    InvalidParams { field: String, message: String },
+    /// A configured safety limit would be exceeded (e.g. PSU max voltage);
+    /// nothing was sent to the device.
+    #[error("limit exceeded for `{field}`: {message}")]
+    LimitExceeded { field: String, message: String },
+    /// The device is absent or not answering.
+    #[error("device unavailable: {0}")]
+    Unavailable(String),
+    /// The device answered wrongly or an I/O call failed.
+    #[error("device error: {0}")]
+    Device(String),
+    /// The deadline passed, milliseconds allowed.
+    #[error("timed out after {0} ms")]
+    Timeout(u64),
+    /// Cancelled (preemption or stop) before it finished.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+}
+
+/// The face of every capability.
+pub trait Driver: Send {
+    /// What this capability is.
+    fn capability_type(&self) -> CapabilityType;
+
+    /// Actions this device really supports (a subset of the type's, §3).
+    fn supported_actions(&self) -> Vec<CapabilityAction> {
+        self.capability_type().supported_actions().to_vec()
+    }
+
+    /// Type metadata for registration (seed 001 §3.x "关键元数据"), e.g.
+    /// `{"port_name": "/dev/ttyUSB0", "baud_rates": [115200]}`.
+    fn metadata(&self) -> Map<String, Value> {
+        Map::new()
+    }
+
+    /// Current health; cheap, called for every heartbeat.
+    fn health(&mut self) -> DriverHealth;
+
+    /// True when `action` with `params` must not be cut once started
+    /// (seed 001 §6.4). Defaults to the protocol's list.
+    fn is_non_interruptible(&self, action: CapabilityAction, _params: &Map<String, Value>) -> bool {
+        action.non_interruptible_by_default()
+    }
+
+    /// Run one action to completion (blocking). Parameters are validated
+    /// and limits checked before any byte reaches the device.
+    fn execute(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError>;
+}
+
+/// Parse `params` into a typed parameter struct (use
+/// `#[serde(deny_unknown_fields)]` on it), naming the bad field on error.
+pub fn parse_params<T: DeserializeOwned>(params: &Map<String, Value>) -> Result<T, DriverError> {
+    serde_path_to_error::deserialize(Value::Object(params.clone())).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        let field = match inner
+            .strip_prefix("missing field `")
+            .and_then(|r| r.split('`').next())
+        {
+            Some(name) => name.to_string(),
+            None if path == "." => "params".to_string(),
+            None => path,
+        };
+        DriverError::InvalidParams {
+            field,
+            message: inner,
+        }
+    })
+}
+
+/// An [`DriverError::Unsupported`] for `action` on `kind`.
+pub fn unsupported(kind: CapabilityType, action: CapabilityAction, why: &str) -> DriverError {
+    DriverError::Unsupported {
+        action,
+        kind,
+        why: why.to_string(),
+    }
+}
+
+pub mod camera;
+pub mod microphone;
+pub mod psu;
+pub mod relay;
+pub mod screen;
+pub mod serial;
+pub mod speaker;
+pub mod thumb_robot;
+
+/// What the bench TOML says about one capability's driver: the backend
+/// name (`korad`, `scpi`, `lcus`, `grbl`, `nokhwa`, `sim`, ...) and its
+/// settings table, converted to JSON so kind modules parse it with serde.
+#[derive(Debug, Clone)]
+pub struct DriverSpec {
+    pub capability_id: String,
+    pub capability_type: CapabilityType,
+    pub backend: String,
+    pub settings: Map<String, Value>,
+    /// Directory the driver may write scratch files to (the daemon's state
+    /// directory, e.g. /var/lib/benchlink-edge).
+    pub state_dir: std::path::PathBuf,
+}
+
+/// A driver section of the bench TOML that cannot work.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DriverConfigError {
+    #[error("capability `{capability_id}`: unknown backend `{backend}` for {kind}; known: {known}")]
+    UnknownBackend {
+        capability_id: String,
+        kind: CapabilityType,
+        backend: String,
+        known: String,
+    },
+    /// `key` is the setting's name inside the driver table.
+    #[error("capability `{capability_id}`: driver setting `{key}`: {message}")]
+    Setting {
+        capability_id: String,
+        key: String,
+        message: String,
+    },
+}
+
+impl DriverSpec {
+    /// Parse this spec's settings into a backend's typed settings struct
+    /// (use `#[serde(deny_unknown_fields)]`), naming the bad key.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, DriverConfigError> {
+        let mut settings = self.settings.clone();
+        settings.remove("backend");
+        parse_params(&settings).map_err(|e| match e {
+            DriverError::InvalidParams { field, message } => DriverConfigError::Setting {
+                capability_id: self.capability_id.clone(),
+                key: field,
+                message,
+            },
+            other => DriverConfigError::Setting {
+                capability_id: self.capability_id.clone(),
+                key: "driver".into(),
+                message: other.to_string(),
+            },
+        })
+    }
+
+    /// The error for a backend name this kind does not know.
+    pub fn unknown_backend(&self, known: &[&str]) -> DriverConfigError {
+        DriverConfigError::UnknownBackend {
+            capability_id: self.capability_id.clone(),
+            kind: self.capability_type,
+            backend: self.backend.clone(),
+            known: known.join(", "),
+        }
+    }
+}
+
+/// Build the driver for `spec`. Building parses and checks settings but
+/// does not open the device: a bench whose camera is unplugged still starts
+/// and reports that capability unhealthy.
+pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
+    match spec.capability_type {
+        CapabilityType::Camera => camera::build(spec),
+        CapabilityType::Microphone => microphone::build(spec),
+        CapabilityType::Speaker => speaker::build(spec),
+        CapabilityType::SerialPort => serial::build(spec),
+        CapabilityType::Relay => relay::build(spec),
+        CapabilityType::ProgrammablePowerSupply => psu::build(spec),
+        CapabilityType::ThumbRobot => thumb_robot::build(spec),
+        CapabilityType::ScreenCapture => screen::build(spec),
+    }
+}
