@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install what Benchlink needs on a Debian/Ubuntu machine that has only the
+# Rust toolchain: the C libraries the media and serial crates link against,
+# and the programs the tests drive (socat, PulseAudio, espeak-ng, tesseract,
+# Mosquitto). Idempotent: does nothing when everything is present.
+set -euo pipefail
+
+packages=(
+  pkg-config
+  libasound2-dev   # alsa-sys: cpal (microphone) and rodio (speaker)
+  libudev-dev      # serialport: USB port enumeration for `edge-agent devices`
+  libclang-dev     # bindgen: nokhwa's V4L2 bindings (camera)
+  socat            # tests: extra pseudo-terminal pairs
+  pulseaudio       # tests: userland audio server with a null sink
+  pulseaudio-utils # pactl
+  espeak-ng        # speaker play_tts default TTS command
+  tesseract-ocr    # screen_capture ocr default command
+  mosquitto        # tests: the external-broker path
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
