@@ -4,5 +4,6 @@
 //! one driver per capability type, keeps evidence in a SQLite outbox and talks
 //! to the registry over MQTT (control) and HTTP (artifact bytes).
 
+pub mod devices;
 pub mod devsim;
 pub mod drivers;

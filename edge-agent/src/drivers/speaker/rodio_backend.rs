@@ -1,0 +1,239 @@
+//! `backend = "rodio"`: a speaker through rodio (cpal underneath:
+//! PulseAudio when a server is reachable, ALSA otherwise). WAV, OGG
+//! Vorbis, MP3 and FLAC decode through rodio's default Symphonia features.
+//!
+//! Settings (all optional):
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `device` | `default` | cpal output device id or name, or `default` |
+//! | `library_dir` | none | absolute directory `play_audio_file` may play from |
+//! | `tts_command` | `espeak-ng -w {out} -v {voice} -s {rate} {text}` | TTS renderer |
+//! | `tts_timeout_ms` | `20000` | |
+//! | `max_volume` | `1.0` | cap for every volume request |
+//! | `volume` | `max_volume` | volume at start |
+//! | `stall_timeout_ms` | `2000` | playback position frozen this long = device gone |
+//!
+//! The output stream is opened on first use and kept; when the device
+//! fails (error callback or a frozen position) it is dropped, the action
+//! fails with the reason, and the next action opens the device again, so a
+//! speaker that comes back is used again without restarting the daemon.
+
+use std::io::Cursor;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rodio::{DeviceSinkBuilder, MixerDeviceSink, Player, Source};
+use serde::Deserialize;
+
+use super::tts::DEFAULT_TTS_COMMAND;
+use super::{AudioOutput, CommonSpeakerToml, PlaySource, PlayState, SoundInfo, SpeakerDriver};
+use crate::devices::find_audio_device;
+use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RodioToml {
+    #[serde(default = "default_device")]
+    device: String,
+    #[serde(default)]
+    library_dir: Option<std::path::PathBuf>,
+    #[serde(default = "default_tts")]
+    tts_command: String,
+    #[serde(default = "default_tts_timeout")]
+    tts_timeout_ms: u64,
+    #[serde(default = "default_max_volume")]
+    max_volume: f32,
+    #[serde(default)]
+    volume: Option<f32>,
+    #[serde(default = "default_stall")]
+    stall_timeout_ms: u64,
+}
+
+fn default_device() -> String {
+    "default".into()
+}
+pub(crate) fn default_tts() -> String {
+    DEFAULT_TTS_COMMAND.into()
+}
+pub(crate) fn default_tts_timeout() -> u64 {
+    20_000
+}
+pub(crate) fn default_max_volume() -> f32 {
+    1.0
+}
+pub(crate) fn default_stall() -> u64 {
+    2_000
+}
+
+/// Build a rodio speaker driver. Does not open the device.
+pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
+    let t: RodioToml = spec.parse()?;
+    let settings = CommonSpeakerToml {
+        library_dir: t.library_dir,
+        tts_command: t.tts_command,
+        tts_timeout_ms: t.tts_timeout_ms,
+        max_volume: t.max_volume,
+        volume: t.volume,
+        stall_timeout_ms: t.stall_timeout_ms,
+    }
+    .check(spec)?;
+    Ok(Box::new(SpeakerDriver::new(
+        &spec.capability_id,
+        "rodio",
+        Box::new(RodioOutput {
+            device: t.device,
+            sink: None,
+            player: None,
+        }),
+        settings,
+    )))
+}
+
+struct OpenSink {
+    sink: MixerDeviceSink,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+/// A rodio output device, looked up by name each time it is opened.
+pub struct RodioOutput {
+    device: String,
+    sink: Option<OpenSink>,
+    player: Option<Player>,
+}
+
+impl RodioOutput {
+    fn open(&mut self) -> Result<&OpenSink, DriverError> {
+        if self.sink.is_none() {
+            let device = find_audio_device(&cpal::default_host(), &self.device, false)
+                .map_err(DriverError::Unavailable)?;
+            let error = Arc::new(Mutex::new(None));
+            let e2 = error.clone();
+            let mut sink = DeviceSinkBuilder::from_device(device)
+                .map_err(|e| {
+                    DriverError::Unavailable(format!("cannot open audio output {}: {e}", self.label()))
+                })?
+                .with_error_callback(move |e: cpal::Error| {
+                    tracing::warn!(error = %e, "audio output error");
+                    if !matches!(
+                        e.kind(),
+                        cpal::ErrorKind::Xrun
+                            | cpal::ErrorKind::DeviceChanged
+                            | cpal::ErrorKind::RealtimeDenied
+                    ) {
+                        let mut slot = e2.lock().unwrap_or_else(|p| p.into_inner());
+                        slot.get_or_insert_with(|| e.to_string());
+                    }
+                })
+                .open_stream()
+                .map_err(|e| {
+                    DriverError::Unavailable(format!(
+                        "cannot open audio output {}: {e}{}",
+                        self.label(),
+                        std::error::Error::source(&e)
+                            .map(|s| format!(": {s}"))
+                            .unwrap_or_default()
+                    ))
+                })?;
+            sink.log_on_drop(false);
+            self.sink = Some(OpenSink { sink, error });
+        }
+        self.sink
+            .as_ref()
+            .ok_or_else(|| DriverError::Device("audio output vanished".into()))
+    }
+}
+
+impl AudioOutput for RodioOutput {
+    fn label(&self) -> String {
+        if self.device == "default" || self.device.is_empty() {
+            "default output".into()
+        } else {
+            format!("\"{}\"", self.device)
+        }
+    }
+
+    fn probe(&self) -> Result<(), String> {
+        if self.sink.is_some() {
+            return Ok(());
+        }
+        find_audio_device(&cpal::default_host(), &self.device, false).map(|_| ())
+    }
+
+    fn play(&mut self, source: PlaySource, volume: f32) -> Result<SoundInfo, DriverError> {
+        if let Some(p) = self.player.take() {
+            p.stop();
+        }
+        let mixer = self.open()?.sink.mixer().clone();
+        let player = Player::connect_new(&mixer);
+        player.set_volume(volume);
+        let info = match source {
+            PlaySource::File(path) => {
+                let d = super::decoder(&PlaySource::File(path))
+                    .map_err(|e| DriverError::InvalidParams {
+                        field: "file".into(),
+                        message: format!("cannot decode the sound: {e}"),
+                    })?;
+                let info = info_of(&d);
+                player.append(d);
+                info
+            }
+            PlaySource::Bytes(bytes) => {
+                let d = rodio::Decoder::try_from(Cursor::new(bytes)).map_err(|e| {
+                    DriverError::Device(format!("cannot decode the rendered sound: {e}"))
+                })?;
+                let info = info_of(&d);
+                player.append(d);
+                info
+            }
+        };
+        self.player = Some(player);
+        Ok(info)
+    }
+
+    fn state(&mut self) -> PlayState {
+        let failed = self.sink.as_ref().and_then(|s| {
+            s.error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        });
+        if let Some(why) = failed {
+            self.reset();
+            return PlayState::Failed(why);
+        }
+        match &self.player {
+            Some(p) if !p.empty() => PlayState::Playing(p.get_pos()),
+            _ => PlayState::Idle,
+        }
+    }
+
+    fn set_volume(&mut self, volume: f32) {
+        if let Some(p) = &self.player {
+            p.set_volume(volume);
+        }
+    }
+
+    fn stop(&mut self) -> Option<Duration> {
+        let p = self.player.take()?;
+        let playing = !p.empty();
+        let pos = p.get_pos();
+        p.stop();
+        playing.then_some(pos)
+    }
+
+    fn reset(&mut self) {
+        if let Some(p) = self.player.take() {
+            p.stop();
+        }
+        self.sink = None;
+    }
+}
+
+fn info_of<S: Source>(s: &S) -> SoundInfo {
+    SoundInfo {
+        duration: s.total_duration(),
+        sample_rate: s.sample_rate().get(),
+        channels: s.channels().get(),
+    }
+}
