@@ -7,10 +7,25 @@
 //!   log and live bus; [`auth`]: bearer tokens and roles; [`error`] /
 //!   [`extract`]: the JSON error body and validated JSON bodies.
 //! - [`agents`]: the agent runtime and the Earth command (seed 000).
+//! - [`app`]: composition ([`app::Registry::start`]); [`config`]: the TOML
+//!   file; [`store`]: providers, capabilities, health history behind the
+//!   [`store::Store`] trait; [`registry`]: registration and liveness shared
+//!   by HTTP and MQTT; [`api`]: the HTTP handlers; [`broker`] / [`mqtt`]:
+//!   the embedded broker and the registry's MQTT client; [`follow`]:
+//!   lossless ordered reading of the event log (SSE, command forwarding).
 
 pub mod agents;
+pub mod api;
+pub mod app;
 pub mod auth;
+pub mod broker;
+pub mod config;
 pub mod db;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod follow;
+pub mod leases;
+pub mod mqtt;
+pub mod registry;
+pub mod store;

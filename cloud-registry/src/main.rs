@@ -1,1 +1,149 @@
-fn main() {}
+//! `cloud-registry`: the Benchlink registry binary.
+//!
+//! - `cloud-registry serve --config FILE [--bootstrap-admin-token-file PATH]`
+//!   runs the HTTP API and MQTT; prints one JSON line on stdout when ready:
+//!   `{"event":"ready","http":"127.0.0.1:8080","mqtt":"127.0.0.1:18830",...}`;
+//!   stops cleanly on SIGINT / SIGTERM.
+//! - `cloud-registry token create --config FILE --role ROLE --name NAME`
+//!   prints a new bearer token once (only its SHA-256 is stored).
+//! - `cloud-registry check-config --config FILE` parses the file and exits.
+//!
+//! Logs go to stderr (`RUST_LOG`, default `info,rumqttd=warn`; JSON lines
+//! with `[log] json = true`).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use cloud_registry::app::{self, Registry};
+use cloud_registry::config::Config;
+use shared_protocol::api::Role;
+
+#[derive(Parser)]
+#[command(
+    name = "cloud-registry",
+    version,
+    about = "Benchlink capability registry"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the registry.
+    Serve {
+        /// The TOML configuration file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Keep a super_admin token in this file (created with mode 0600;
+        /// reused across restarts). Overrides `auth.bootstrap_admin_token_file`.
+        #[arg(long)]
+        bootstrap_admin_token_file: Option<PathBuf>,
+    },
+    /// Manage bearer tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Parse and check a configuration file.
+    CheckConfig {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token and print it (shown only this once).
+    Create {
+        #[arg(long)]
+        config: PathBuf,
+        /// super_admin, admin, operator, audit_agent, provider or viewer.
+        #[arg(long)]
+        role: Role,
+        /// The principal: a provider id for `provider`, e.g.
+        /// `audit:hardware-auditor-01` for an audit agent.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn serve(config: PathBuf, token_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let mut cfg = Config::load(&config)?;
+    init_logging(cfg.log.json);
+    if let Some(p) = token_file {
+        cfg.auth.bootstrap_admin_token_file = Some(p);
+    }
+    let running = Registry::start(cfg)
+        .await
+        .context("starting the registry")?;
+    println!("{}", running.ready_line());
+    shutdown_signal().await;
+    tracing::info!("shutdown signal received");
+    running.shutdown().await;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve {
+            config,
+            bootstrap_admin_token_file,
+        } => tokio::runtime::Runtime::new()
+            .context("starting the async runtime")?
+            .block_on(serve(config, bootstrap_admin_token_file)),
+        Command::Token {
+            command: TokenCommand::Create { config, role, name },
+        } => {
+            let cfg = Config::load(&config)?;
+            shared_protocol::validate::check_id("name", &name)?;
+            let token = app::create_token_offline(&cfg, role, &name)?;
+            println!("{token}");
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            Config::load(&config)?;
+            println!("{} is valid", config.display());
+            Ok(())
+        }
+    }
+}

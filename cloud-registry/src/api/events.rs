@@ -1,0 +1,175 @@
+//! The capability event stream (seed 001 §7) as Server-Sent Events:
+//! `GET /api/v1/capability-events/stream`, any role.
+//!
+//! Each event is `id: {event_id}`, `event: {event_type}`,
+//! `data: {CapabilityEvent JSON}`.
+//!
+//! # Resuming
+//! With a `Last-Event-ID` header (wins) or `?after=N`, the stream first
+//! replays events with `event_id > N` from the append-only `events` table,
+//! then continues live, with no gap and no duplicate: the live subscription
+//! is taken before the replay, and live events at or below the last id
+//! sent are skipped (see [`crate::follow`]). Without either, the stream
+//! starts at the current end of the log (live only).
+//!
+//! # Slow clients
+//! When a client reads so slowly that the live channel drops events for it,
+//! it gets one `event: stream_gap` (data: `StreamGap` with the dropped
+//! range, no `id:`), and the server then replays that range from the table,
+//! so the client still receives every event, in order. Replay from the
+//! table is safe because the log is append-only; the client needs to do
+//! nothing.
+//!
+//! # Filters
+//! `?types=lease_granted,lease_released` (event types),
+//! `?capability_id=`, `?provider_id=`, `?lease_id=`: only matching events
+//! are sent. A keep-alive comment goes out every 15 s.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::Router;
+use futures::Stream;
+use serde::Deserialize;
+use shared_protocol::event::{CapabilityEvent, EventType, StreamGap};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{parse_list, ApiQuery, ApiState};
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::follow::{EventFollower, Followed};
+
+pub(super) fn routes() -> axum::Router<ApiState> {
+    Router::new().route("/capability-events/stream", get(stream))
+}
+
+/// Which events a client wants.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    /// Empty: every type.
+    pub types: Vec<EventType>,
+    pub capability_id: Option<String>,
+    pub provider_id: Option<String>,
+    pub lease_id: Option<String>,
+}
+
+impl EventFilter {
+    /// True when `ev` passes every given condition.
+    pub fn matches(&self, ev: &CapabilityEvent) -> bool {
+        (self.types.is_empty() || self.types.contains(&ev.event_type))
+            && self
+                .capability_id
+                .as_ref()
+                .is_none_or(|c| ev.capability_id.as_ref() == Some(c))
+            && self
+                .provider_id
+                .as_ref()
+                .is_none_or(|p| ev.provider_id.as_ref() == Some(p))
+            && self
+                .lease_id
+                .as_ref()
+                .is_none_or(|l| ev.lease_id.as_ref() == Some(l))
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamQuery {
+    after: Option<u64>,
+    types: Option<String>,
+    capability_id: Option<String>,
+    provider_id: Option<String>,
+    lease_id: Option<String>,
+}
+
+fn sse_event(ev: &CapabilityEvent) -> Event {
+    Event::default()
+        .id(ev.event_id.to_string())
+        .event(ev.event_type.as_str())
+        .data(serde_json::to_string(ev).unwrap_or_default())
+}
+
+async fn stream(
+    State(st): State<ApiState>,
+    _who: Principal,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<StreamQuery>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let last_event_id = match headers.get("last-event-id") {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("Last-Event-ID must be a non-negative integer event id")
+                })?,
+        ),
+        None => None,
+    };
+    let filter = EventFilter {
+        types: match q.types.as_deref() {
+            Some(t) => parse_list::<EventType>("types", t)?,
+            None => vec![],
+        },
+        capability_id: q.capability_id.filter(|s| !s.is_empty()),
+        provider_id: q.provider_id.filter(|s| !s.is_empty()),
+        lease_id: q.lease_id.filter(|s| !s.is_empty()),
+    };
+    // Subscribe first, then find where the log ends: nothing committed in
+    // between can be missed.
+    let mut follower = EventFollower::new(st.bus.clone(), 0);
+    let after = match last_event_id.or(q.after) {
+        Some(n) => n,
+        None => st.db.read(|c| crate::events::last_id(c)).await??,
+    };
+    follower.skip_to(after);
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let mut shutdown = st.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let next = tokio::select! {
+                n = follower.next() => n,
+                _ = shutdown.changed() => break,
+                _ = tx.closed() => break,
+            };
+            let out = match next {
+                Ok(Followed::Event(ev)) if filter.matches(&ev) => sse_event(&ev),
+                Ok(Followed::Event(_)) => continue,
+                Ok(Followed::Gap {
+                    from_event_id,
+                    to_event_id,
+                }) => {
+                    tracing::warn!(
+                        from_event_id,
+                        to_event_id,
+                        "SSE client fell behind; replaying from the log"
+                    );
+                    Event::default().event("stream_gap").data(
+                        serde_json::to_string(&StreamGap {
+                            from_event_id,
+                            to_event_id,
+                        })
+                        .unwrap_or_default(),
+                    )
+                }
+                Ok(Followed::Closed) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "SSE replay failed; closing the stream");
+                    break;
+                }
+            };
+            if tx.send(Ok(out)).await.is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Sse::new(ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}

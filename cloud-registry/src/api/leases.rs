@@ -1,0 +1,184 @@
+//! Leases (seed 001 §2.2.3, §5, §6), all through [`LeaseEngine`]:
+//! - `POST /api/v1/capability-leases/request[?wait_seconds=N]`: one
+//!   capability (by id or `capability_selector`);
+//! - `POST /api/v1/capability-leases/request-group[?wait_seconds=N]`:
+//!   several capabilities, all granted together or none;
+//! - `POST /api/v1/capability-leases/{lease_id}/renew` (body optional);
+//! - `POST /api/v1/capability-leases/{lease_id}/release` (body optional);
+//! - `GET /api/v1/capability-leases[?capability_id=&principal=&status=&lease_group_id=&active_only=&limit=]`;
+//! - `GET /api/v1/capability-leases/{lease_id}`.
+//!
+//! Roles: `audit_agent`, `operator`, `admin`, `super_admin` request, renew
+//! and release; `viewer` may only read; `provider` tokens have no access to
+//! leases. The holder is always the token's principal; `holder_ref` must be
+//! the principal's name or a sub-holder `{principal}:{thread}` (admins may
+//! name any holder) — checked by the engine. Renew and release are for the
+//! holding principal (403 `not_lease_holder` otherwise; admins may release
+//! any lease).
+//!
+//! A request answers 201 with the lease when granted at once, 202 when it
+//! waits in the queue (`status: requested`); `?wait_seconds=N` (at most 300)
+//! first waits that long for the grant.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shared_protocol::api::Role;
+use shared_protocol::lease::{
+    CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseReleaseRequest, LeaseRenewRequest,
+    LeaseRequest, LeaseStatus,
+};
+
+use super::{parse_one, ApiQuery, ApiState, OptionalJson};
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ValidJson;
+use crate::leases::LeaseFilter;
+
+/// Roles that may hold leases.
+pub const LEASE_ROLES: &[Role] = &[Role::AuditAgent, Role::Operator, Role::Admin];
+
+/// Roles that may read leases.
+pub const LEASE_READ_ROLES: &[Role] =
+    &[Role::AuditAgent, Role::Operator, Role::Admin, Role::Viewer];
+
+/// Longest `wait_seconds` honoured.
+pub const MAX_WAIT_SECONDS: u64 = 300;
+
+pub(super) fn routes() -> axum::Router<ApiState> {
+    Router::new()
+        .route("/capability-leases/request", post(request))
+        .route("/capability-leases/request-group", post(request_group))
+        .route("/capability-leases/{lease_id}/renew", post(renew))
+        .route("/capability-leases/{lease_id}/release", post(release))
+        .route("/capability-leases", get(list))
+        .route("/capability-leases/{lease_id}", get(get_one))
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    wait_seconds: Option<u64>,
+}
+
+fn wait_of(q: &WaitQuery) -> Option<Duration> {
+    q.wait_seconds
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(s.min(MAX_WAIT_SECONDS)))
+}
+
+fn created_or_accepted(status: LeaseStatus) -> StatusCode {
+    if status == LeaseStatus::Requested {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::CREATED
+    }
+}
+
+async fn request(
+    State(st): State<ApiState>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+    ValidJson(req): ValidJson<LeaseRequest>,
+) -> ApiResult<(StatusCode, Json<CapabilityLease>)> {
+    who.require(LEASE_ROLES)?;
+    let mut lease = st.leases.request(&who, req).await?;
+    if let (LeaseStatus::Requested, Some(wait)) = (lease.status, wait_of(&q)) {
+        lease = st.leases.wait_granted(&lease.lease_id, wait).await?;
+    }
+    Ok((created_or_accepted(lease.status), Json(lease)))
+}
+
+async fn request_group(
+    State(st): State<ApiState>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+    ValidJson(req): ValidJson<LeaseGroupRequest>,
+) -> ApiResult<(StatusCode, Json<LeaseGroup>)> {
+    who.require(LEASE_ROLES)?;
+    let mut group = st.leases.request_group(&who, req).await?;
+    if let (LeaseStatus::Requested, Some(wait)) = (group.status, wait_of(&q)) {
+        // Members are granted together: waiting on the first is enough,
+        // then every member is read back as committed.
+        if let Some(first) = group.leases.first() {
+            st.leases.wait_granted(&first.lease_id, wait).await?;
+        }
+        let mut leases = Vec::with_capacity(group.leases.len());
+        for l in &group.leases {
+            leases.push(
+                st.leases
+                    .get(&l.lease_id)
+                    .await
+                    .unwrap_or_else(|| l.clone()),
+            );
+        }
+        group.status = leases.first().map(|l| l.status).unwrap_or(group.status);
+        group.leases = leases;
+    }
+    Ok((created_or_accepted(group.status), Json(group)))
+}
+
+async fn renew(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(lease_id): Path<String>,
+    OptionalJson(req): OptionalJson<LeaseRenewRequest>,
+) -> ApiResult<Json<CapabilityLease>> {
+    who.require(LEASE_ROLES)?;
+    Ok(Json(st.leases.renew(&who, &lease_id, req).await?))
+}
+
+async fn release(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(lease_id): Path<String>,
+    OptionalJson(req): OptionalJson<LeaseReleaseRequest>,
+) -> ApiResult<Json<CapabilityLease>> {
+    who.require(LEASE_ROLES)?;
+    Ok(Json(st.leases.release(&who, &lease_id, req.reason).await?))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    capability_id: Option<String>,
+    principal: Option<String>,
+    status: Option<String>,
+    lease_group_id: Option<String>,
+    active_only: Option<bool>,
+    limit: Option<usize>,
+}
+
+async fn list(
+    State(st): State<ApiState>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    who.require(LEASE_READ_ROLES)?;
+    let filter = LeaseFilter {
+        capability_id: q.capability_id.filter(|s| !s.is_empty()),
+        principal: q.principal.filter(|s| !s.is_empty()),
+        status: parse_one::<LeaseStatus>("status", q.status.as_deref())?,
+        lease_group_id: q.lease_group_id.filter(|s| !s.is_empty()),
+        active_only: q.active_only.unwrap_or(false),
+        limit: Some(q.limit.unwrap_or(500).clamp(1, 10_000)),
+    };
+    let leases = st.leases.try_list(filter).await?;
+    Ok(Json(json!({ "leases": leases })))
+}
+
+async fn get_one(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(lease_id): Path<String>,
+) -> ApiResult<Json<CapabilityLease>> {
+    who.require(LEASE_READ_ROLES)?;
+    st.leases
+        .get(&lease_id)
+        .await
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("lease", &lease_id))
+}

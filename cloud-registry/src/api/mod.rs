@@ -1,0 +1,188 @@
+//! The HTTP API under `/api/v1` (seed 001 §4, §5, §7): thin axum handlers,
+//! one file per resource. Handlers authenticate with the
+//! [`crate::auth::Principal`] extractor, parse bodies with
+//! [`crate::extract::ValidJson`], call the registry or the lease engine, and
+//! answer JSON; every error is `{"error": {"code", "message", "details"}}`.
+
+pub mod capabilities;
+pub mod events;
+pub mod health;
+pub mod leases;
+pub mod providers;
+pub mod tokens;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::Router;
+use serde::de::DeserializeOwned;
+use shared_protocol::Validate;
+use tokio::sync::watch;
+
+use crate::auth::Authenticator;
+use crate::error::ApiError;
+use crate::events::EventBus;
+use crate::mqtt::MqttStats;
+use crate::registry::CapabilityRegistry;
+
+/// What `/healthz` reports about MQTT.
+#[derive(Clone)]
+pub struct MqttHealth {
+    /// `embedded` or `external`.
+    pub mode: &'static str,
+    /// The broker's address.
+    pub addr: String,
+    /// True while the registry's client is connected.
+    pub connected: Arc<dyn Fn() -> bool + Send + Sync>,
+    pub stats: Arc<MqttStats>,
+}
+
+/// Shared state of the core handlers. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    pub registry: Arc<CapabilityRegistry>,
+    /// The lease engine (leases, and `status: leased` of capabilities).
+    pub leases: Arc<crate::leases::LeaseEngine>,
+    pub bus: EventBus,
+    pub db: crate::db::Db,
+    pub auth: Arc<Authenticator>,
+    pub mqtt: MqttHealth,
+    /// Turns true when the registry shuts down (ends SSE streams).
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// `Query<T>` whose rejection is a JSON 400 `invalid_query`.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(v)| ApiQuery(v))
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))
+    }
+}
+
+/// A JSON body that may be absent: an empty body gives `T::default()`;
+/// otherwise as [`crate::extract::ValidJson`] (400 `malformed_json`, 422
+/// `invalid_field`, 413 `body_too_large`, 415 without a JSON content type).
+pub struct OptionalJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for OptionalJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Validate + Default,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let is_json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            let status = e.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(status, "body_too_large", e.body_text())
+            } else {
+                ApiError::bad_request(e.body_text())
+            }
+        })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJson(T::default()));
+        }
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "expected `Content-Type: application/json`",
+            ));
+        }
+        Ok(OptionalJson(shared_protocol::parse_json(&bytes)?))
+    }
+}
+
+/// Parse a comma-separated list of wire names (`?types=a,b`), naming the
+/// query parameter on error.
+pub fn parse_list<T: std::str::FromStr>(param: &str, raw: &str) -> Result<Vec<T>, ApiError>
+where
+    T::Err: std::fmt::Display,
+{
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<T>().map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_query",
+                    format!("{param}: {e}"),
+                )
+                .with_details(serde_json::json!({ "param": param }))
+            })
+        })
+        .collect()
+}
+
+/// Parse one wire name of a query parameter.
+pub fn parse_one<T: std::str::FromStr>(
+    param: &str,
+    raw: Option<&str>,
+) -> Result<Option<T>, ApiError>
+where
+    T::Err: std::fmt::Display,
+{
+    match raw {
+        None | Some("") => Ok(None),
+        Some(s) => s.parse::<T>().map(Some).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("{param}: {e}"),
+            )
+            .with_details(serde_json::json!({ "param": param }))
+        }),
+    }
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such endpoint")
+}
+
+async fn wrong_method() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint does not accept that method",
+    )
+}
+
+/// Every core route: `/api/v1/...` plus `/healthz` and `/metrics` at the
+/// root (also under `/api/v1`). The caller adds the authenticator and body
+/// limit layers (see `app.rs`).
+pub fn router(state: ApiState) -> Router {
+    let v1 = Router::new()
+        .merge(providers::routes())
+        .merge(capabilities::routes())
+        .merge(leases::routes())
+        .merge(events::routes())
+        .merge(tokens::routes())
+        .merge(health::routes());
+    Router::new()
+        .nest("/api/v1", v1)
+        .merge(health::routes())
+        .with_state(state)
+}
+
+/// JSON fallbacks for unknown routes and methods; apply last.
+pub fn with_fallbacks(router: Router) -> Router {
+    router
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+}

@@ -1,0 +1,413 @@
+//! Composition of the registry: database and migrations, token store, event
+//! bus, lease engine, capability registry, MQTT (embedded broker or
+//! external), the HTTP API, and one shutdown signal for all of it.
+//!
+//! # Adding a feature module
+//! A feature module (leases, agents, audit tasks, sessions) provides
+//! `pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()>`
+//! (idempotent `CREATE TABLE IF NOT EXISTS ...`) and an axum `Router`
+//! built from its own service handle. To plug it in:
+//! 1. add `("name", module::migrate)` to [`MIGRATIONS`];
+//! 2. start its service in [`Registry::start`] and merge its router in
+//!    [`build_router`] (e.g. `.nest("/api/v1/agents", agents::router(h))`).
+//!
+//! Its handlers take a [`crate::auth::Principal`] argument: the
+//! `Extension(Arc<Authenticator>)` layer is applied to the whole router, as
+//! are the body limit and the JSON fallbacks.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::{Extension, Router};
+use rusqlite::Connection;
+use serde_json::json;
+use shared_protocol::api::Role;
+use shared_protocol::capability::Capability;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, ApiState, MqttHealth};
+use crate::auth::{self, Authenticator};
+use crate::broker::{BrokerError, EmbeddedBroker};
+use crate::config::{Config, MqttMode};
+use crate::db::{Db, DbError};
+use crate::events::{self, EventBus};
+use crate::leases::{self, CapabilityInfo, LeaseEngine, LeaseError};
+use crate::mqtt::{MqttLink, MqttSettings};
+use crate::registry::{CapabilityRegistry, LeaseSync, RegistrySettings};
+use crate::store::sqlite::{self, SqliteStore};
+
+/// A feature module's migration.
+pub type MigrateFn = fn(&Connection) -> rusqlite::Result<()>;
+
+/// Every module's tables, in the order they are created.
+pub const MIGRATIONS: &[(&str, MigrateFn)] = &[
+    ("events", events::migrate),
+    ("auth", auth::migrate),
+    ("store", sqlite::migrate),
+    ("leases", leases::migrate),
+];
+
+/// Run every migration in one transaction.
+pub fn migrate_all(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    for (name, migrate) in MIGRATIONS {
+        tracing::debug!(module = name, "migrating");
+        migrate(&tx)?;
+    }
+    tx.commit()
+}
+
+/// Principal name of the token made for `auth.bootstrap_admin_token_file`.
+pub const BOOTSTRAP_ADMIN: &str = "bootstrap-admin";
+
+/// Why the registry did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("cannot resolve MQTT broker {host}:{port}")]
+    Resolve { host: String, port: u16 },
+    #[error("the registry's MQTT client could not connect to the embedded broker at {0}")]
+    MqttConnect(SocketAddr),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("lease engine: {0}")]
+    Lease(#[from] LeaseError),
+    #[error("background task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Open the SQLite file and run every migration.
+pub fn open_db(path: &Path) -> Result<Db, DbError> {
+    Db::open(path, migrate_all)
+}
+
+/// The id of the newest event (0 when the log is empty).
+pub async fn last_event_id(db: &Db) -> Result<u64, DbError> {
+    Ok(db.read(|c| events::last_id(c)).await??)
+}
+
+/// Create a token without a running registry (`cloud-registry token
+/// create`). A running registry learns it only at its next start; use
+/// `POST /api/v1/auth/tokens` to add one to a running registry.
+pub fn create_token_offline(config: &Config, role: Role, name: &str) -> Result<String, AppError> {
+    let db = open_db(&config.store.path)?;
+    let name = name.to_string();
+    Ok(db.write_blocking(move |c| auth::create_token_sync(c, role, &name))??)
+}
+
+/// Make sure `path` holds a valid `super_admin` token: reuse the one in
+/// the file, or create one and write it with mode 0600.
+async fn ensure_bootstrap_token(auth: &Authenticator, path: &Path) -> Result<String, AppError> {
+    let io = |what: &str, source| AppError::Io {
+        what: format!("{what} {}", path.display()),
+        source,
+    };
+    if let Ok(existing) = std::fs::read_to_string(path) {
+        let existing = existing.trim().to_string();
+        if auth
+            .authenticate(&existing)
+            .is_some_and(|p| p.role == Role::SuperAdmin)
+        {
+            return Ok(existing);
+        }
+    }
+    let token = auth.create_token(Role::SuperAdmin, BOOTSTRAP_ADMIN).await?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| io("create directory for", e))?;
+    }
+    write_private(path, &token).map_err(|e| io("write", e))?;
+    Ok(token)
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // An existing file keeps its old mode on open: set it.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    writeln!(f, "{text}")?;
+    f.sync_all()
+}
+
+/// The registry's link to the lease engine (see [`LeaseSync`]).
+struct EngineSync(Arc<LeaseEngine>);
+
+#[async_trait::async_trait]
+impl LeaseSync for EngineSync {
+    async fn capability_upserted(&self, capability: &Capability, online: bool) {
+        self.0
+            .upsert_capability(CapabilityInfo::from_capability(capability, online))
+            .await;
+    }
+    async fn provider_online(&self, provider_id: &str, online: bool) {
+        self.0.set_provider_online(provider_id, online).await;
+    }
+    async fn non_interruptible(&self, capability_id: &str, in_window: bool) {
+        self.0.set_non_interruptible(capability_id, in_window).await;
+    }
+}
+
+/// Build the whole HTTP router: core API, feature routers, the
+/// authenticator extension, body limit and JSON fallbacks.
+pub fn build_router(state: ApiState, body_limit_bytes: usize) -> Router {
+    let auth = state.auth.clone();
+    let router = api::router(state);
+    api::with_fallbacks(router)
+        .layer(DefaultBodyLimit::max(body_limit_bytes))
+        .layer(Extension(auth))
+}
+
+/// Entry point for starting the registry in-process or from `main`.
+pub struct Registry;
+
+/// A started registry. Drop does not stop it; call
+/// [`RunningRegistry::shutdown`].
+pub struct RunningRegistry {
+    /// Where the HTTP API listens (the real port when 0 was configured).
+    pub http_addr: SocketAddr,
+    /// The MQTT broker (embedded: where it listens; external: the resolved
+    /// broker address).
+    pub mqtt_addr: SocketAddr,
+    /// `embedded` or `external`.
+    pub mqtt_mode: MqttMode,
+    /// The `super_admin` token of `auth.bootstrap_admin_token_file`, when
+    /// configured.
+    pub admin_token: Option<String>,
+    pub registry: Arc<CapabilityRegistry>,
+    pub auth: Arc<Authenticator>,
+    pub leases: Arc<LeaseEngine>,
+    pub bus: EventBus,
+    pub db: Db,
+    mqtt: MqttLink,
+    shutdown_tx: watch::Sender<bool>,
+    http: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Registry {
+    /// Start everything described by `config` and return once the HTTP API
+    /// accepts connections and the MQTT client is connected (embedded
+    /// mode; external mode waits up to 5 s and then goes on, reporting
+    /// `degraded` on `/healthz` until connected).
+    ///
+    /// Errors: database, ports in use, embedded broker not coming up.
+    pub async fn start(config: Config) -> Result<RunningRegistry, AppError> {
+        // Bind first: a taken port fails before anything else starts.
+        let listener = tokio::net::TcpListener::bind(config.http.listen)
+            .await
+            .map_err(|source| AppError::Io {
+                what: format!("cannot listen for HTTP on {}", config.http.listen),
+                source,
+            })?;
+        let http_addr = listener.local_addr().map_err(|source| AppError::Io {
+            what: "HTTP listener address".into(),
+            source,
+        })?;
+        let path = config.store.path.clone();
+        let db = tokio::task::spawn_blocking(move || open_db(&path)).await??;
+        let auth = Authenticator::load(db.clone()).await?;
+        let admin_token = match &config.auth.bootstrap_admin_token_file {
+            Some(p) => Some(ensure_bootstrap_token(&auth, p).await?),
+            None => None,
+        };
+        let bus = EventBus::new(db.clone());
+        let store = Arc::new(SqliteStore::new(db.clone()));
+        let engine = LeaseEngine::start(db.clone(), bus.clone(), config.leases.clone()).await?;
+        let registry = CapabilityRegistry::new(
+            store,
+            bus.clone(),
+            Arc::new(EngineSync(engine.clone())),
+            RegistrySettings {
+                heartbeat_interval_seconds: config.heartbeat.interval_seconds,
+                offline_after: config.heartbeat.offline_after(),
+                snapshot_min_interval: Duration::from_secs(u64::from(
+                    config.health.snapshot_min_interval_seconds,
+                )),
+            },
+        );
+        let synced = registry.sync_lease_engine().await?;
+        tracing::info!(
+            capabilities = synced,
+            "lease engine told about stored capabilities"
+        );
+
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let max_packet = config.http.body_limit_bytes.max(64 * 1024);
+        let (mqtt_addr, settings) = match config.mqtt.mode {
+            MqttMode::Embedded => {
+                let listen = config.mqtt.listen;
+                let a = auth.clone();
+                let user = config.mqtt.client_id.clone();
+                let broker = tokio::task::spawn_blocking(move || {
+                    EmbeddedBroker::start(listen, a, &user, max_packet)
+                })
+                .await??;
+                let login = broker.registry_login().clone();
+                (
+                    broker.addr(),
+                    MqttSettings {
+                        host: broker.addr().ip().to_string(),
+                        port: broker.addr().port(),
+                        client_id: config.mqtt.client_id.clone(),
+                        username: Some(login.username),
+                        password: Some(login.password),
+                        topic_prefix: config.mqtt.topic_prefix.clone(),
+                        keep_alive: Duration::from_secs(u64::from(config.mqtt.keep_alive_seconds)),
+                        max_packet_bytes: max_packet,
+                    },
+                )
+            }
+            MqttMode::External => {
+                let (host, port) = (config.mqtt.host.clone(), config.mqtt.port);
+                let addr = tokio::net::lookup_host((host.as_str(), port))
+                    .await
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .ok_or_else(|| AppError::Resolve {
+                        host: host.clone(),
+                        port,
+                    })?;
+                (
+                    addr,
+                    MqttSettings {
+                        host,
+                        port,
+                        client_id: config.mqtt.client_id.clone(),
+                        username: config.mqtt.username.clone(),
+                        password: config.mqtt.password.clone(),
+                        topic_prefix: config.mqtt.topic_prefix.clone(),
+                        keep_alive: Duration::from_secs(u64::from(config.mqtt.keep_alive_seconds)),
+                        max_packet_bytes: max_packet,
+                    },
+                )
+            }
+        };
+        let forward_after = last_event_id(&db).await?;
+        let mqtt = MqttLink::start(settings, registry.clone(), bus.clone(), forward_after);
+        let connected = mqtt.wait_connected(Duration::from_secs(5)).await;
+        if !connected {
+            if config.mqtt.mode == MqttMode::Embedded {
+                mqtt.stop().await;
+                engine.shutdown().await;
+                return Err(AppError::MqttConnect(mqtt_addr));
+            }
+            tracing::warn!(%mqtt_addr, "MQTT broker not reachable yet; retrying in the background");
+        }
+
+        let state = ApiState {
+            registry: registry.clone(),
+            bus: bus.clone(),
+            leases: engine.clone(),
+            db: db.clone(),
+            auth: auth.clone(),
+            mqtt: MqttHealth {
+                mode: match config.mqtt.mode {
+                    MqttMode::Embedded => "embedded",
+                    MqttMode::External => "external",
+                },
+                addr: mqtt_addr.to_string(),
+                connected: {
+                    let flag = mqtt.connected_flag();
+                    Arc::new(move || flag.load(std::sync::atomic::Ordering::Relaxed))
+                },
+                stats: mqtt.stats(),
+            },
+            shutdown: shutdown_rx.clone(),
+        };
+        let app = build_router(state, config.http.body_limit_bytes);
+        let mut http_stop = shutdown_rx.clone();
+        let http = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = http_stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "HTTP server failed");
+            }
+        });
+        let background = vec![tokio::spawn(
+            registry.clone().run_liveness_monitor(shutdown_rx.clone()),
+        )];
+        tracing::info!(%http_addr, %mqtt_addr, "registry ready");
+        Ok(RunningRegistry {
+            http_addr,
+            mqtt_addr,
+            mqtt_mode: config.mqtt.mode,
+            admin_token,
+            registry,
+            auth,
+            leases: engine,
+            bus,
+            db,
+            mqtt,
+            shutdown_tx,
+            http,
+            background,
+        })
+    }
+}
+
+impl RunningRegistry {
+    /// The one line `serve` prints on stdout when ready:
+    /// `{"event":"ready","http":"127.0.0.1:8080","mqtt":"127.0.0.1:18830"}`.
+    pub fn ready_line(&self) -> String {
+        json!({
+            "event": "ready",
+            "http": self.http_addr.to_string(),
+            "mqtt": self.mqtt_addr.to_string(),
+            "mqtt_mode": match self.mqtt_mode {
+                MqttMode::Embedded => "embedded",
+                MqttMode::External => "external",
+            },
+        })
+        .to_string()
+    }
+
+    /// `http://{http_addr}`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    /// The database file.
+    pub fn db_path(&self) -> PathBuf {
+        self.db.path().to_path_buf()
+    }
+
+    /// Stop: signal every task, let HTTP finish in-flight requests (SSE
+    /// streams end), disconnect MQTT, stop the lease engine.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown_tx.send(true);
+        if tokio::time::timeout(Duration::from_secs(10), self.http)
+            .await
+            .is_err()
+        {
+            tracing::warn!("HTTP server did not finish within 10 s");
+        }
+        self.leases.shutdown().await;
+        self.mqtt.stop().await;
+        for t in self.background {
+            let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
+        }
+        tracing::info!("registry stopped");
+    }
+}

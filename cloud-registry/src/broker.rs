@@ -1,0 +1,188 @@
+//! The embedded MQTT broker (rumqttd 0.20), for a single-machine lab
+//! (`[mqtt] mode = "embedded"`).
+//!
+//! # Who may connect
+//! Every connection must log in (anonymous connections are refused):
+//! - the registry's own client, with a user name from the configuration and
+//!   a random password made at each start (never written anywhere);
+//! - a provider: user name = client id = provider id, password = that
+//!   provider's bearer token (role `provider`, principal = provider id),
+//!   checked against the token store;
+//! - an `admin` / `super_admin` token holder with its principal as user name
+//!   (debugging with `mosquitto_sub`).
+//!
+//! # What rumqttd 0.20 cannot do: per-topic ACLs
+//! rumqttd's only hook is the connect-time auth handler
+//! `Fn(client_id, username, password) -> bool`. It has no per-topic
+//! authorization for PUBLISH or SUBSCRIBE; its only topic isolation is the
+//! `validate-tenant-prefix` feature, which takes the tenant from a TLS client
+//! certificate's organization and forces topics under `/tenants/{tenant}/`,
+//! a scheme that does not fit `benchlink/v1/providers/{p}/…` and needs a
+//! PKI. So on the embedded broker an authenticated provider *can* publish to
+//! and subscribe to another provider's topics. What is enforced:
+//! - only holders of a provider (or admin) token connect at all, and a
+//!   provider only under its own id as client id and user name;
+//! - the registry accepts a message on `…/providers/{p}/…` only when its
+//!   body's `provider_id` is `{p}` (see [`crate::mqtt`]).
+//!
+//! Where providers do not trust each other, run Mosquitto with the ACL in
+//! `config/mosquitto/` (`mode = "external"`), which confines each provider
+//! to its own topics.
+//!
+//! # Lifetime
+//! rumqttd 0.20 has no stop: its router and server threads live until the
+//! process exits. [`EmbeddedBroker`] therefore only reports where it
+//! listens; stopping the registry disconnects the registry's client.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+
+use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+use sha2::{Digest, Sha256};
+use shared_protocol::api::Role;
+
+use crate::auth::Authenticator;
+
+/// Why the embedded broker did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("embedded MQTT broker cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the broker thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Login of the registry's own MQTT client on the embedded broker.
+#[derive(Debug, Clone)]
+pub struct RegistryLogin {
+    pub username: String,
+    pub password: String,
+}
+
+/// A running embedded broker.
+#[derive(Debug, Clone)]
+pub struct EmbeddedBroker {
+    addr: SocketAddr,
+    login: RegistryLogin,
+}
+
+fn digest(s: &str) -> [u8; 32] {
+    Sha256::digest(s.as_bytes()).into()
+}
+
+/// The connect-time check (see the module docs).
+fn allow_login(
+    auth: &Authenticator,
+    registry_user: &str,
+    registry_password_hash: &[u8; 32],
+    client_id: &str,
+    username: &str,
+    password: &str,
+) -> bool {
+    if username == registry_user {
+        // Compare digests: equal length, no early exit on the secret.
+        return &digest(password) == registry_password_hash;
+    }
+    match auth.authenticate(password) {
+        Some(p) if p.role == Role::Provider => p.name == username && client_id == username,
+        Some(p) if matches!(p.role, Role::Admin | Role::SuperAdmin) => p.name == username,
+        _ => false,
+    }
+}
+
+impl EmbeddedBroker {
+    /// Start rumqttd listening on `listen` (port 0: a free port is picked)
+    /// with logins checked against `auth`. Returns once its threads are
+    /// started; the registry's own client connecting (which
+    /// [`crate::app::Registry::start`] waits for) proves it listens. `registry_user` is the user name the registry's client
+    /// will use; `max_payload_bytes` bounds a message.
+    ///
+    /// Errors: the address is taken, or the thread cannot be started.
+    pub fn start(
+        listen: SocketAddr,
+        auth: Arc<Authenticator>,
+        registry_user: &str,
+        max_payload_bytes: usize,
+    ) -> Result<Self, BrokerError> {
+        // Bind once ourselves: reports a taken port clearly (rumqttd would
+        // only log it in its own thread) and resolves port 0.
+        let probe = TcpListener::bind(listen).map_err(|source| BrokerError::Bind {
+            addr: listen,
+            source,
+        })?;
+        let addr = probe.local_addr().map_err(|source| BrokerError::Bind {
+            addr: listen,
+            source,
+        })?;
+        drop(probe);
+
+        let login = RegistryLogin {
+            username: registry_user.to_string(),
+            password: crate::auth::new_token(),
+        };
+        let registry_hash = digest(&login.password);
+        let registry_user = login.username.clone();
+        let mut connections = ConnectionSettings {
+            connection_timeout_ms: 10_000,
+            max_payload_size: max_payload_bytes,
+            max_inflight_count: 200,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        };
+        connections.set_auth_handler(move |client_id: String, username: String, password: String| {
+            let ok = allow_login(&auth, &registry_user, &registry_hash, &client_id, &username, &password);
+            if !ok {
+                tracing::warn!(client_id = %client_id, username = %username, "MQTT login refused");
+            }
+            std::future::ready(ok)
+        });
+        let server = ServerSettings {
+            name: "benchlink-v4".into(),
+            listen: addr,
+            tls: None,
+            next_connection_delay_ms: 1,
+            connections,
+        };
+        let config = Config {
+            id: 0,
+            router: RouterConfig {
+                max_connections: 10_000,
+                max_outgoing_packet_count: 200,
+                max_segment_size: 10 * 1024 * 1024,
+                max_segment_count: 10,
+                custom_segment: None,
+                initialized_filters: None,
+                shared_subscriptions_strategy: Default::default(),
+            },
+            v4: Some(HashMap::from([("benchlink".to_string(), server)])),
+            ..Default::default()
+        };
+        std::thread::Builder::new()
+            .name("mqtt-broker".into())
+            .spawn(move || {
+                let mut broker = Broker::new(config);
+                if let Err(e) = broker.start() {
+                    tracing::error!(error = %e, "embedded MQTT broker stopped");
+                }
+            })
+            .map_err(BrokerError::Thread)?;
+
+        tracing::info!(%addr, "embedded MQTT broker listening");
+        Ok(Self { addr, login })
+    }
+
+    /// Where the broker listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The login for the registry's own client.
+    pub fn registry_login(&self) -> &RegistryLogin {
+        &self.login
+    }
+}

@@ -1,0 +1,681 @@
+//! The registry's MQTT client (rumqttc): ingest of the providers' `status`,
+//! `register`, `heartbeat` and `results` topics, and forwarding of preempt
+//! notices and lease revocations to the providers' `commands` topics
+//! (docs/architecture.md "Control plane").
+//!
+//! Four tasks, so the event loop is never blocked by our own publishing:
+//! - the *event loop* task polls rumqttc and hands incoming publishes to
+//!   the ingest channel; it never awaits a publish;
+//! - the *ingest* task processes messages one at a time, in arrival order
+//!   (a provider's `register` before its `heartbeat`), and queues replies on
+//!   the unbounded outbound channel, so it never waits on the event loop;
+//! - the *publisher* task owns the `AsyncClient` and sends what is queued;
+//! - the *forwarder* follows the event log and queues `preempt_requested`
+//!   and `lease_revoked` commands for the capability's provider.
+//!
+//! # Trust
+//! A message on `{prefix}/providers/{p}/{kind}` is accepted only when it
+//! parses as an [`Envelope`] of the type that topic carries and its body
+//! names provider `{p}` (`results`: its capability belongs to `{p}`). QoS 1
+//! delivers at least once: a repeated `(provider, message_id)` is dropped.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, Publish, QoS};
+use serde::Serialize;
+use serde_json::Value;
+use shared_protocol::capability::CapabilityBatchRegisterRequest;
+use shared_protocol::event::{CapabilityEvent, EventType};
+use shared_protocol::lease::{CapabilityLease, PreemptNotice};
+use shared_protocol::mqtt::{
+    parse_topic, topic, topic_filter_all, Envelope, LeaseRevoked, MessageType, RegisterAck,
+    RegisterBody, SessionUpdate, StatusBody, TopicKind,
+};
+use shared_protocol::provider::HeartbeatRequest;
+use shared_protocol::Validate;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::events::EventBus;
+use crate::follow::{EventFollower, Followed};
+use crate::registry::CapabilityRegistry;
+use crate::store::StoreError;
+
+/// Where and how the registry's client connects.
+#[derive(Debug, Clone)]
+pub struct MqttSettings {
+    pub host: String,
+    pub port: u16,
+    pub client_id: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub topic_prefix: String,
+    pub keep_alive: Duration,
+    /// Largest message in either direction, bytes.
+    pub max_packet_bytes: usize,
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct MqttStats {
+    pub status_in: AtomicU64,
+    pub register_in: AtomicU64,
+    pub heartbeat_in: AtomicU64,
+    pub results_in: AtomicU64,
+    /// Messages on topics that are not ours or on `commands`.
+    pub other_in: AtomicU64,
+    /// Refused: bad topic, bad envelope, wrong type, provider mismatch.
+    pub rejected: AtomicU64,
+    /// Dropped as a repeated message id.
+    pub duplicates: AtomicU64,
+    /// Commands published to providers.
+    pub commands_out: AtomicU64,
+    /// (Re)connections to the broker.
+    pub connects: AtomicU64,
+}
+
+impl MqttStats {
+    /// (topic kind, messages received) pairs.
+    pub fn messages_in(&self) -> [(&'static str, u64); 5] {
+        [
+            ("status", self.status_in.load(Ordering::Relaxed)),
+            ("register", self.register_in.load(Ordering::Relaxed)),
+            ("heartbeat", self.heartbeat_in.load(Ordering::Relaxed)),
+            ("results", self.results_in.load(Ordering::Relaxed)),
+            ("other", self.other_in.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
+enum Outbound {
+    Publish { topic: String, payload: Vec<u8> },
+    Subscribe,
+}
+
+/// The running client. [`MqttLink::stop`] disconnects cleanly.
+pub struct MqttLink {
+    outbound: mpsc::UnboundedSender<Outbound>,
+    connected: Arc<AtomicBool>,
+    stats: Arc<MqttStats>,
+    stop_tx: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    prefix: String,
+}
+
+/// Ids of messages already processed, per provider, bounded.
+struct Dedup {
+    seen: HashSet<(String, String)>,
+    order: VecDeque<(String, String)>,
+    capacity: usize,
+}
+
+impl Dedup {
+    fn new(capacity: usize) -> Self {
+        Self {
+            seen: HashSet::new(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// True the first time `(provider, id)` is seen.
+    fn first_time(&mut self, provider: &str, id: &str) -> bool {
+        let key = (provider.to_string(), id.to_string());
+        if !self.seen.insert(key.clone()) {
+            return false;
+        }
+        self.order.push_back(key);
+        if self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+fn envelope_bytes<T: Serialize>(message_type: MessageType, body: &T) -> Option<Vec<u8>> {
+    Envelope::new(
+        message_type,
+        uuid::Uuid::new_v4().to_string(),
+        Utc::now(),
+        body,
+    )
+    .ok()
+    .map(|e| e.to_bytes())
+}
+
+impl MqttLink {
+    /// Connect to the broker and start the four tasks. Returns at once; the
+    /// connection is made (and remade after a loss) in the background.
+    /// Lease events with `event_id > forward_after` are forwarded as
+    /// commands (pass the log's current end).
+    pub fn start(
+        settings: MqttSettings,
+        registry: Arc<CapabilityRegistry>,
+        bus: EventBus,
+        forward_after: u64,
+    ) -> Self {
+        let mut opts = MqttOptions::new(&settings.client_id, &settings.host, settings.port);
+        opts.set_keep_alive(settings.keep_alive)
+            .set_clean_session(true)
+            .set_max_packet_size(settings.max_packet_bytes, settings.max_packet_bytes);
+        if let Some(user) = &settings.username {
+            opts.set_credentials(user, settings.password.clone().unwrap_or_default());
+        }
+        let (client, eventloop) = AsyncClient::new(opts, 256);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (in_tx, in_rx) = mpsc::channel::<Publish>(4096);
+        let connected = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(MqttStats::default());
+        let prefix = settings.topic_prefix.clone();
+
+        let tasks = vec![
+            tokio::spawn(run_event_loop(
+                eventloop,
+                client.clone(),
+                in_tx,
+                out_tx.clone(),
+                connected.clone(),
+                stats.clone(),
+                stop_rx.clone(),
+            )),
+            tokio::spawn(run_publisher(
+                client,
+                out_rx,
+                prefix.clone(),
+                stop_rx.clone(),
+            )),
+            tokio::spawn(run_ingest(
+                in_rx,
+                out_tx.clone(),
+                registry.clone(),
+                stats.clone(),
+                prefix.clone(),
+            )),
+            tokio::spawn(run_forwarder(
+                bus,
+                registry,
+                out_tx.clone(),
+                stats.clone(),
+                prefix.clone(),
+                forward_after,
+                stop_rx,
+            )),
+        ];
+        Self {
+            outbound: out_tx,
+            connected,
+            stats,
+            stop_tx,
+            tasks,
+            prefix,
+        }
+    }
+
+    /// True while the client holds a broker connection.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// The shared connected flag (for `/healthz`).
+    pub fn connected_flag(&self) -> Arc<AtomicBool> {
+        self.connected.clone()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<MqttStats> {
+        self.stats.clone()
+    }
+
+    /// Wait up to `timeout` for the first broker connection.
+    pub async fn wait_connected(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !self.connected() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// Queue a command for `provider_id` on its `commands` topic (QoS 1).
+    pub fn send_command<T: Serialize>(
+        &self,
+        provider_id: &str,
+        message_type: MessageType,
+        body: &T,
+    ) {
+        if let Some(payload) = envelope_bytes(message_type, body) {
+            let _ = self.outbound.send(Outbound::Publish {
+                topic: topic(&self.prefix, provider_id, TopicKind::Commands),
+                payload,
+            });
+        }
+    }
+
+    /// Disconnect from the broker (MQTT DISCONNECT) and end the tasks.
+    pub async fn stop(self) {
+        let _ = self.stop_tx.send(true);
+        drop(self.outbound);
+        for t in self.tasks {
+            if tokio::time::timeout(Duration::from_secs(3), t)
+                .await
+                .is_err()
+            {
+                tracing::warn!("an MQTT task did not stop within 3 s");
+            }
+        }
+    }
+}
+
+async fn run_event_loop(
+    mut eventloop: EventLoop,
+    client: AsyncClient,
+    ingest: mpsc::Sender<Publish>,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    connected: Arc<AtomicBool>,
+    stats: Arc<MqttStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let polled = tokio::select! {
+            ev = eventloop.poll() => ev,
+            _ = stop.changed() => break,
+        };
+        match polled {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                connected.store(true, Ordering::Relaxed);
+                stats.connects.fetch_add(1, Ordering::Relaxed);
+                backoff = Duration::from_millis(200);
+                tracing::info!("connected to the MQTT broker");
+                // Clean session: subscribe again after every connect.
+                let _ = outbound.send(Outbound::Subscribe);
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                if ingest.send(p).await.is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if connected.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "MQTT connection lost; reconnecting");
+                } else {
+                    tracing::debug!(error = %e, "MQTT connect failed; retrying");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    // Send DISCONNECT and let the loop flush it (bounded).
+    if connected.load(Ordering::Relaxed) && client.try_disconnect().is_ok() {
+        let flush = async {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), flush).await;
+    }
+    connected.store(false, Ordering::Relaxed);
+}
+
+async fn run_publisher(
+    client: AsyncClient,
+    mut outbound: mpsc::UnboundedReceiver<Outbound>,
+    prefix: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let msg = tokio::select! {
+            m = outbound.recv() => m,
+            _ = stop.changed() => None,
+        };
+        let Some(msg) = msg else { break };
+        let result = match msg {
+            Outbound::Publish { topic, payload } => {
+                client
+                    .publish(topic, QoS::AtLeastOnce, false, payload)
+                    .await
+            }
+            Outbound::Subscribe => {
+                let filters = [
+                    TopicKind::Status,
+                    TopicKind::Register,
+                    TopicKind::Heartbeat,
+                    TopicKind::Results,
+                ]
+                .map(|k| {
+                    rumqttc::SubscribeFilter::new(topic_filter_all(&prefix, k), QoS::AtLeastOnce)
+                });
+                client.subscribe_many(filters).await
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "MQTT request not queued");
+        }
+    }
+}
+
+/// Why an incoming message was refused (logged, counted).
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("{0}")]
+    Topic(#[from] shared_protocol::mqtt::TopicError),
+    #[error("{0}")]
+    Envelope(#[from] shared_protocol::mqtt::EnvelopeError),
+    #[error("body names provider `{body}` but the topic is provider `{topic}`'s")]
+    ProviderMismatch { topic: String, body: String },
+    #[error("capability `{capability_id}` does not belong to provider `{provider_id}`")]
+    ForeignCapability {
+        provider_id: String,
+        capability_id: String,
+    },
+}
+
+fn same_provider(topic_p: &str, body_p: &str) -> Result<(), Refused> {
+    if topic_p == body_p {
+        Ok(())
+    } else {
+        Err(Refused::ProviderMismatch {
+            topic: topic_p.to_string(),
+            body: body_p.to_string(),
+        })
+    }
+}
+
+async fn run_ingest(
+    mut incoming: mpsc::Receiver<Publish>,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    registry: Arc<CapabilityRegistry>,
+    stats: Arc<MqttStats>,
+    prefix: String,
+) {
+    let mut dedup = Dedup::new(16_384);
+    while let Some(p) = incoming.recv().await {
+        if let Err(e) = ingest_one(&p, &mut dedup, &outbound, &registry, &stats, &prefix).await {
+            stats.rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(topic = %p.topic, error = %e, "MQTT message refused");
+        }
+    }
+}
+
+async fn ingest_one(
+    p: &Publish,
+    dedup: &mut Dedup,
+    outbound: &mpsc::UnboundedSender<Outbound>,
+    registry: &CapabilityRegistry,
+    stats: &MqttStats,
+    prefix: &str,
+) -> Result<(), Refused> {
+    let (provider_id, kind) = match parse_topic(prefix, &p.topic) {
+        Ok(t) => t,
+        Err(e) => {
+            stats.other_in.fetch_add(1, Ordering::Relaxed);
+            return Err(e.into());
+        }
+    };
+    let counter = match kind {
+        TopicKind::Status => &stats.status_in,
+        TopicKind::Register => &stats.register_in,
+        TopicKind::Heartbeat => &stats.heartbeat_in,
+        TopicKind::Results => &stats.results_in,
+        TopicKind::Commands => &stats.other_in,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if kind == TopicKind::Commands {
+        return Ok(());
+    }
+    if p.payload.is_empty() {
+        // A cleared retained status.
+        return Ok(());
+    }
+    let env = Envelope::parse(&p.payload)?;
+    if !dedup.first_time(provider_id, &env.message_id) {
+        stats.duplicates.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(provider_id, message_id = %env.message_id, "duplicate MQTT message dropped");
+        return Ok(());
+    }
+    match kind {
+        TopicKind::Status => {
+            let body: StatusBody = env.body_as(MessageType::Status)?;
+            same_provider(provider_id, &body.provider_id)?;
+            match registry.provider_status(provider_id, body).await {
+                Ok(()) => {}
+                Err(StoreError::NotFound { .. }) => {
+                    tracing::debug!(
+                        provider_id,
+                        "status of a provider that never registered; ignored"
+                    );
+                }
+                Err(e) => tracing::error!(provider_id, error = %e, "status not stored"),
+            }
+        }
+        TopicKind::Register => {
+            let body: RegisterBody = env.body_as(MessageType::Register)?;
+            same_provider(provider_id, &body.provider.provider_id)?;
+            let ack = register(registry, provider_id, body).await;
+            if let Some(payload) = envelope_bytes(MessageType::RegisterAck, &ack) {
+                let _ = outbound.send(Outbound::Publish {
+                    topic: topic(prefix, provider_id, TopicKind::Commands),
+                    payload,
+                });
+            }
+        }
+        TopicKind::Heartbeat => {
+            let body: HeartbeatRequest = env.body_as(MessageType::Heartbeat)?;
+            same_provider(provider_id, &body.provider_id)?;
+            match registry.heartbeat(provider_id, body).await {
+                Ok(_) => {}
+                Err(StoreError::NotFound { .. }) => {
+                    tracing::warn!(provider_id, "heartbeat before registration; ignored");
+                }
+                Err(e) => tracing::error!(provider_id, error = %e, "heartbeat not stored"),
+            }
+        }
+        TopicKind::Results => {
+            let body: SessionUpdate = env.body_as(MessageType::SessionUpdate)?;
+            let owner = registry
+                .store()
+                .get_capability(&body.capability_id)
+                .await
+                .ok()
+                .flatten()
+                .map(|c| c.provider_id);
+            if owner.as_deref() != Some(provider_id) {
+                return Err(Refused::ForeignCapability {
+                    provider_id: provider_id.to_string(),
+                    capability_id: body.capability_id,
+                });
+            }
+            registry.session_update(provider_id, body).await;
+        }
+        TopicKind::Commands => {}
+    }
+    Ok(())
+}
+
+/// Register a provider and its capabilities from one MQTT message; the
+/// answer goes back as `register_ack`.
+async fn register(
+    registry: &CapabilityRegistry,
+    provider_id: &str,
+    body: RegisterBody,
+) -> RegisterAck {
+    let interval = registry.settings().heartbeat_interval_seconds;
+    let refuse = |error: String| RegisterAck {
+        provider_id: provider_id.to_string(),
+        accepted: false,
+        heartbeat_interval_seconds: interval,
+        registered: vec![],
+        error: Some(error),
+    };
+    let batch = CapabilityBatchRegisterRequest {
+        provider_id: provider_id.to_string(),
+        capabilities: body.capabilities,
+    };
+    // Check the whole batch before storing anything.
+    if let Err(e) = batch.validate() {
+        return refuse(e.to_string());
+    }
+    if let Err(e) = registry.register_provider(provider_id, body.provider).await {
+        return refuse(e.to_string());
+    }
+    match registry.register_capabilities(provider_id, batch).await {
+        Ok(done) => RegisterAck {
+            provider_id: provider_id.to_string(),
+            accepted: true,
+            heartbeat_interval_seconds: interval,
+            registered: done.registered,
+            error: None,
+        },
+        Err(e) => refuse(e.to_string()),
+    }
+}
+
+/// The lease a lease event is about: its `data` is the lease, or holds it
+/// under `lease`.
+fn lease_of(ev: &CapabilityEvent) -> Option<CapabilityLease> {
+    serde_json::from_value::<CapabilityLease>(ev.data.clone())
+        .ok()
+        .or_else(|| {
+            ev.data
+                .get("lease")
+                .and_then(|l| serde_json::from_value(l.clone()).ok())
+        })
+}
+
+fn data_str(ev: &CapabilityEvent, key: &str) -> Option<String> {
+    ev.data.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// The command (type and body) to send for a lease event, if any.
+fn command_for(ev: &CapabilityEvent) -> Option<(MessageType, Value)> {
+    let lease = lease_of(ev);
+    let capability_id = ev
+        .capability_id
+        .clone()
+        .or_else(|| lease.as_ref().map(|l| l.capability_id.clone()))?;
+    let lease_id = ev
+        .lease_id
+        .clone()
+        .or_else(|| lease.as_ref().map(|l| l.lease_id.clone()))?;
+    match ev.event_type {
+        EventType::LeasePreemptRequested => {
+            // The engine puts the notice in the event; older shapes carry
+            // the lease alone.
+            if let Some(notice) = ev
+                .data
+                .get("notice")
+                .and_then(|n| serde_json::from_value::<PreemptNotice>(n.clone()).ok())
+            {
+                return Some((
+                    MessageType::PreemptRequested,
+                    serde_json::to_value(notice).ok()?,
+                ));
+            }
+            let grace_until = lease.as_ref().and_then(|l| l.grace_until).or_else(|| {
+                ev.data
+                    .get("grace_until")
+                    .and_then(|v| serde_json::from_value(v.clone()).ok())
+            })?;
+            let notice = PreemptNotice {
+                lease_id,
+                capability_id,
+                preempting_lease_id: data_str(ev, "preempting_lease_id")
+                    .or_else(|| lease.as_ref().and_then(|l| l.preempted_by.clone()))
+                    .unwrap_or_default(),
+                preempt_reason: data_str(ev, "preempt_reason")
+                    .or_else(|| lease.as_ref().and_then(|l| l.preempt_reason.clone()))
+                    .unwrap_or_default(),
+                grace_until,
+            };
+            Some((
+                MessageType::PreemptRequested,
+                serde_json::to_value(notice).ok()?,
+            ))
+        }
+        EventType::LeasePreempted | EventType::LeaseExpired => {
+            let reason =
+                data_str(ev, "reason").unwrap_or_else(|| ev.event_type.as_str().to_string());
+            let body = LeaseRevoked {
+                lease_id,
+                capability_id,
+                reason,
+            };
+            Some((MessageType::LeaseRevoked, serde_json::to_value(body).ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// Follow the event log from its current end and forward lease events to
+/// the providers that hold the capabilities.
+async fn run_forwarder(
+    bus: EventBus,
+    registry: Arc<CapabilityRegistry>,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    stats: Arc<MqttStats>,
+    prefix: String,
+    start: u64,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut follower = EventFollower::new(bus, start);
+    loop {
+        let next = tokio::select! {
+            n = follower.next() => n,
+            _ = stop.changed() => break,
+        };
+        let ev = match next {
+            Ok(Followed::Event(ev)) => ev,
+            Ok(Followed::Gap { .. }) => continue,
+            Ok(Followed::Closed) => break,
+            Err(e) => {
+                tracing::error!(error = %e, "event log unreadable; command forwarding paused");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let Some((message_type, body)) = command_for(&ev) else {
+            continue;
+        };
+        let provider_id = match &ev.provider_id {
+            Some(p) => Some(p.clone()),
+            None => match &ev.capability_id {
+                Some(c) => registry
+                    .store()
+                    .get_capability(c)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|c| c.provider_id),
+                None => None,
+            },
+        };
+        let Some(provider_id) = provider_id else {
+            continue;
+        };
+        if let Some(payload) = envelope_bytes(message_type, &body) {
+            stats.commands_out.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(provider_id, event_id = ev.event_id, command = %message_type, "forwarding lease command to provider");
+            let _ = outbound.send(Outbound::Publish {
+                topic: topic(&prefix, &provider_id, TopicKind::Commands),
+                payload,
+            });
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! The Capability Registry (seed 001 §2.1): provider and capability
+//! registration, heartbeats and liveness, shared by the HTTP API and the
+//! MQTT ingest so both paths store the same rows and emit the same events.
+//!
+//! It tells the lease side what it learns through [`LeaseSync`] (new
+//! capabilities, providers going on/offline, non-interruptible windows,
+//! seed 001 §6.4) and tells later modules about provider restarts and
+//! outages through [`ProviderHooks`] (the sessions module marks sessions
+//! `incomplete_evidence` there, seed 001 §5.4).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use chrono::Utc;
+use shared_protocol::capability::{
+    Capability, CapabilityBatchRegisterRequest, CapabilityBatchRegisterResponse,
+};
+use shared_protocol::mqtt::{SessionUpdate, StatusBody};
+use shared_protocol::provider::{
+    HeartbeatRequest, HeartbeatResponse, OnlineStatus, ProviderRegisterRequest,
+    ProviderRegisterResponse,
+};
+use tokio::sync::watch;
+
+use crate::events::EventBus;
+use crate::store::{boot_changed, Store, StoreError, StoreResult};
+
+/// What the registry tells the lease engine. Implemented for
+/// [`crate::leases::LeaseEngine`] in `app.rs`; tests may use a recorder.
+#[async_trait::async_trait]
+pub trait LeaseSync: Send + Sync + 'static {
+    /// A capability was registered or changed; `online` is its provider's
+    /// status.
+    async fn capability_upserted(&self, capability: &Capability, online: bool);
+    /// A provider went online or offline (offline: its leases cannot be
+    /// exercised; the engine decides what happens to them).
+    async fn provider_online(&self, provider_id: &str, online: bool);
+    /// A capability entered (`true`) or left (`false`) a non-interruptible
+    /// window (seed 001 §6.4): revocation waits while it is in one.
+    async fn non_interruptible(&self, capability_id: &str, in_window: bool);
+}
+
+/// Callbacks for modules that own provider-side state (sessions). Every
+/// method has a default that only logs, so an implementation overrides
+/// what it needs. Called after the change is committed, from the task that
+/// processed the message (keep them short; spawn for long work).
+#[async_trait::async_trait]
+pub trait ProviderHooks: Send + Sync + 'static {
+    /// A known provider came back with a different boot id: the edge
+    /// daemon restarted, so its sessions that were running cannot finish
+    /// and should become `incomplete_evidence` (seed 001 §5.4).
+    async fn on_provider_restarted(&self, provider_id: &str) {
+        tracing::info!(provider_id, "provider restarted (new boot id): its running sessions should become incomplete_evidence");
+    }
+
+    /// A provider went offline (LWT, `offline` status, or missed
+    /// heartbeats).
+    async fn on_provider_offline(&self, provider_id: &str) {
+        tracing::info!(
+            provider_id,
+            "provider offline: its running sessions cannot report until it returns"
+        );
+    }
+
+    /// A `session_update` arrived on the provider's `results` topic; the
+    /// registry has checked the capability belongs to `provider_id`.
+    async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) {
+        tracing::info!(provider_id, session_id = %update.session_id, status = %update.status, "session update received (no sessions module attached)");
+    }
+}
+
+/// The hooks used when no module registered any: log only.
+pub struct LoggingHooks;
+
+#[async_trait::async_trait]
+impl ProviderHooks for LoggingHooks {}
+
+/// Timing the registry needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct RegistrySettings {
+    /// Told to providers in register/heartbeat answers, seconds.
+    pub heartbeat_interval_seconds: u32,
+    /// Silence after which a provider is marked offline.
+    pub offline_after: Duration,
+    /// Minimum spacing of health snapshots per capability (unless changed).
+    pub snapshot_min_interval: Duration,
+}
+
+/// The registry service. Share it as `Arc<CapabilityRegistry>`.
+pub struct CapabilityRegistry {
+    store: Arc<dyn Store>,
+    bus: EventBus,
+    leases: Arc<dyn LeaseSync>,
+    hooks: RwLock<Vec<Arc<dyn ProviderHooks>>>,
+    settings: RegistrySettings,
+    /// Capabilities in a non-interruptible window, per provider, as last
+    /// reported (so the engine hears only of changes).
+    windows: Mutex<HashMap<String, HashSet<String>>>,
+}
+
+impl CapabilityRegistry {
+    /// A registry over `store`, publishing on `bus`, telling `leases`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        bus: EventBus,
+        leases: Arc<dyn LeaseSync>,
+        settings: RegistrySettings,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            bus,
+            leases,
+            hooks: RwLock::new(Vec::new()),
+            settings,
+            windows: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The store (reads for the API).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The event bus.
+    pub fn bus(&self) -> &EventBus {
+        &self.bus
+    }
+
+    /// The timing settings.
+    pub fn settings(&self) -> &RegistrySettings {
+        &self.settings
+    }
+
+    /// Add a hook implementation; called in the order added.
+    pub fn add_hooks(&self, hooks: Arc<dyn ProviderHooks>) {
+        if let Ok(mut h) = self.hooks.write() {
+            h.push(hooks);
+        }
+    }
+
+    fn hooks(&self) -> Vec<Arc<dyn ProviderHooks>> {
+        let list = self.hooks.read().map(|h| h.clone()).unwrap_or_default();
+        if list.is_empty() {
+            vec![Arc::new(LoggingHooks)]
+        } else {
+            list
+        }
+    }
+
+    async fn provider_restarted(&self, provider_id: &str) {
+        tracing::info!(provider_id, "provider restarted with a new boot id");
+        for h in self.hooks() {
+            h.on_provider_restarted(provider_id).await;
+        }
+    }
+
+    async fn provider_went_offline(&self, provider_id: &str) {
+        for h in self.hooks() {
+            h.on_provider_offline(provider_id).await;
+        }
+    }
+
+    /// Hand a checked session update to the hooks.
+    pub async fn session_update(&self, provider_id: &str, update: SessionUpdate) {
+        for h in self.hooks() {
+            h.on_session_update(provider_id, update.clone()).await;
+        }
+    }
+
+    /// Tell the lease engine about every stored capability and provider
+    /// status (at start, so a restarted registry's engine knows them).
+    pub async fn sync_lease_engine(&self) -> StoreResult<usize> {
+        let providers = self.store.list_providers(Default::default()).await?;
+        let online: HashMap<String, bool> = providers
+            .iter()
+            .map(|p| {
+                (
+                    p.provider_id.clone(),
+                    p.online_status == OnlineStatus::Online,
+                )
+            })
+            .collect();
+        let caps = self.store.list_capabilities(Default::default()).await?;
+        for c in &caps {
+            let on = online.get(&c.provider_id).copied().unwrap_or(false);
+            self.leases.capability_upserted(c, on).await;
+        }
+        Ok(caps.len())
+    }
+
+    /// Provider registration (seed 001 §4.1), HTTP or MQTT. `actor` is the
+    /// authenticated principal (HTTP) or the MQTT provider id.
+    pub async fn register_provider(
+        &self,
+        actor: &str,
+        req: ProviderRegisterRequest,
+    ) -> StoreResult<ProviderRegisterResponse> {
+        let provider_id = req.provider_id.clone();
+        let out = self.store.register_provider(actor, req, Utc::now()).await?;
+        self.bus.publish(out.events.clone());
+        let restarted = out.restarted();
+        if out.came_online {
+            self.leases.provider_online(&provider_id, true).await;
+        }
+        if restarted {
+            self.clear_windows(&provider_id).await;
+            self.provider_restarted(&provider_id).await;
+        }
+        tracing::info!(
+            provider_id,
+            first = !out.was_known,
+            restarted,
+            "provider registered"
+        );
+        Ok(ProviderRegisterResponse {
+            provider_id,
+            accepted: true,
+            heartbeat_interval_seconds: self.settings.heartbeat_interval_seconds,
+        })
+    }
+
+    /// Capability batch registration (seed 001 §4.2), HTTP or MQTT.
+    ///
+    /// Errors: unknown provider (404), a capability of another provider
+    /// (409 `capability_owned_by_other_provider`).
+    pub async fn register_capabilities(
+        &self,
+        actor: &str,
+        req: CapabilityBatchRegisterRequest,
+    ) -> StoreResult<CapabilityBatchRegisterResponse> {
+        let out = self
+            .store
+            .register_capabilities(actor, &req.provider_id, req.capabilities, Utc::now())
+            .await?;
+        self.bus.publish(out.events.clone());
+        for c in &out.capabilities {
+            self.leases
+                .capability_upserted(c, out.provider_online)
+                .await;
+        }
+        Ok(CapabilityBatchRegisterResponse {
+            provider_id: req.provider_id,
+            registered: out
+                .capabilities
+                .into_iter()
+                .map(|c| c.capability_id)
+                .collect(),
+        })
+    }
+
+    /// A heartbeat (seed 001 §4.3), HTTP or MQTT.
+    ///
+    /// Errors: unknown provider (404).
+    pub async fn heartbeat(
+        &self,
+        actor: &str,
+        hb: HeartbeatRequest,
+    ) -> StoreResult<HeartbeatResponse> {
+        let provider_id = hb.provider_id.clone();
+        let in_window: HashSet<String> = hb
+            .running_sessions
+            .iter()
+            .filter(|s| s.non_interruptible)
+            .map(|s| s.capability_id.clone())
+            .collect();
+        for f in &hb.faults {
+            tracing::warn!(provider_id, capability_id = ?f.capability_id, code = %f.code, message = %f.message, "provider reported a fault");
+        }
+        let out = self
+            .store
+            .record_heartbeat(actor, hb, Utc::now(), self.settings.snapshot_min_interval)
+            .await?;
+        self.bus.publish(out.events.clone());
+        if !out.unknown_capabilities.is_empty() {
+            tracing::warn!(provider_id, unknown = ?out.unknown_capabilities, "heartbeat named capabilities this provider has not registered; ignored");
+        }
+        if out.came_online {
+            self.leases.provider_online(&provider_id, true).await;
+        }
+        if boot_changed(out.previous_boot_id.as_deref(), out.boot_id.as_deref()) {
+            self.clear_windows(&provider_id).await;
+            self.provider_restarted(&provider_id).await;
+        }
+        self.update_windows(&provider_id, in_window).await;
+        Ok(HeartbeatResponse {
+            accepted: true,
+            heartbeat_interval_seconds: self.settings.heartbeat_interval_seconds,
+            server_time: Utc::now(),
+        })
+    }
+
+    /// A retained `status` message or the LWT.
+    ///
+    /// An `offline` that carries a boot id other than the stored one is a
+    /// late will of an older connection and is ignored. Errors: unknown
+    /// provider (404; a status before the first registration).
+    pub async fn provider_status(&self, actor: &str, status: StatusBody) -> StoreResult<()> {
+        let online = status.online_status == OnlineStatus::Online;
+        if !online {
+            if let Some(stored) = self.store.get_provider(&status.provider_id).await? {
+                if boot_changed(stored.boot_id.as_deref(), status.boot_id.as_deref()) {
+                    tracing::info!(provider_id = %status.provider_id, "ignoring offline status of an earlier boot");
+                    return Ok(());
+                }
+            }
+        }
+        let reason = if online {
+            "provider status online"
+        } else {
+            "provider status offline (disconnect or last will)"
+        };
+        self.set_online(actor, &status.provider_id, online, status.boot_id, reason)
+            .await
+    }
+
+    async fn set_online(
+        &self,
+        actor: &str,
+        provider_id: &str,
+        online: bool,
+        boot_id: Option<String>,
+        reason: &str,
+    ) -> StoreResult<()> {
+        let out = self
+            .store
+            .set_provider_online(
+                actor,
+                provider_id,
+                online,
+                boot_id.clone(),
+                reason,
+                Utc::now(),
+            )
+            .await?;
+        self.bus.publish(out.events.clone());
+        if out.changed {
+            tracing::info!(provider_id, online, reason, "provider status changed");
+            self.leases.provider_online(provider_id, online).await;
+        }
+        if !online {
+            self.clear_windows(provider_id).await;
+            if out.changed {
+                self.provider_went_offline(provider_id).await;
+            }
+        } else if boot_changed(out.previous_boot_id.as_deref(), boot_id.as_deref()) {
+            self.clear_windows(provider_id).await;
+            self.provider_restarted(provider_id).await;
+        }
+        Ok(())
+    }
+
+    /// Mark offline every online provider silent for longer than
+    /// `offline_after`; returns their ids.
+    pub async fn mark_silent_providers_offline(&self) -> StoreResult<Vec<String>> {
+        let offline_after = chrono::Duration::from_std(self.settings.offline_after)
+            .unwrap_or(chrono::Duration::MAX);
+        let cutoff = Utc::now() - offline_after;
+        let ids = self.store.overdue_providers(cutoff).await?;
+        for id in &ids {
+            match self
+                .set_online("system", id, false, None, "missed heartbeats")
+                .await
+            {
+                Ok(()) => {
+                    tracing::warn!(provider_id = %id, "provider missed its heartbeats; marked offline")
+                }
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Check for silent providers every heartbeat interval until `shutdown`
+    /// turns true.
+    pub async fn run_liveness_monitor(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let period =
+            Duration::from_secs(u64::from(self.settings.heartbeat_interval_seconds.max(1)))
+                .min(self.settings.offline_after)
+                .max(Duration::from_millis(200));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Err(e) = self.mark_silent_providers_offline().await {
+                        tracing::error!(error = %e, "liveness check failed");
+                    }
+                }
+                _ = shutdown.changed() => break,
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+    }
+
+    async fn update_windows(&self, provider_id: &str, now_in: HashSet<String>) {
+        let (entered, left) = {
+            let Ok(mut map) = self.windows.lock() else {
+                return;
+            };
+            let before = map.entry(provider_id.to_string()).or_default();
+            let entered: Vec<String> = now_in.difference(before).cloned().collect();
+            let left: Vec<String> = before.difference(&now_in).cloned().collect();
+            *before = now_in;
+            (entered, left)
+        };
+        for c in entered {
+            self.leases.non_interruptible(&c, true).await;
+        }
+        for c in left {
+            self.leases.non_interruptible(&c, false).await;
+        }
+    }
+
+    async fn clear_windows(&self, provider_id: &str) {
+        self.update_windows(provider_id, HashSet::new()).await;
+    }
+}

@@ -1,0 +1,1199 @@
+//! The registry's HTTP API end to end: real HTTP on 127.0.0.1:0, SQLite in
+//! a temporary directory, the embedded broker running. Covers provider and
+//! capability registration, filters, error answers (and that they change
+//! nothing), and the SSE event stream with resumption.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use shared_protocol::api::Role;
+use tempfile::TempDir;
+
+#[tokio::test]
+async fn a_provider_registers_over_http_and_is_listed_with_its_capabilities() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let token = reg
+        .auth
+        .create_token(Role::Provider, "provider-winlab-01")
+        .await
+        .unwrap();
+
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some(&token),
+            &provider_body("provider-winlab-01"),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(
+        r.1,
+        json!({"provider_id": "provider-winlab-01", "accepted": true, "heartbeat_interval_seconds": 10})
+    );
+    let r = api
+        .post(
+            "/api/v1/capabilities/register",
+            Some(&token),
+            &capabilities_body("provider-winlab-01", ""),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(r.1["registered"], json!(["cam-front-01", "thumb-robot-01"]));
+
+    let (s, p) = api
+        .get(
+            "/api/v1/capability-providers/provider-winlab-01",
+            Some(&token),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(p["online_status"], "online");
+    assert_eq!(p["labels"], json!(["lab", "gpu", "hardware-test"]));
+
+    let (_, cam) = api
+        .get("/api/v1/capabilities/cam-front-01", Some(&token))
+        .await;
+    assert_eq!(cam["status"], "available");
+    assert_eq!(cam["health_status"], "unknown");
+    assert_eq!(
+        cam["node_id"], "win-gpu-02",
+        "node defaults to the provider's"
+    );
+    assert_eq!(cam["metadata_json"]["max_fps"], 30);
+    assert_eq!(cam["default_priority"], 50);
+
+    // Filters.
+    let (_, by_type) = api
+        .get("/api/v1/capabilities?type=thumb_robot", Some(&token))
+        .await;
+    let ids: Vec<&str> = by_type["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["capability_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["thumb-robot-01"]);
+    let (_, by_tag) = api
+        .get("/api/v1/capabilities?tag=front", Some(&token))
+        .await;
+    assert_eq!(by_tag["capabilities"].as_array().unwrap().len(), 1);
+    let (_, by_status) = api
+        .get("/api/v1/capabilities?status=offline", Some(&token))
+        .await;
+    assert_eq!(by_status["capabilities"], json!([]));
+    let (_, by_provider) = api
+        .get(
+            "/api/v1/capabilities?provider_id=provider-winlab-01&status=available",
+            Some(&token),
+        )
+        .await;
+    assert_eq!(by_provider["capabilities"].as_array().unwrap().len(), 2);
+
+    // The log holds one provider_registered and two capability_registered.
+    let events = reg.bus.replay(0, 100).await.unwrap();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "provider_registered",
+            "capability_registered",
+            "capability_registered"
+        ]
+    );
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn heartbeats_record_health_changes_and_history() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(&admin),
+        &provider_body("p1"),
+    )
+    .await;
+    api.post(
+        "/api/v1/capabilities/register",
+        Some(&admin),
+        &capabilities_body("p1", ""),
+    )
+    .await;
+
+    let hb = |health: &str| {
+        json!({"provider_id": "p1", "boot_id": "boot-1", "capabilities": [
+            {"capability_id": "cam-front-01", "health_status": health, "message": "lens", "metrics": {"fps": 29}}
+        ]})
+    };
+    let r = api
+        .post(
+            "/api/v1/capabilities/heartbeat",
+            Some(&admin),
+            &hb("healthy"),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(r.1["accepted"], true);
+    api.post(
+        "/api/v1/capabilities/heartbeat",
+        Some(&admin),
+        &hb("healthy"),
+    )
+    .await;
+    api.post(
+        "/api/v1/capabilities/heartbeat",
+        Some(&admin),
+        &hb("degraded"),
+    )
+    .await;
+
+    let (_, cam) = api
+        .get("/api/v1/capabilities/cam-front-01", Some(&admin))
+        .await;
+    assert_eq!(cam["health_status"], "degraded");
+    let (_, p) = api
+        .get("/api/v1/capability-providers/p1", Some(&admin))
+        .await;
+    assert!(p["last_heartbeat_at"].is_string());
+
+    // unknown→healthy and healthy→degraded are events; the repeat is not.
+    let changes: Vec<Value> = reg
+        .bus
+        .replay(0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type.as_str() == "capability_health_changed")
+        .map(|e| e.data)
+        .collect();
+    assert_eq!(changes.len(), 2);
+    assert_eq!(changes[1]["previous_health_status"], "healthy");
+    assert_eq!(changes[1]["health_status"], "degraded");
+
+    // Two snapshots (both changes); the repeat inside the minimum interval
+    // wrote none. Newest first.
+    let (s, h) = api
+        .get(
+            "/api/v1/capabilities/cam-front-01/health-history",
+            Some(&admin),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let snaps = h["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 2, "{h}");
+    assert_eq!(snaps[0]["health_status"], "degraded");
+    assert_eq!(snaps[0]["metrics"]["fps"], 29);
+    assert_eq!(snaps[1]["health_status"], "healthy");
+    reg.shutdown().await;
+}
+
+/// Everything a client can observe of the registry's state.
+async fn observable_state(api: &Api, token: &str) -> (u64, Value, Value) {
+    let events = api.metric("benchlink_events_total").await;
+    let (_, providers) = api.get("/api/v1/capability-providers", Some(token)).await;
+    let (_, caps) = api.get("/api/v1/capabilities", Some(token)).await;
+    (events, providers, caps)
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors_and_change_nothing() {
+    let dir = TempDir::new().unwrap();
+    let mut cfg = test_config(&dir);
+    cfg.http.body_limit_bytes = 4096;
+    let reg = start(cfg).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
+    let viewer = reg
+        .auth
+        .create_token(Role::Viewer, "viewer-1")
+        .await
+        .unwrap();
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(&p1),
+        &provider_body("p1"),
+    )
+    .await;
+    api.post(
+        "/api/v1/capabilities/register",
+        Some(&p1),
+        &capabilities_body("p1", ""),
+    )
+    .await;
+    let before = observable_state(&api, &admin).await;
+    assert!(before.0 >= 3);
+
+    // Malformed JSON: 400.
+    let r = api
+        .post_raw(
+            "/api/v1/capability-providers/register",
+            Some(&p1),
+            "{\"provider_id\": ".into(),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "malformed_json");
+    // A field of the wrong kind: 422 naming the field.
+    let mut bad = capabilities_body("p1", "-x");
+    bad["capabilities"][0]["capability_type"] = json!("toaster");
+    let r = api
+        .post("/api/v1/capabilities/register", Some(&p1), &bad)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(
+        r.1["error"]["details"]["field"],
+        "capabilities[0].capability_type"
+    );
+    // Unknown ids: 404.
+    let r = api
+        .get("/api/v1/capabilities/no-such-cap", Some(&viewer))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    let r = api
+        .get(
+            "/api/v1/capability-providers/no-such-provider",
+            Some(&viewer),
+        )
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    let r = api
+        .get(
+            "/api/v1/capabilities/no-such-cap/health-history",
+            Some(&viewer),
+        )
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    let r = api
+        .post(
+            "/api/v1/capabilities/heartbeat",
+            Some(&admin),
+            &json!({"provider_id": "ghost", "capabilities": []}),
+        )
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    let r = api
+        .post(
+            "/api/v1/capabilities/register",
+            Some(&admin),
+            &capabilities_body("ghost", "-g"),
+        )
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    // Wrong role: 403.
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some(&viewer),
+            &provider_body("viewer-1"),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    // A provider acting for another provider: 403.
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some(&p1),
+            &provider_body("p2"),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "provider_mismatch");
+    let r = api
+        .post(
+            "/api/v1/capabilities/heartbeat",
+            Some(&p1),
+            &json!({"provider_id": "p2", "capabilities": []}),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "provider_mismatch");
+    // A capability id that belongs to another provider: 409.
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(&admin),
+        &provider_body("p2"),
+    )
+    .await;
+    let after_p2 = observable_state(&api, &admin).await;
+    let r = api
+        .post(
+            "/api/v1/capabilities/register",
+            Some(&admin),
+            &capabilities_body("p2", ""),
+        )
+        .await;
+    assert_error(
+        &r,
+        StatusCode::CONFLICT,
+        "capability_owned_by_other_provider",
+    );
+    assert_eq!(
+        observable_state(&api, &admin).await,
+        after_p2,
+        "the 409 wrote nothing"
+    );
+    // Oversized body: 413.
+    let mut big = provider_body("p1");
+    big["labels"] = json!(vec!["x".repeat(100); 100]);
+    let r = api
+        .post("/api/v1/capability-providers/register", Some(&p1), &big)
+        .await;
+    assert_error(&r, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large");
+    // Missing or unknown token: 401.
+    let r = api.get("/api/v1/capabilities", None).await;
+    assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some("blk_nope"),
+            &provider_body("p1"),
+        )
+        .await;
+    assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
+    // A bad query parameter: 400.
+    let r = api
+        .get("/api/v1/capabilities?type=toaster", Some(&viewer))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
+    // Unknown route: JSON 404.
+    let r = api.get("/api/v1/nothing-here", Some(&viewer)).await;
+    assert_error(&r, StatusCode::NOT_FOUND, "route_not_found");
+
+    let after = observable_state(&api, &admin).await;
+    let mut expected = before.clone();
+    // The only accepted change: p2's registration (one event, one provider).
+    expected.0 += 1;
+    assert_eq!(after.0, expected.0, "event count");
+    assert_eq!(after.2, before.2, "capabilities unchanged");
+    let ids: Vec<&str> = after.1["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["provider_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["p1", "p2"]);
+    let p1_now = after.1["providers"][0].clone();
+    assert_eq!(
+        without_times(p1_now),
+        without_times(before.1["providers"][0].clone())
+    );
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn healthz_reports_store_and_broker_without_a_token_and_metrics_count() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let (s, h) = api.get("/healthz", None).await;
+    assert_eq!(s, StatusCode::OK, "{h}");
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["store"]["status"], "ok");
+    assert_eq!(h["mqtt"]["mode"], "embedded");
+    assert_eq!(h["mqtt"]["connected"], true);
+    assert_eq!(h["mqtt"]["addr"], reg.mqtt_addr.to_string());
+    let (s, _) = api.get("/api/v1/healthz", None).await;
+    assert_eq!(s, StatusCode::OK);
+
+    let admin = reg.admin_token.clone().unwrap();
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(&admin),
+        &provider_body("p1"),
+    )
+    .await;
+    assert_eq!(api.metric("benchlink_providers_online").await, 1);
+    assert_eq!(api.metric("benchlink_events_total").await, 1);
+    assert_eq!(api.metric("benchlink_mqtt_connected").await, 1);
+    assert_eq!(api.metric("benchlink_leases{status=\"granted\"}").await, 0);
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_bootstrap_admin_token_file_is_private_and_reused_after_restart() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let token = reg.admin_token.clone().unwrap();
+    let file = dir.path().join("admin.token");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token);
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // The token can mint tokens that work at once.
+    let api = Api::new(&reg.base_url());
+    let r = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(&token),
+            &json!({"role": "viewer", "name": "v1"}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let viewer = r.1["token"].as_str().unwrap().to_string();
+    assert_eq!(
+        api.get("/api/v1/capabilities", Some(&viewer)).await.0,
+        StatusCode::OK
+    );
+    let r = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(&viewer),
+            &json!({"role": "admin", "name": "x"}),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    reg.shutdown().await;
+
+    let reg = start(test_config(&dir)).await;
+    assert_eq!(reg.admin_token.as_deref(), Some(token.as_str()));
+    reg.shutdown().await;
+}
+
+// ---------------------------------------------------------------- SSE ----
+
+/// One parsed SSE event.
+#[derive(Debug, Clone)]
+struct SseEvent {
+    id: Option<u64>,
+    event: String,
+    data: Value,
+}
+
+/// Reads SSE events from a streaming response.
+struct SseReader {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buf: String,
+}
+
+impl SseReader {
+    async fn open(api: &Api, path: &str, token: &str, last_event_id: Option<u64>) -> Self {
+        let mut req = api
+            .http
+            .get(format!("{}{path}", api.base))
+            .bearer_auth(token);
+        if let Some(id) = last_event_id {
+            req = req.header("Last-Event-ID", id.to_string());
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        Self {
+            stream: resp.bytes_stream().boxed(),
+            buf: String::new(),
+        }
+    }
+
+    async fn next(&mut self, timeout: Duration) -> Option<SseEvent> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            while let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut id, mut event, mut data) = (None, String::from("message"), String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if data.is_empty() {
+                    continue; // keep-alive comment
+                }
+                return Some(SseEvent {
+                    id,
+                    event,
+                    data: serde_json::from_str(&data).unwrap(),
+                });
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let chunk = tokio::time::timeout(left, self.stream.next())
+                .await
+                .ok()??
+                .ok()?;
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}
+
+async fn flip_health(api: &Api, token: &str, n: usize) {
+    for i in 0..n {
+        let health = if i % 2 == 0 { "degraded" } else { "healthy" };
+        let r = api
+            .post(
+                "/api/v1/capabilities/heartbeat",
+                Some(token),
+                &json!({"provider_id": "p1", "capabilities": [
+                    {"capability_id": "cam-front-01", "health_status": health}
+                ]}),
+            )
+            .await;
+        assert_eq!(r.0, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn sse_resume_with_last_event_id_loses_nothing_and_repeats_nothing() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(&admin),
+        &provider_body("p1"),
+    )
+    .await;
+    api.post(
+        "/api/v1/capabilities/register",
+        Some(&admin),
+        &capabilities_body("p1", ""),
+    )
+    .await;
+    flip_health(&api, &admin, 4).await;
+
+    // First connection: replay from the start, then live events.
+    let mut sse = SseReader::open(
+        &api,
+        "/api/v1/capability-events/stream?after=0",
+        &admin,
+        None,
+    )
+    .await;
+    let mut seen = Vec::new();
+    for _ in 0..7 {
+        let ev = sse
+            .next(Duration::from_secs(5))
+            .await
+            .expect("replayed event");
+        assert_eq!(ev.data["event_id"].as_u64(), ev.id, "id: matches the body");
+        assert_eq!(ev.data["event_type"], ev.event.as_str());
+        seen.push(ev.id.unwrap());
+    }
+    assert_eq!(seen, (1..=7).collect::<Vec<_>>());
+    flip_health(&api, &admin, 2).await;
+    for _ in 0..2 {
+        seen.push(
+            sse.next(Duration::from_secs(5))
+                .await
+                .expect("live event")
+                .id
+                .unwrap(),
+        );
+    }
+    assert_eq!(seen, (1..=9).collect::<Vec<_>>());
+    drop(sse);
+
+    // Disconnected: more events happen.
+    flip_health(&api, &admin, 5).await;
+
+    // Reconnect with Last-Event-ID while events keep coming.
+    let writer = {
+        let api = api.clone();
+        let admin = admin.clone();
+        tokio::spawn(async move { flip_health(&api, &admin, 20).await })
+    };
+    let mut sse = SseReader::open(&api, "/api/v1/capability-events/stream", &admin, Some(9)).await;
+    writer.await.unwrap();
+    let total = reg.bus.replay(0, 10_000).await.unwrap().len() as u64;
+    assert!(
+        total > 9 + 5 + 10,
+        "events were generated while away and during the resume"
+    );
+    let mut resumed = Vec::new();
+    while (resumed.len() as u64) < total - 9 {
+        let ev = sse
+            .next(Duration::from_secs(5))
+            .await
+            .expect("resumed event");
+        resumed.push(ev.id.unwrap());
+    }
+    assert_eq!(resumed, (10..=total).collect::<Vec<_>>());
+    assert!(
+        sse.next(Duration::from_millis(300)).await.is_none(),
+        "nothing after the end"
+    );
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn sse_filters_by_type_and_capability() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(&admin),
+        &provider_body("p1"),
+    )
+    .await;
+    api.post(
+        "/api/v1/capabilities/register",
+        Some(&admin),
+        &capabilities_body("p1", ""),
+    )
+    .await;
+    let mut sse = SseReader::open(
+        &api,
+        "/api/v1/capability-events/stream?after=0&types=capability_registered&capability_id=thumb-robot-01",
+        &admin,
+        None,
+    )
+    .await;
+    let ev = sse.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(ev.event, "capability_registered");
+    assert_eq!(ev.data["capability_id"], "thumb-robot-01");
+    assert!(sse.next(Duration::from_millis(300)).await.is_none());
+    let r = api
+        .get("/api/v1/capability-events/stream?types=bogus", Some(&admin))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_sse_client_is_told_of_the_gap_and_still_gets_every_event() {
+    use cloud_registry::events::{NewEvent, LIVE_BUFFER};
+    use shared_protocol::event::EventType;
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    // Connect live, then stop reading while far more events than the live
+    // buffer holds are published; each carries 2 KiB so socket buffers
+    // cannot absorb the backlog either.
+    let padding = "x".repeat(2048);
+    let mut sse = SseReader::open(
+        &api,
+        "/api/v1/capability-events/stream?after=0",
+        &admin,
+        None,
+    )
+    .await;
+    let n = (LIVE_BUFFER * 2 + 500) as u64;
+    for i in 0..n {
+        reg.bus
+            .emit(
+                NewEvent::new(
+                    EventType::ArtifactUploaded,
+                    "test",
+                    json!({"i": i, "padding": padding}),
+                )
+                .artifact(format!("a{i}")),
+            )
+            .await
+            .unwrap();
+    }
+    let mut ids = Vec::new();
+    let mut gaps = 0;
+    while (ids.len() as u64) < n {
+        let ev = sse.next(Duration::from_secs(10)).await.expect("event");
+        if ev.event == "stream_gap" {
+            gaps += 1;
+            assert!(ev.id.is_none());
+            assert!(
+                ev.data["from_event_id"].as_u64().unwrap()
+                    <= ev.data["to_event_id"].as_u64().unwrap()
+            );
+            continue;
+        }
+        ids.push(ev.id.unwrap());
+    }
+    assert!(gaps >= 1, "the lag was reported");
+    assert_eq!(
+        ids,
+        (1..=n).collect::<Vec<_>>(),
+        "every event once, in order"
+    );
+    reg.shutdown().await;
+}
+
+// ------------------------------------------------------------- leases ----
+
+fn lease_body(capability_id: &str, holder_ref: &str, priority: u8, seconds: u32) -> Value {
+    json!({
+        "capability_id": capability_id,
+        "holder_type": "audit_agent",
+        "holder_ref": holder_ref,
+        "project_id": "proj_device_assistant",
+        "purpose": "验证设备 LED 与屏幕切换是否符合交互脚本",
+        "priority": priority,
+        "requested_duration_seconds": seconds,
+        "evidence_required": true,
+        "preempt_if_needed": false
+    })
+}
+
+#[tokio::test]
+async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_queue() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let a = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:hw-01")
+        .await
+        .unwrap();
+    let b = reg.auth.create_token(Role::Operator, "op-7").await.unwrap();
+
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            &lease_body("cam-front-01", "audit:hw-01:thread-1", 75, 120),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["status"], "granted");
+    assert_eq!(r.1["principal"], "audit:hw-01");
+    let lease_a = r.1["lease_id"].as_str().unwrap().to_string();
+    let (_, cam) = api.get("/api/v1/capabilities/cam-front-01", Some(&b)).await;
+    assert_eq!(cam["status"], "leased");
+    let (_, leased) = api
+        .get("/api/v1/capabilities?status=leased", Some(&b))
+        .await;
+    assert_eq!(leased["capabilities"].as_array().unwrap().len(), 1);
+
+    // B waits in the queue.
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&b),
+            &lease_body("cam-front-01", "op-7", 60, 60),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    assert_eq!(r.1["status"], "requested");
+    let lease_b = r.1["lease_id"].as_str().unwrap().to_string();
+
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{lease_a}/renew"),
+            Some(&a),
+            &json!({"requested_duration_seconds": 300}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = api
+        .post_raw(
+            &format!("/api/v1/capability-leases/{lease_a}/renew"),
+            Some(&a),
+            String::new(),
+        )
+        .await;
+    assert_eq!(
+        r.0,
+        StatusCode::OK,
+        "an empty renew body is allowed: {}",
+        r.1
+    );
+
+    let (_, list) = api
+        .get(
+            "/api/v1/capability-leases?capability_id=cam-front-01&active_only=true",
+            Some(&b),
+        )
+        .await;
+    let ids: Vec<&str> = list["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["lease_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [lease_a.as_str()]);
+
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{lease_a}/release"),
+            Some(&a),
+            &json!({"reason": "done"}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(r.1["status"], "released");
+    let (_, lb) = api
+        .get(&format!("/api/v1/capability-leases/{lease_b}"), Some(&b))
+        .await;
+    assert_eq!(
+        lb["status"], "granted",
+        "the capability went to the waiting request"
+    );
+
+    let types: Vec<String> = reg
+        .bus
+        .replay(0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.lease_id.is_some())
+        .map(|e| e.event_type.as_str().to_string())
+        .collect();
+    for t in [
+        "lease_requested",
+        "lease_granted",
+        "lease_renewed",
+        "lease_release_requested",
+        "lease_released",
+    ] {
+        assert!(types.iter().any(|x| x == t), "{t} in {types:?}");
+    }
+    reg.shutdown().await;
+}
+
+async fn register_p1(api: &Api, admin: &str) {
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(admin),
+        &provider_body("p1"),
+    )
+    .await;
+    api.post(
+        "/api/v1/capabilities/register",
+        Some(admin),
+        &capabilities_body("p1", ""),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let a = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:hw-01")
+        .await
+        .unwrap();
+    let other = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:sw-01")
+        .await
+        .unwrap();
+    let viewer = reg
+        .auth
+        .create_token(Role::Viewer, "viewer-1")
+        .await
+        .unwrap();
+    let provider = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
+
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            &lease_body("cam-front-01", "audit:hw-01", 75, 120),
+        )
+        .await;
+    let held = r.1["lease_id"].as_str().unwrap().to_string();
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            &lease_body("thumb-robot-01", "audit:hw-01", 75, 1),
+        )
+        .await;
+    let short = r.1["lease_id"].as_str().unwrap().to_string();
+    // Let the one-second lease expire (the sweeper runs every 250 ms).
+    eventually(Duration::from_secs(5), "lease expired", || async {
+        let (_, l) = api
+            .get(&format!("/api/v1/capability-leases/{short}"), Some(&a))
+            .await;
+        (l["status"] == "expired").then_some(())
+    })
+    .await;
+
+    let state = || async {
+        let events = api.metric("benchlink_events_total").await;
+        let (_, leases) = api.get("/api/v1/capability-leases", Some(&admin)).await;
+        (events, leases)
+    };
+    let before = state().await;
+
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&provider),
+            &lease_body("thumb-robot-01", "p1", 50, 60),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&viewer),
+            &lease_body("thumb-robot-01", "viewer-1", 50, 60),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    let r = api.get("/api/v1/capability-leases", Some(&provider)).await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    assert_eq!(
+        api.get("/api/v1/capability-leases", Some(&viewer)).await.0,
+        StatusCode::OK
+    );
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&other),
+            &lease_body("thumb-robot-01", "audit:hw-01", 50, 60),
+        )
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "holder_ref");
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            &lease_body("no-such-cap", "audit:hw-01", 50, 60),
+        )
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    let r = api
+        .post_raw(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            "{\"capability_id\" \"cam-front-01\"}".into(),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "malformed_json");
+    let r = api
+        .get("/api/v1/capability-leases/lease-nope", Some(&a))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    let r = api
+        .post(
+            "/api/v1/capability-leases/lease-nope/renew",
+            Some(&a),
+            &json!({}),
+        )
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    // Another holder's lease.
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{held}/release"),
+            Some(&other),
+            &json!({}),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "not_lease_holder");
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{held}/renew"),
+            Some(&other),
+            &json!({}),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "not_lease_holder");
+    // Renewing an expired lease: 409 with its status.
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{short}/renew"),
+            Some(&a),
+            &json!({}),
+        )
+        .await;
+    assert_error(&r, StatusCode::CONFLICT, "lease_expired");
+    assert_eq!(r.1["error"]["details"]["lease_status"], "expired");
+    // No token.
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            None,
+            &lease_body("cam-front-01", "x", 50, 60),
+        )
+        .await;
+    assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
+
+    assert_eq!(
+        state().await,
+        before,
+        "no error changed a lease or appended an event"
+    );
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_group_request_grants_all_capabilities_together() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let a = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:mm-01")
+        .await
+        .unwrap();
+    let mut body = lease_body("x", "audit:mm-01", 70, 60);
+    body.as_object_mut().unwrap().remove("capability_id");
+    body["capability_ids"] = json!(["cam-front-01", "thumb-robot-01"]);
+    let r = api
+        .post("/api/v1/capability-leases/request-group", Some(&a), &body)
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["status"], "granted");
+    let leases = r.1["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 2);
+    assert!(leases
+        .iter()
+        .all(|l| l["lease_group_id"] == r.1["lease_group_id"]));
+    reg.shutdown().await;
+}
+
+// ------------------------------------------------ the real binary ----
+
+struct Served {
+    child: std::process::Child,
+    http: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `cloud-registry serve` and wait for its ready line.
+fn serve(config: &std::path::Path, token_file: &std::path::Path) -> Served {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-registry"))
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .arg("--bootstrap-admin-token-file")
+        .arg(token_file)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawn cloud-registry");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("ready line within 30 s");
+    let ready: Value = serde_json::from_str(&line).expect("ready line is JSON");
+    assert_eq!(ready["event"], "ready");
+    assert!(ready["mqtt"].as_str().unwrap().starts_with("127.0.0.1:"));
+    Served {
+        child,
+        http: format!("http://{}", ready["http"].as_str().unwrap()),
+    }
+}
+
+#[tokio::test]
+async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("registry.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"{}\"\n",
+            dir.path().join("registry.sqlite3").display()
+        ),
+    )
+    .unwrap();
+    let token_file = dir.path().join("admin.token");
+    let first = serve(&config, &token_file);
+    let admin = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let api = Api::new(&first.http);
+    register_p1(&api, &admin).await;
+    let r = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(&admin),
+            &json!({"role": "audit_agent", "name": "audit:hw-01"}),
+        )
+        .await;
+    let audit = r.1["token"].as_str().unwrap().to_string();
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&audit),
+            &lease_body("cam-front-01", "audit:hw-01", 75, 600),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let lease_id = r.1["lease_id"].as_str().unwrap().to_string();
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{lease_id}/renew"),
+            Some(&audit),
+            &json!({"requested_duration_seconds": 900}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let before = r.1.clone();
+    drop(first); // SIGKILL, no shutdown.
+
+    let second = serve(&config, &token_file);
+    assert_eq!(
+        std::fs::read_to_string(&token_file).unwrap().trim(),
+        admin,
+        "the admin token is reused"
+    );
+    let api = Api::new(&second.http);
+    let (s, after) = api
+        .get(
+            &format!("/api/v1/capability-leases/{lease_id}"),
+            Some(&audit),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{after}");
+    assert_eq!(after["status"], "granted");
+    let expires: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(after["expires_at"].clone()).unwrap();
+    let expires_before: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(before["expires_at"].clone()).unwrap();
+    assert!(
+        (expires - expires_before).num_milliseconds().abs() <= 1,
+        "the deadline survives the kill: {expires} vs {expires_before}"
+    );
+    let remaining = (expires - chrono::Utc::now()).num_seconds();
+    assert!(
+        (850..=900).contains(&remaining),
+        "remaining {remaining} s of 900"
+    );
+    let (_, cam) = api
+        .get("/api/v1/capabilities/cam-front-01", Some(&audit))
+        .await;
+    assert_eq!(cam["status"], "leased");
+    // The holder can still use it after the restart.
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{lease_id}/release"),
+            Some(&audit),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(r.1["status"], "released");
+}

@@ -1,0 +1,354 @@
+//! Helpers shared by the registry's integration tests: an in-process
+//! registry on free ports with its SQLite file in a temporary directory, a
+//! small JSON HTTP client, MQTT test providers, and the seed 001 §4 example
+//! registration.
+
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use cloud_registry::app::{Registry, RunningRegistry};
+use cloud_registry::config::Config;
+use reqwest::StatusCode;
+use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
+use serde_json::{json, Value};
+use shared_protocol::mqtt::{topic, Envelope, MessageType, TopicKind};
+use tempfile::TempDir;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// A config on free ports, storing under `dir`, with an admin token file.
+pub fn test_config(dir: &TempDir) -> Config {
+    let mut cfg = Config::default();
+    cfg.http.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.mqtt.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.store.path = dir.path().join("registry.sqlite3");
+    cfg.auth.bootstrap_admin_token_file = Some(dir.path().join("admin.token"));
+    cfg
+}
+
+/// Start an in-process registry with `cfg`.
+pub async fn start(cfg: Config) -> RunningRegistry {
+    Registry::start(cfg).await.expect("registry starts")
+}
+
+/// A JSON client bound to one registry.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: &str) -> Self {
+        Self {
+            base: base.to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.expect("GET sent");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (StatusCode, Value) {
+        self.post_raw(path, token, body.to_string()).await
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: String,
+    ) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.expect("POST sent");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// `benchlink_events_total` from `/metrics`.
+    pub async fn metric(&self, name_and_labels: &str) -> u64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name_and_labels)
+                    .and_then(|r| r.strip_prefix(' '))
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Assert an error answer: status and `error.code`.
+pub fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str) {
+    assert_eq!(got.0, status, "body: {}", got.1);
+    assert_eq!(got.1["error"]["code"], code, "body: {}", got.1);
+    assert!(got.1["error"]["message"].is_string(), "body: {}", got.1);
+}
+
+/// Seed 001 §4.1's provider example with `provider_id`.
+pub fn provider_body(provider_id: &str) -> Value {
+    json!({
+        "provider_id": provider_id,
+        "node_id": "win-gpu-02",
+        "hostname": "win-gpu-02.local",
+        "platform": "windows",
+        "gateway_version": "0.1.0",
+        "network_zone": "lan",
+        "labels": ["lab", "gpu", "hardware-test"],
+        "boot_id": "boot-1"
+    })
+}
+
+/// Seed 001 §4.2's capability batch (ids suffixed with `suffix`).
+pub fn capabilities_body(provider_id: &str, suffix: &str) -> Value {
+    json!({
+        "provider_id": provider_id,
+        "capabilities": [
+            {
+                "capability_id": format!("cam-front-01{suffix}"),
+                "capability_type": "camera",
+                "display_name": "前置观察摄像头",
+                "lease_mode": "exclusive",
+                "preemptible": true,
+                "supported_actions": ["snapshot", "record_clip", "start_stream", "stop_stream"],
+                "evidence_modes": ["image", "video_clip", "ocr_text"],
+                "metadata_json": {"resolution_options": ["1920x1080"], "max_fps": 30},
+                "tags": ["front"]
+            },
+            {
+                "capability_id": format!("thumb-robot-01{suffix}"),
+                "capability_type": "thumb_robot",
+                "display_name": "拇指机器人 1 号",
+                "lease_mode": "exclusive",
+                "preemptible": false,
+                "supported_actions": ["tap", "long_press", "drag"]
+            }
+        ]
+    })
+}
+
+/// Poll `check` every 50 ms until it returns Some or `timeout` passes.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An MQTT client acting as a provider; its event loop runs in a task, and
+/// everything arriving on subscribed topics is handed over as
+/// `(topic, payload)`.
+pub struct TestProvider {
+    pub provider_id: String,
+    pub prefix: String,
+    pub client: AsyncClient,
+    pub incoming: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    pub task: JoinHandle<()>,
+}
+
+impl TestProvider {
+    /// Connect as `client_id` with optional login, an LWT `offline` status
+    /// (retained) for `provider_id`, and subscribe to its commands topic.
+    pub async fn connect(
+        host: &str,
+        port: u16,
+        prefix: &str,
+        provider_id: &str,
+        client_id: &str,
+        login: Option<(&str, &str)>,
+    ) -> Self {
+        Self::try_connect(host, port, prefix, provider_id, client_id, login)
+            .await
+            .expect("MQTT connection accepted")
+    }
+
+    /// [`Self::connect`], returning the connection error instead.
+    pub async fn try_connect(
+        host: &str,
+        port: u16,
+        prefix: &str,
+        provider_id: &str,
+        client_id: &str,
+        login: Option<(&str, &str)>,
+    ) -> Result<Self, String> {
+        let mut opts = MqttOptions::new(client_id, host, port);
+        opts.set_keep_alive(Duration::from_secs(5))
+            .set_max_packet_size(1 << 20, 1 << 20);
+        if let Some((u, p)) = login {
+            opts.set_credentials(u, p);
+        }
+        let will = envelope(
+            MessageType::Status,
+            &json!({"provider_id": provider_id, "online_status": "offline", "boot_id": "boot-1"}),
+        );
+        opts.set_last_will(LastWill::new(
+            topic(prefix, provider_id, TopicKind::Status),
+            will,
+            QoS::AtLeastOnce,
+            true,
+        ));
+        let (client, mut eventloop) = AsyncClient::new(opts, 64);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (conn_tx, mut conn_rx) = mpsc::unbounded_channel::<Result<(), String>>();
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        let _ = conn_tx.send(Ok(()));
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = conn_tx.send(Err(e.to_string()));
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        });
+        let first = tokio::time::timeout(Duration::from_secs(5), conn_rx.recv())
+            .await
+            .map_err(|_| "no answer to CONNECT within 5 s".to_string())?
+            .ok_or_else(|| "event loop ended".to_string())?;
+        if let Err(e) = first {
+            task.abort();
+            return Err(e);
+        }
+        client
+            .subscribe(
+                topic(prefix, provider_id, TopicKind::Commands),
+                QoS::AtLeastOnce,
+            )
+            .await
+            .expect("subscribe");
+        // Let the SUBACK arrive before anything is published to us.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(Self {
+            provider_id: provider_id.to_string(),
+            prefix: prefix.to_string(),
+            client,
+            incoming: rx,
+            task,
+        })
+    }
+
+    /// Publish `body` as a `message_type` envelope on this provider's
+    /// `kind` topic (or another provider's, with `as_provider`).
+    pub async fn publish(
+        &self,
+        as_provider: &str,
+        kind: TopicKind,
+        message_type: MessageType,
+        body: &Value,
+    ) {
+        let qos = if kind == TopicKind::Heartbeat {
+            QoS::AtMostOnce
+        } else {
+            QoS::AtLeastOnce
+        };
+        self.client
+            .publish(
+                topic(&self.prefix, as_provider, kind),
+                qos,
+                kind == TopicKind::Status,
+                envelope(message_type, body),
+            )
+            .await
+            .expect("publish queued");
+    }
+
+    /// Wait for the next envelope of `message_type` on a subscribed topic.
+    pub async fn next_of(
+        &mut self,
+        message_type: MessageType,
+        timeout: Duration,
+    ) -> Option<Envelope> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (_, payload) = tokio::time::timeout(left, self.incoming.recv())
+                .await
+                .ok()??;
+            if let Ok(env) = Envelope::parse(&payload) {
+                if env.message_type == message_type {
+                    return Some(env);
+                }
+            }
+        }
+    }
+}
+
+/// An envelope's bytes with a fresh message id.
+pub fn envelope(message_type: MessageType, body: &Value) -> Vec<u8> {
+    Envelope::new(
+        message_type,
+        uuid::Uuid::new_v4().to_string(),
+        chrono::Utc::now(),
+        body,
+    )
+    .expect("envelope")
+    .to_bytes()
+}
+
+/// Remove the keys that hold times (they differ between two registrations).
+pub fn without_times(mut v: Value) -> Value {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                for k in [
+                    "created_at",
+                    "updated_at",
+                    "last_heartbeat_at",
+                    "registered_at",
+                ] {
+                    map.remove(k);
+                }
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut v);
+    v
+}
