@@ -282,6 +282,13 @@ impl CapabilityRegistry {
             self.clear_windows(&provider_id).await;
             self.provider_restarted(&provider_id).await;
         }
+        // Only this provider's capabilities: a heartbeat cannot hold up
+        // preemption on another provider's hardware.
+        let owned: HashSet<&String> = out.capability_ids.iter().collect();
+        let in_window = in_window
+            .into_iter()
+            .filter(|c| owned.contains(c))
+            .collect();
         self.update_windows(&provider_id, in_window).await;
         Ok(HeartbeatResponse {
             accepted: true,
@@ -373,8 +380,14 @@ impl CapabilityRegistry {
     }
 
     /// Check for silent providers every heartbeat interval until `shutdown`
-    /// turns true.
+    /// turns true. The first check waits one full `offline_after` window:
+    /// after a registry restart every provider gets the time to report
+    /// before it is judged silent.
     pub async fn run_liveness_monitor(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        tokio::select! {
+            _ = tokio::time::sleep(self.settings.offline_after) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
         let period =
             Duration::from_secs(u64::from(self.settings.heartbeat_interval_seconds.max(1)))
                 .min(self.settings.offline_after)

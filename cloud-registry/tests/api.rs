@@ -1066,6 +1066,26 @@ struct Served {
     http: String,
 }
 
+impl Served {
+    /// SIGTERM, then wait up to 10 s for the process to exit by itself.
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let ok = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -TERM");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -1196,4 +1216,131 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         .await;
     assert_eq!(r.0, StatusCode::OK, "{}", r.1);
     assert_eq!(r.1["status"], "released");
+
+    // SIGTERM: a clean stop with exit status 0.
+    let mut second = second;
+    let status = second.terminate().expect("exits within 10 s of SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_it_closes() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let mut rear = capabilities_body("p1", "");
+    rear["capabilities"] = json!([rear["capabilities"][0].clone()]);
+    rear["capabilities"][0]["capability_id"] = json!("cam-rear-01");
+    api.post("/api/v1/capabilities/register", Some(&admin), &rear)
+        .await;
+    api.post(
+        "/api/v1/capability-providers/register",
+        Some(&admin),
+        &provider_body("p2"),
+    )
+    .await;
+    let a = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:sw-01")
+        .await
+        .unwrap();
+    let op = reg.auth.create_token(Role::Operator, "op-1").await.unwrap();
+    let mut held = Vec::new();
+    for cap in ["cam-front-01", "cam-rear-01"] {
+        let r = api
+            .post(
+                "/api/v1/capability-leases/request",
+                Some(&a),
+                &lease_body(cap, "audit:sw-01", 65, 300),
+            )
+            .await;
+        assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        held.push(r.1["lease_id"].as_str().unwrap().to_string());
+    }
+    let window = |provider: &str, capability: Option<&str>| {
+        let sessions = match capability {
+            Some(c) => json!([{
+                "session_id": "s-1", "lease_id": "l", "capability_id": c,
+                "action": "record_clip", "started_at": "2026-11-30T03:29:22Z",
+                "non_interruptible": true
+            }]),
+            None => json!([]),
+        };
+        json!({"provider_id": provider, "running_sessions": sessions})
+    };
+    // p1 opens a window on its front camera; p2 claims one on p1's rear
+    // camera, which is not p2's to claim.
+    let r = api
+        .post(
+            "/api/v1/capabilities/heartbeat",
+            Some(&admin),
+            &window("p1", Some("cam-front-01")),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = api
+        .post(
+            "/api/v1/capabilities/heartbeat",
+            Some(&admin),
+            &window("p2", Some("cam-rear-01")),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+
+    let preempting = |cap: &str| {
+        let mut body = lease_body(cap, "op-1", 90, 60);
+        body["preempt_if_needed"] = json!(true);
+        body["preempt_reason"] = json!("human_operator_override");
+        body
+    };
+    for cap in ["cam-front-01", "cam-rear-01"] {
+        let r = api
+            .post(
+                "/api/v1/capability-leases/request",
+                Some(&op),
+                &preempting(cap),
+            )
+            .await;
+        assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    }
+    let status = |id: String| {
+        let api = api.clone();
+        let a = a.clone();
+        async move {
+            let (_, l) = api
+                .get(&format!("/api/v1/capability-leases/{id}"), Some(&a))
+                .await;
+            l["status"].as_str().unwrap_or_default().to_string()
+        }
+    };
+    let being_preempted = |s: &str| matches!(s, "preempt_requested" | "grace_period");
+    eventually(
+        Duration::from_secs(5),
+        "rear camera preempted (p2's claim ignored)",
+        || async { being_preempted(&status(held[1].clone()).await).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        status(held[0].clone()).await,
+        "granted",
+        "no preemption inside the window"
+    );
+
+    // The window closes: preemption starts.
+    api.post(
+        "/api/v1/capabilities/heartbeat",
+        Some(&admin),
+        &window("p1", None),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        "front camera preempted after the window",
+        || async { being_preempted(&status(held[0].clone()).await).then_some(()) },
+    )
+    .await;
+    reg.shutdown().await;
 }

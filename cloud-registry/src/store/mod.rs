@@ -163,6 +163,9 @@ pub struct HeartbeatRecorded {
     pub snapshots_written: usize,
     /// Reported capability ids that are not this provider's (ignored).
     pub unknown_capabilities: Vec<String>,
+    /// Every capability id of this provider (running sessions naming
+    /// others are ignored by the caller).
+    pub capability_ids: Vec<String>,
     /// One `capability_health_changed` per change.
     pub events: Vec<CapabilityEvent>,
 }

@@ -633,6 +633,7 @@ fn record_heartbeat_tx(
         changes,
         snapshots_written,
         unknown_capabilities: unknown,
+        capability_ids: states.into_iter().map(|s| s.0).collect(),
         events: evs,
     })
 }
