@@ -86,7 +86,11 @@ pub fn new_token() -> String {
 
 /// Insert a token for `principal` with `role` using an open connection
 /// (the CLI path). Returns the plaintext token, which is not stored.
-pub fn create_token_sync(conn: &Connection, role: Role, principal: &str) -> rusqlite::Result<String> {
+pub fn create_token_sync(
+    conn: &Connection,
+    role: Role,
+    principal: &str,
+) -> rusqlite::Result<String> {
     let token = new_token();
     conn.execute(
         "INSERT INTO api_tokens (token_hash, principal, role, created_at) VALUES (?1, ?2, ?3, ?4)",
@@ -118,7 +122,9 @@ impl Authenticator {
                 Ok(role) => {
                     by_hash.insert(hash, Principal { name, role });
                 }
-                Err(e) => tracing::warn!(principal = %name, error = %e, "token with unknown role ignored"),
+                Err(e) => {
+                    tracing::warn!(principal = %name, error = %e, "token with unknown role ignored")
+                }
             }
         }
         Ok(Arc::new(Self {
@@ -146,10 +152,45 @@ impl Authenticator {
         Ok(token)
     }
 
-    /// The principal of a plaintext token, if it is known and not revoked.
+    /// The principal of a plaintext token, if it is in the cache. Tokens
+    /// created by another process (the `token create` CLI) reach the cache
+    /// through [`Authenticator::authenticate_fresh`].
     pub fn authenticate(&self, token: &str) -> Option<Principal> {
         let hash = hash_token(token);
         self.by_hash.read().ok()?.get(&hash).cloned()
+    }
+
+    /// Like [`Authenticator::authenticate`], but on a cache miss looks the
+    /// hash up in the store (read connection) and caches what it finds, so a
+    /// token created with the CLI while the registry runs works at once.
+    /// Unknown tokens are not cached.
+    pub async fn authenticate_fresh(&self, token: &str) -> Option<Principal> {
+        if let Some(p) = self.authenticate(token) {
+            return Some(p);
+        }
+        let hash = hash_token(token);
+        let key = hash.clone();
+        let row = self
+            .db
+            .read(move |conn| {
+                conn.query_row(
+                    "SELECT principal, role FROM api_tokens WHERE token_hash = ?1 AND revoked_at IS NULL",
+                    params![key],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+                )
+                .ok()
+            })
+            .await
+            .ok()
+            .flatten()?;
+        let principal = Principal {
+            name: row.0,
+            role: row.1.parse().ok()?,
+        };
+        if let Ok(mut map) = self.by_hash.write() {
+            map.insert(hash, principal.clone());
+        }
+        Some(principal)
     }
 }
 
@@ -167,11 +208,36 @@ impl<S: Send + Sync> FromRequestParts<S> for Principal {
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| ApiError::unauthenticated("missing `Authorization: Bearer <token>` header"))?;
+            .ok_or_else(|| {
+                ApiError::unauthenticated("missing `Authorization: Bearer <token>` header")
+            })?;
         let token = header
             .strip_prefix("Bearer ")
             .ok_or_else(|| ApiError::unauthenticated("expected a Bearer token"))?;
-        auth.authenticate(token.trim())
+        auth.authenticate_fresh(token.trim())
+            .await
             .ok_or_else(|| ApiError::unauthenticated("unknown or revoked token"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_token_created_by_another_process_authenticates_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.db");
+        let db = Db::open(&path, |c| migrate(c)).unwrap();
+        let auth = Authenticator::load(db).await.unwrap();
+        // The CLI writes through its own connection while the registry runs.
+        let cli = Connection::open(&path).unwrap();
+        let token = create_token_sync(&cli, Role::AuditAgent, "audit:led-01").unwrap();
+        assert_eq!(auth.authenticate(&token), None, "not in the cache yet");
+        let p = auth.authenticate_fresh(&token).await.expect("found in the store");
+        assert_eq!(p.name, "audit:led-01");
+        assert_eq!(p.role, Role::AuditAgent);
+        assert_eq!(auth.authenticate(&token), Some(p), "cached after the lookup");
+        assert_eq!(auth.authenticate_fresh("blk_unknown").await, None);
     }
 }
