@@ -202,6 +202,7 @@ pub mod screen;
 pub mod serial;
 pub mod speaker;
 pub mod thumb_robot;
+pub mod transport;
 
 /// What the bench TOML says about one capability's driver: the backend
 /// name (`korad`, `scpi`, `lcus`, `grbl`, `nokhwa`, `sim`, ...) and its
@@ -220,7 +221,9 @@ pub struct DriverSpec {
 /// A driver section of the bench TOML that cannot work.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DriverConfigError {
-    #[error("capability `{capability_id}`: unknown backend `{backend}` for {kind}; known: {known}")]
+    #[error(
+        "capability `{capability_id}`: unknown backend `{backend}` for {kind}; known: {known}"
+    )]
     UnknownBackend {
         capability_id: String,
         kind: CapabilityType,

@@ -1,0 +1,109 @@
+//! `serialport` backend: a real serial port (USB-UART adapter, on-board
+//! UART, or a pseudo-terminal), opened with exclusive access and read
+//! continuously by a [`Link`].
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{check_log_limit, SerialConsole, DEFAULT_LOG_LIMIT_BYTES, OPEN_WAIT};
+use crate::drivers::transport::{Capture, Endpoint, FlowControl, Link, Parity, SerialLine};
+use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+
+/// Bench TOML settings of `backend = "serialport"`.
+///
+/// ```toml
+/// port = "/dev/serial/by-id/usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0"
+/// baud_rate = 115200      # default
+/// data_bits = 8           # 5..=8, default 8
+/// parity = "none"         # none | odd | even
+/// stop_bits = 1           # 1 | 2
+/// flow_control = "none"   # none | software | hardware
+/// log_limit_bytes = 1048576
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortSettings {
+    /// Device path; prefer `/dev/serial/by-id/...`.
+    pub port: String,
+    #[serde(default = "default_baud")]
+    pub baud_rate: u32,
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u8,
+    #[serde(default)]
+    pub parity: Parity,
+    #[serde(default = "default_stop_bits")]
+    pub stop_bits: u8,
+    #[serde(default)]
+    pub flow_control: FlowControl,
+    /// Rolling capture log size, 4096..=67108864 bytes (default 1 MiB).
+    #[serde(default = "default_log_limit")]
+    pub log_limit_bytes: usize,
+}
+
+fn default_baud() -> u32 {
+    115_200
+}
+fn default_data_bits() -> u8 {
+    8
+}
+fn default_stop_bits() -> u8 {
+    1
+}
+fn default_log_limit() -> usize {
+    DEFAULT_LOG_LIMIT_BYTES
+}
+
+/// A real serial port behind a [`Link`].
+#[derive(Debug)]
+pub struct PortConsole {
+    line: SerialLine,
+    link: Link,
+}
+
+impl PortConsole {
+    /// Parses and checks the settings; does not open the port.
+    pub fn from_spec(spec: &DriverSpec) -> Result<Self, DriverConfigError> {
+        let s: PortSettings = spec.parse()?;
+        let line = SerialLine {
+            port: s.port,
+            baud_rate: s.baud_rate,
+            data_bits: s.data_bits,
+            parity: s.parity,
+            stop_bits: s.stop_bits,
+            flow_control: s.flow_control,
+        };
+        line.check(spec)?;
+        check_log_limit(spec, s.log_limit_bytes)?;
+        Ok(Self {
+            link: Link::new(Endpoint::Serial(line.clone()), s.log_limit_bytes),
+            line,
+        })
+    }
+}
+
+impl SerialConsole for PortConsole {
+    fn port_name(&self) -> String {
+        self.line.port.clone()
+    }
+
+    fn line(&self) -> SerialLine {
+        self.line.clone()
+    }
+
+    fn open(&mut self) -> Result<(), DriverError> {
+        self.link.ensure_open(OPEN_WAIT).map(|_| ())
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), DriverError> {
+        self.link.write(bytes)
+    }
+
+    fn capture(&self) -> Arc<Capture> {
+        self.link.capture().clone()
+    }
+
+    fn health(&mut self) -> DriverHealth {
+        self.link.health()
+    }
+}
