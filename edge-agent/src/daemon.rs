@@ -1,0 +1,602 @@
+//! The bench daemon: wires the outbox, the capability runners, the MQTT
+//! link, the uploader, the command dispatcher and the deadline supervisor,
+//! and shuts them down in order.
+//!
+//! Start-up: open the outbox (repairing what a crash left), build every
+//! driver (no device is opened), start one runner thread per capability,
+//! then the link and the uploader. Commands from the registry (or
+//! [`Daemon::submit`]) go through one dispatcher.
+//!
+//! Shutdown (SIGTERM/SIGINT → one signal): stop taking commands; cancel
+//! queued sessions and interruptible running actions (non-interruptible
+//! ones finish); wait for the runners; publish what is queued, then the
+//! retained `offline` status, and disconnect; checkpoint the outbox.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use shared_protocol::capability::CapabilityRegistration;
+use shared_protocol::lease::PreemptNotice;
+use shared_protocol::mqtt::{
+    ActionCancel, ActionCommand, Envelope, LeaseRevoked, MessageType, RegisterAck, RegisterBody,
+};
+use shared_protocol::provider::{HeartbeatRequest, ProviderFault, ProviderRegisterRequest};
+use shared_protocol::session::SessionStatus;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::config::{ConfigError, EdgeConfig};
+use crate::link::{HeartbeatControl, Link, LinkConfig, LinkSource, LinkState};
+use crate::notify::Notifier;
+use crate::outbox::{Outbox, OutboxError};
+use crate::runner::{session_update, CancelOutcome, Rejection, Runners, UpdateSink};
+use crate::uploader::Uploader;
+
+/// How long runners get to finish at shutdown before the daemon goes on.
+pub const RUNNER_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the link gets to publish what is queued and `offline`.
+pub const LINK_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("outbox: {0}")]
+    Outbox(#[from] OutboxError),
+    #[error("starting runner threads: {0}")]
+    Threads(std::io::Error),
+    #[error("HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("start-up task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// A running daemon.
+pub struct Daemon {
+    cfg: Arc<EdgeConfig>,
+    boot_id: String,
+    outbox: Outbox,
+    runners: Arc<Runners>,
+    link: Link,
+    local_tx: mpsc::Sender<Envelope>,
+    stop_tx: watch::Sender<bool>,
+    uploader_task: JoinHandle<()>,
+    dispatcher_task: JoinHandle<()>,
+    supervisor_task: JoinHandle<()>,
+    notifier: Notifier,
+}
+
+impl Daemon {
+    /// Start everything for `cfg`. Returns once the runners are up; the
+    /// broker may still be unreachable (the link keeps trying).
+    pub async fn start(cfg: EdgeConfig) -> Result<Daemon, DaemonError> {
+        let cfg = Arc::new(cfg);
+        let boot_id = uuid::Uuid::new_v4().to_string();
+        tracing::info!(
+            provider_id = %cfg.provider.provider_id,
+            %boot_id,
+            capabilities = cfg.capabilities.len(),
+            version = env!("CARGO_PKG_VERSION"),
+            "edge-agent starting"
+        );
+
+        let c = cfg.clone();
+        let (outbox, recovery) = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&c.state_dir).ok();
+            Outbox::open(&c.outbox, &c.provider.provider_id)
+        })
+        .await??;
+        if recovery != Default::default() {
+            tracing::warn!(?recovery, "outbox repaired after an unclean stop");
+        }
+
+        let updates_ready = Arc::new(Notify::new());
+        let artifacts_ready = Arc::new(Notify::new());
+        let sink = UpdateSink::new(
+            outbox.clone(),
+            updates_ready.clone(),
+            artifacts_ready.clone(),
+        );
+
+        let c = cfg.clone();
+        let ob = outbox.clone();
+        let sink2 = sink.clone();
+        let (runners, registrations) = tokio::task::spawn_blocking(move || {
+            let drivers = c.build_drivers()?;
+            let pairs = c.capabilities.iter().cloned().zip(drivers).collect();
+            Runners::start(pairs, ob, sink2).map_err(DaemonError::Threads)
+        })
+        .await??;
+        let runners = Arc::new(runners);
+
+        let source = Arc::new(DaemonSource {
+            provider: provider_request(&cfg, &boot_id),
+            registrations,
+            runners: runners.clone(),
+            outbox: outbox.clone(),
+        });
+        let (link, link_rx) = Link::start(
+            LinkConfig {
+                provider_id: cfg.provider.provider_id.clone(),
+                host: cfg.registry.mqtt_host.clone(),
+                port: cfg.registry.mqtt_port,
+                topic_prefix: cfg.registry.topic_prefix.clone(),
+                token: cfg.registry.token.clone(),
+                keep_alive_seconds: cfg.registry.mqtt_keep_alive_seconds,
+                heartbeat_interval_seconds: cfg.registry.heartbeat_interval_seconds,
+                boot_id: boot_id.clone(),
+            },
+            source,
+            outbox.clone(),
+            updates_ready,
+        );
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let uploader = Uploader::new(
+            outbox.clone(),
+            &cfg.registry.base_url,
+            &cfg.registry.token,
+            artifacts_ready,
+        )?;
+        let uploader_task = tokio::spawn(uploader.run(stop_rx.clone()));
+
+        let (local_tx, local_rx) = mpsc::channel(256);
+        let dispatcher_task = tokio::spawn(dispatch_loop(
+            link_rx,
+            local_rx,
+            Dispatcher {
+                runners: runners.clone(),
+                sink: sink.clone(),
+                heartbeat: link.heartbeat_control(),
+            },
+            stop_rx.clone(),
+        ));
+        let supervisor_task = tokio::spawn(supervise_deadlines(runners.clone(), sink, stop_rx));
+
+        Ok(Daemon {
+            cfg,
+            boot_id,
+            outbox,
+            runners,
+            link,
+            local_tx,
+            stop_tx,
+            uploader_task,
+            dispatcher_task,
+            supervisor_task,
+            notifier: Notifier::from_env(),
+        })
+    }
+
+    /// This process start's random id (in `status`, `register`, heartbeats).
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// This bench's provider id.
+    pub fn provider_id(&self) -> &str {
+        &self.cfg.provider.provider_id
+    }
+
+    /// Ids of the capabilities this daemon runs, in configuration order.
+    pub fn capability_ids(&self) -> Vec<String> {
+        self.cfg.capabilities.iter().map(|c| c.id.clone()).collect()
+    }
+
+    /// The evidence outbox.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// The MQTT connection state.
+    pub fn link_state(&self) -> Arc<LinkState> {
+        self.link.state()
+    }
+
+    /// Hand a command envelope to the dispatcher exactly as if it had
+    /// arrived on the commands topic (false when the queue is full or the
+    /// daemon is stopping).
+    pub fn submit(&self, envelope: Envelope) -> bool {
+        self.local_tx.try_send(envelope).is_ok()
+    }
+
+    /// Serve until `shutdown` resolves, pinging the systemd watchdog at half
+    /// its interval while healthy; then stop cleanly.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        let ping_every = self
+            .notifier
+            .ping_interval()
+            .unwrap_or(Duration::from_secs(10));
+        self.notifier.ready(&self.status_line().await);
+        let mut tick = tokio::time::interval(ping_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tick.tick() => {
+                    match self.health_problem().await {
+                        None => {
+                            self.notifier.watchdog_ping();
+                            self.notifier.status(&self.status_line().await);
+                        }
+                        Some(problem) => {
+                            tracing::error!("daemon unhealthy, withholding the watchdog ping: {problem}");
+                            self.notifier.status(&format!("unhealthy: {problem}"));
+                        }
+                    }
+                }
+            }
+        }
+        tracing::info!("shutdown requested");
+        self.shutdown().await;
+    }
+
+    /// `None` while every part works; else what is wrong.
+    async fn health_problem(&self) -> Option<String> {
+        if !self.runners.all_alive() {
+            return Some("a capability runner thread has died".into());
+        }
+        if !self.link.is_alive() {
+            return Some("the MQTT link tasks have stopped".into());
+        }
+        if self.uploader_task.is_finished() {
+            return Some("the uploader has stopped".into());
+        }
+        if self.dispatcher_task.is_finished() || self.supervisor_task.is_finished() {
+            return Some("the command dispatcher has stopped".into());
+        }
+        let outbox = self.outbox.clone();
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::task::spawn_blocking(move || outbox.ping()),
+        )
+        .await
+        {
+            Ok(Ok(true)) => None,
+            _ => Some("the outbox database does not answer within 5 s".into()),
+        }
+    }
+
+    async fn status_line(&self) -> String {
+        let outbox = self.outbox.clone();
+        let stats = tokio::task::spawn_blocking(move || outbox.stats())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        let state = self.link.state();
+        format!(
+            "{} capabilities; broker {}; {} artifacts ({:.1} MiB) awaiting upload; {} session updates queued",
+            self.cfg.capabilities.len(),
+            if state.is_connected() { "connected" } else { "unreachable" },
+            stats.pending_artifacts,
+            stats.pending_bytes as f64 / (1024.0 * 1024.0),
+            stats.queued_updates,
+        )
+    }
+
+    /// Stop in order (see the module docs).
+    pub async fn shutdown(self) {
+        self.notifier
+            .stopping("stopping: finishing running actions");
+        let _ = self.stop_tx.send(true);
+        let _ = self.dispatcher_task.await;
+
+        let runners = self.runners.clone();
+        let sink = runners.sink().clone();
+        let stuck = tokio::task::spawn_blocking(move || {
+            for update in runners.begin_shutdown("provider shutting down") {
+                sink.emit_logged(&update);
+            }
+            runners.join(RUNNER_STOP_TIMEOUT)
+        })
+        .await
+        .unwrap_or_default();
+        if !stuck.is_empty() {
+            tracing::error!(capabilities = ?stuck, "runners still busy at shutdown; leaving them");
+        }
+        let mut supervisor = self.supervisor_task;
+        if tokio::time::timeout(Duration::from_secs(1), &mut supervisor)
+            .await
+            .is_err()
+        {
+            supervisor.abort();
+        }
+
+        let mut uploader = self.uploader_task;
+        if tokio::time::timeout(Duration::from_secs(2), &mut uploader)
+            .await
+            .is_err()
+        {
+            // An upload in flight is simply sent again next start.
+            uploader.abort();
+        }
+
+        self.notifier
+            .stopping("stopping: publishing offline status");
+        self.link.shutdown(LINK_STOP_TIMEOUT).await;
+
+        let outbox = self.outbox.clone();
+        match tokio::task::spawn_blocking(move || outbox.checkpoint()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("outbox checkpoint at shutdown failed: {e}"),
+            Err(e) => tracing::warn!("outbox checkpoint at shutdown failed: {e}"),
+        }
+        tracing::info!("edge-agent stopped");
+    }
+}
+
+fn provider_request(cfg: &EdgeConfig, boot_id: &str) -> ProviderRegisterRequest {
+    let p = &cfg.provider;
+    ProviderRegisterRequest {
+        provider_id: p.provider_id.clone(),
+        node_id: p.node_id.clone(),
+        hostname: p.hostname.clone(),
+        platform: p.platform.clone(),
+        gateway_version: env!("CARGO_PKG_VERSION").to_string(),
+        network_zone: p.network_zone.clone(),
+        labels: p.labels.clone(),
+        owner_type: p.owner_type.clone(),
+        owner_display_name: p.owner_display_name.clone(),
+        auth_mode: Some("token".into()),
+        boot_id: Some(boot_id.to_string()),
+    }
+}
+
+/// What the link publishes, read from the runners and the outbox.
+struct DaemonSource {
+    provider: ProviderRegisterRequest,
+    registrations: Vec<CapabilityRegistration>,
+    runners: Arc<Runners>,
+    outbox: Outbox,
+}
+
+impl LinkSource for DaemonSource {
+    fn register_body(&self) -> RegisterBody {
+        RegisterBody {
+            provider: self.provider.clone(),
+            capabilities: self.registrations.clone(),
+        }
+    }
+
+    fn heartbeat_body(&self) -> HeartbeatRequest {
+        let now = Utc::now();
+        let mut faults = Vec::new();
+        for (capability_id, message) in self.runners.stuck_capabilities() {
+            faults.push(ProviderFault {
+                capability_id: Some(capability_id),
+                code: "driver_stuck".into(),
+                message,
+                occurred_at: now,
+            });
+        }
+        if let Ok(stats) = self.outbox.stats() {
+            if stats.budget_bytes > 0 && stats.pending_bytes * 10 >= stats.budget_bytes * 9 {
+                faults.push(ProviderFault {
+                    capability_id: None,
+                    code: "outbox_near_budget".into(),
+                    message: format!(
+                        "{} of {} MiB of the outbox disk budget used by {} artifacts awaiting upload",
+                        stats.pending_bytes / (1024 * 1024),
+                        stats.budget_bytes / (1024 * 1024),
+                        stats.pending_artifacts
+                    ),
+                    occurred_at: now,
+                });
+            }
+            if stats.corrupt_artifacts > 0 {
+                faults.push(ProviderFault {
+                    capability_id: None,
+                    code: "outbox_corrupt_artifacts".into(),
+                    message: format!(
+                        "{} artifacts no longer match their recorded sha256 (disk corruption); kept for inspection",
+                        stats.corrupt_artifacts
+                    ),
+                    occurred_at: now,
+                });
+            }
+        }
+        HeartbeatRequest {
+            provider_id: self.provider.provider_id.clone(),
+            boot_id: self.provider.boot_id.clone(),
+            capabilities: self.runners.health_reports(),
+            running_sessions: self.runners.running_sessions(),
+            faults,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch.
+
+struct Dispatcher {
+    runners: Arc<Runners>,
+    sink: UpdateSink,
+    heartbeat: HeartbeatControl,
+}
+
+async fn dispatch_loop(
+    mut link_rx: mpsc::Receiver<Envelope>,
+    mut local_rx: mpsc::Receiver<Envelope>,
+    d: Dispatcher,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let env = tokio::select! {
+            Some(env) = link_rx.recv() => env,
+            Some(env) = local_rx.recv() => env,
+            _ = stop.changed() => return,
+            else => return,
+        };
+        d.handle(env).await;
+    }
+}
+
+impl Dispatcher {
+    async fn emit(&self, updates: Vec<shared_protocol::mqtt::SessionUpdate>) {
+        if updates.is_empty() {
+            return;
+        }
+        let sink = self.sink.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for u in &updates {
+                sink.emit_logged(u);
+            }
+        })
+        .await;
+    }
+
+    async fn handle(&self, env: Envelope) {
+        match env.message_type {
+            MessageType::RegisterAck => {
+                match env.body_as::<RegisterAck>(MessageType::RegisterAck) {
+                    Ok(ack) if ack.accepted => {
+                        tracing::info!(
+                            heartbeat_interval_seconds = ack.heartbeat_interval_seconds,
+                            registered = ack.registered.len(),
+                            "registry accepted the registration"
+                        );
+                        self.heartbeat.set(ack.heartbeat_interval_seconds);
+                    }
+                    Ok(ack) => tracing::error!(
+                        error = ack.error.as_deref().unwrap_or("no reason given"),
+                        "registry refused the registration"
+                    ),
+                    Err(e) => tracing::warn!("malformed register_ack: {e}"),
+                }
+            }
+            MessageType::ActionInvoke => {
+                match env.body_as::<ActionCommand>(MessageType::ActionInvoke) {
+                    Ok(cmd) => {
+                        let session_id = cmd.session_id.clone();
+                        let capability_id = cmd.capability_id.clone();
+                        match self.runners.submit(cmd) {
+                            Ok(()) => {}
+                            Err(Rejection::DuplicateSession(id)) => {
+                                tracing::warn!(session_id = %id, "ignoring a second action_invoke for a session already accepted");
+                            }
+                            Err(r) => {
+                                self.emit(vec![session_update(
+                                    &session_id,
+                                    &capability_id,
+                                    SessionStatus::Failed,
+                                    Some(r.to_string()),
+                                )])
+                                .await
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // Name the session if the body lets us, so the
+                        // registry can fail it instead of waiting.
+                        let field =
+                            |k: &str| env.body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+                        match (field("session_id"), field("capability_id")) {
+                            (Some(s), Some(c))
+                                if shared_protocol::validate::check_id("s", &s).is_ok() =>
+                            {
+                                self.emit(vec![session_update(
+                                    &s,
+                                    &c,
+                                    SessionStatus::Failed,
+                                    Some(format!("malformed action_invoke: {e}")),
+                                )])
+                                .await
+                            }
+                            _ => {
+                                tracing::warn!(message_id = %env.message_id, "dropping a malformed action_invoke: {e}")
+                            }
+                        }
+                    }
+                }
+            }
+            MessageType::ActionCancel => {
+                match env.body_as::<ActionCancel>(MessageType::ActionCancel) {
+                    Ok(c) => match self.runners.cancel_session(&c.session_id, &c.reason) {
+                        CancelOutcome::CancelledQueued(u) => self.emit(vec![u]).await,
+                        CancelOutcome::Signalled => {
+                            tracing::info!(session_id = %c.session_id, reason = %c.reason, "cancelling a running action")
+                        }
+                        CancelOutcome::Deferred => tracing::info!(
+                            session_id = %c.session_id,
+                            "the running action is non-interruptible; it finishes before the cancel applies"
+                        ),
+                        CancelOutcome::NotFound => {
+                            tracing::debug!(session_id = %c.session_id, "cancel for a session not running here")
+                        }
+                    },
+                    Err(e) => tracing::warn!("malformed action_cancel: {e}"),
+                }
+            }
+            MessageType::LeaseRevoked => {
+                match env.body_as::<LeaseRevoked>(MessageType::LeaseRevoked) {
+                    Ok(r) => {
+                        let (updates, running) = self.runners.revoke_lease(
+                            &r.lease_id,
+                            &r.capability_id,
+                            &format!("lease {} revoked: {}", r.lease_id, r.reason),
+                        );
+                        tracing::info!(
+                            lease_id = %r.lease_id,
+                            capability_id = %r.capability_id,
+                            queued_cancelled = updates.len(),
+                            running_stopped = running,
+                            "lease revoked"
+                        );
+                        self.emit(updates).await;
+                    }
+                    Err(e) => tracing::warn!("malformed lease_revoked: {e}"),
+                }
+            }
+            MessageType::PreemptRequested => {
+                match env.body_as::<PreemptNotice>(MessageType::PreemptRequested) {
+                    Ok(n) => {
+                        tracing::info!(notice = ?n, "preemption requested; the holder has a grace period")
+                    }
+                    Err(e) => tracing::warn!("malformed preempt_requested: {e}"),
+                }
+            }
+            other => {
+                tracing::warn!(message_type = %other, "unexpected message on the commands topic")
+            }
+        }
+    }
+}
+
+async fn supervise_deadlines(
+    runners: Arc<Runners>,
+    sink: UpdateSink,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = stop.changed(), if !stopping => {
+                // Keep enforcing deadlines while runners wind down; end
+                // once the sender is gone.
+                stopping = true;
+                if r.is_err() { return; }
+            }
+        }
+        let updates = runners.check_deadlines();
+        if !updates.is_empty() {
+            let sink = sink.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for u in &updates {
+                    sink.emit_logged(u);
+                }
+            })
+            .await;
+        }
+        if stopping && runners.running_sessions().is_empty() {
+            return;
+        }
+    }
+}

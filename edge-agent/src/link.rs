@@ -1,0 +1,801 @@
+//! The MQTT link to the registry (docs/architecture.md "Control plane").
+//!
+//! Two tasks share one rumqttc connection:
+//! - the **poll task** owns the `EventLoop`: it only polls, reconnects with
+//!   exponential backoff and jitter (capped at [`BACKOFF_CAP`]), drops
+//!   repeated command `message_id`s and hands commands on through a bounded
+//!   queue. It never awaits a publish.
+//! - the **publisher task** owns the `AsyncClient`: on every ConnAck it
+//!   (re)subscribes to `…/commands` (whatever `session_present` says),
+//!   publishes the retained `online` status and the `register` message, then
+//!   drains the session updates queued in the outbox database; between
+//!   those it sends heartbeats (QoS 0) every `heartbeat_interval_seconds`.
+//!
+//! Session updates are stored in the outbox database before they reach the
+//! link, and a row is deleted only once the broker acknowledged (PUBACK)
+//! that exact publish. QoS 1 publishes are sent one at a time over a
+//! rendezvous request channel, so the next outgoing QoS 1 packet id always
+//! belongs to the message being waited for: an acknowledgement is never
+//! credited to the wrong message. A message whose acknowledgement does not
+//! arrive is sent again after the next ConnAck (receivers de-duplicate by
+//! `message_id`).
+//!
+//! The connection carries client id and user name = provider id, password =
+//! token, and a retained LWT `status` envelope with `offline`.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::Utc;
+use rumqttc::{
+    AsyncClient, ConnectionError, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, QoS,
+    SubscribeReasonCode,
+};
+use shared_protocol::mqtt::{topic, Envelope, MessageType, RegisterBody, StatusBody, TopicKind};
+use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::outbox::Outbox;
+
+/// Longest wait between reconnection attempts.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(10);
+/// First wait after a lost connection.
+const BACKOFF_BASE: Duration = Duration::from_millis(250);
+/// How long a QoS 1 publish may wait for its PUBACK before it counts as
+/// not delivered (and is sent again after the next ConnAck).
+const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long handing a request to the event loop may take before the link
+/// counts as down.
+const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// Message ids remembered for de-duplication.
+const DEDUP_CAPACITY: usize = 4096;
+/// Commands waiting for the dispatcher.
+const COMMAND_QUEUE: usize = 1024;
+/// Queued session updates read from the database per round.
+const DRAIN_BATCH: usize = 64;
+
+/// What the link needs from the configuration.
+#[derive(Clone)]
+pub struct LinkConfig {
+    pub provider_id: String,
+    pub host: String,
+    pub port: u16,
+    pub topic_prefix: String,
+    /// MQTT password; never logged.
+    pub token: String,
+    /// Seconds.
+    pub keep_alive_seconds: u16,
+    /// Heartbeat period until the `register_ack` says otherwise, seconds.
+    pub heartbeat_interval_seconds: u32,
+    /// Random id of this process start, in `status`, `register` and
+    /// heartbeats.
+    pub boot_id: String,
+}
+
+/// Where the link gets what it publishes. Both methods may block (they
+/// read driver health and the outbox); the link calls them on the blocking
+/// pool.
+pub trait LinkSource: Send + Sync + 'static {
+    /// Provider and capability batch (seed 001 §4.1 + §4.2).
+    fn register_body(&self) -> RegisterBody;
+    /// Health per capability, running sessions with their
+    /// non-interruptible flags, faults (seed 001 §4.3).
+    fn heartbeat_body(&self) -> HeartbeatRequest;
+}
+
+/// Connection state others may read.
+#[derive(Debug, Default)]
+pub struct LinkState {
+    connected: AtomicBool,
+    connects: AtomicU64,
+    /// Set by the publisher once `online` and `register` went out after the
+    /// latest ConnAck.
+    registered: AtomicBool,
+}
+
+impl LinkState {
+    /// True while the broker connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+    /// Number of ConnAcks received since start.
+    pub fn connect_count(&self) -> u64 {
+        self.connects.load(Ordering::SeqCst)
+    }
+    /// True once `online` status and `register` were acknowledged on the
+    /// current connection.
+    pub fn is_registered(&self) -> bool {
+        self.registered.load(Ordering::SeqCst)
+    }
+}
+
+/// The running link.
+pub struct Link {
+    state: Arc<LinkState>,
+    heartbeat_interval: Arc<watch::Sender<u32>>,
+    control: mpsc::Sender<Control>,
+    poll_task: JoinHandle<()>,
+    publisher_task: JoinHandle<()>,
+}
+
+/// Changes the link's heartbeat period (the dispatcher applies
+/// `register_ack.heartbeat_interval_seconds` through it).
+#[derive(Clone)]
+pub struct HeartbeatControl(Arc<watch::Sender<u32>>);
+
+impl HeartbeatControl {
+    /// New period, seconds (at least 1).
+    pub fn set(&self, seconds: u32) {
+        let _ = self.0.send(seconds.max(1));
+    }
+}
+
+enum Control {
+    Shutdown {
+        deadline: tokio::time::Instant,
+        done: oneshot::Sender<()>,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum LinkEvent {
+    Connected,
+    Disconnected,
+}
+
+impl Link {
+    /// Start both tasks. Incoming commands (already de-duplicated) arrive on
+    /// the returned receiver. `updates_ready` is notified whenever a session
+    /// update was queued in `outbox`.
+    pub fn start(
+        cfg: LinkConfig,
+        source: Arc<dyn LinkSource>,
+        outbox: Outbox,
+        updates_ready: Arc<Notify>,
+    ) -> (Link, mpsc::Receiver<Envelope>) {
+        let status_topic = topic(&cfg.topic_prefix, &cfg.provider_id, TopicKind::Status);
+        let offline = status_envelope(&cfg, OnlineStatus::Offline);
+        let mut options = MqttOptions::new(cfg.provider_id.clone(), cfg.host.clone(), cfg.port);
+        options
+            .set_credentials(cfg.provider_id.clone(), cfg.token.clone())
+            .set_keep_alive(Duration::from_secs(u64::from(cfg.keep_alive_seconds)))
+            .set_clean_session(true)
+            .set_max_packet_size(1 << 20, 1 << 20)
+            .set_last_will(LastWill::new(
+                status_topic,
+                offline.to_bytes(),
+                QoS::AtLeastOnce,
+                true,
+            ));
+        // Capacity 0: a request is handed over only when the event loop takes
+        // it, so nothing waits in a buffer that a reconnect would discard,
+        // and packet ids map one-to-one onto our QoS 1 publishes.
+        let (client, mut eventloop) = AsyncClient::new(options, 0);
+        let mut net = eventloop.network_options();
+        net.set_connection_timeout(5);
+        net.set_tcp_nodelay(true);
+        eventloop.set_network_options(net);
+
+        let state = Arc::new(LinkState::default());
+        let tracker = Arc::new(Mutex::new(AckTracker::default()));
+        let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (hb_tx, hb_rx) = watch::channel(cfg.heartbeat_interval_seconds.max(1));
+        let (control_tx, control_rx) = mpsc::channel(1);
+
+        let poll_task = tokio::spawn(poll_loop(PollCtx {
+            eventloop,
+            commands_topic: topic(&cfg.topic_prefix, &cfg.provider_id, TopicKind::Commands),
+            state: state.clone(),
+            tracker: tracker.clone(),
+            commands_tx,
+            events_tx,
+            stop: stop_rx,
+        }));
+        let publisher_task = tokio::spawn(publisher_loop(Publisher {
+            client,
+            cfg,
+            state: state.clone(),
+            tracker,
+            source,
+            outbox,
+            updates_ready,
+            events_rx,
+            control_rx,
+            heartbeat: hb_rx,
+            stop_poll: stop_tx,
+        }));
+        (
+            Link {
+                state,
+                heartbeat_interval: Arc::new(hb_tx),
+                control: control_tx,
+                poll_task,
+                publisher_task,
+            },
+            commands_rx,
+        )
+    }
+
+    /// Connection state.
+    pub fn state(&self) -> Arc<LinkState> {
+        self.state.clone()
+    }
+
+    /// Change the heartbeat period (from a `register_ack`), seconds.
+    pub fn set_heartbeat_interval(&self, seconds: u32) {
+        let _ = self.heartbeat_interval.send(seconds.max(1));
+    }
+
+    /// A handle that changes the heartbeat period from elsewhere.
+    pub fn heartbeat_control(&self) -> HeartbeatControl {
+        HeartbeatControl(self.heartbeat_interval.clone())
+    }
+
+    /// True while both tasks run (watchdog health).
+    pub fn is_alive(&self) -> bool {
+        !self.poll_task.is_finished() && !self.publisher_task.is_finished()
+    }
+
+    /// Publish what is still queued, then the retained `offline` status,
+    /// disconnect, and stop. Gives up at `timeout` (what is not published
+    /// stays in the outbox database for the next start).
+    pub async fn shutdown(self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (done_tx, done_rx) = oneshot::channel();
+        let sent = self
+            .control
+            .send(Control::Shutdown {
+                deadline,
+                done: done_tx,
+            })
+            .await
+            .is_ok();
+        if sent {
+            let _ = tokio::time::timeout_at(deadline + Duration::from_secs(1), done_rx).await;
+        }
+        self.publisher_task.abort();
+        let mut poll = self.poll_task;
+        if tokio::time::timeout(Duration::from_secs(2), &mut poll)
+            .await
+            .is_err()
+        {
+            poll.abort();
+        }
+    }
+}
+
+fn status_envelope(cfg: &LinkConfig, status: OnlineStatus) -> Envelope {
+    envelope(
+        MessageType::Status,
+        &StatusBody {
+            provider_id: cfg.provider_id.clone(),
+            online_status: status,
+            boot_id: Some(cfg.boot_id.clone()),
+        },
+    )
+}
+
+/// Wrap `body` in an envelope with a fresh `message_id`.
+pub fn envelope<T: serde::Serialize>(message_type: MessageType, body: &T) -> Envelope {
+    Envelope::new(
+        message_type,
+        uuid::Uuid::new_v4().to_string(),
+        Utc::now(),
+        body,
+    )
+    .unwrap_or_else(|_| Envelope {
+        protocol_version: shared_protocol::PROTOCOL_VERSION.to_string(),
+        message_id: uuid::Uuid::new_v4().to_string(),
+        sent_at: Utc::now(),
+        message_type,
+        body: serde_json::Value::Null,
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ---------------------------------------------------------------------------
+// Acknowledgement tracking.
+
+/// The one QoS 1 publish in flight and its packet id once known.
+#[derive(Default)]
+struct AckTracker {
+    waiting: Option<Waiting>,
+}
+
+struct Waiting {
+    /// Handed to the event loop (the send completed).
+    sent: bool,
+    pkid: Option<u16>,
+    done: oneshot::Sender<()>,
+}
+
+impl AckTracker {
+    fn begin(&mut self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting = Some(Waiting {
+            sent: false,
+            pkid: None,
+            done: tx,
+        });
+        rx
+    }
+
+    fn mark_sent(&mut self) {
+        if let Some(w) = &mut self.waiting {
+            w.sent = true;
+        }
+    }
+
+    fn abort(&mut self) {
+        self.waiting = None;
+    }
+
+    /// The event loop put a QoS 1 publish with `pkid` on the wire.
+    fn bind(&mut self, pkid: u16) {
+        if let Some(w) = &mut self.waiting {
+            if w.pkid.is_none() {
+                w.pkid = Some(pkid);
+            }
+        }
+    }
+
+    fn acked(&mut self, pkid: u16) {
+        if self.waiting.as_ref().and_then(|w| w.pkid) == Some(pkid) {
+            if let Some(w) = self.waiting.take() {
+                let _ = w.done.send(());
+            }
+        }
+    }
+
+    /// The connection dropped: a publish already taken by the event loop
+    /// will not be acknowledged. One still waiting to be taken is kept: it
+    /// goes out on the next connection.
+    fn connection_lost(&mut self) {
+        if self
+            .waiting
+            .as_ref()
+            .is_some_and(|w| w.sent || w.pkid.is_some())
+        {
+            self.waiting = None;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The poll task.
+
+struct PollCtx {
+    eventloop: EventLoop,
+    commands_topic: String,
+    state: Arc<LinkState>,
+    tracker: Arc<Mutex<AckTracker>>,
+    commands_tx: mpsc::Sender<Envelope>,
+    events_tx: mpsc::UnboundedSender<LinkEvent>,
+    stop: watch::Receiver<bool>,
+}
+
+/// Exponential backoff with "equal jitter": each wait is between half and
+/// all of the current step; steps double up to the cap.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    step: Duration,
+}
+
+impl Backoff {
+    /// Start at `base`, never exceed `cap`.
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            step: base,
+        }
+    }
+    /// The next wait.
+    pub fn next_delay(&mut self) -> Duration {
+        let step = self.step;
+        self.step = (self.step * 2).min(self.cap);
+        let half = step / 2;
+        half + half.mul_f64(random_fraction())
+    }
+    /// Back to `base` (after a success).
+    pub fn reset(&mut self) {
+        self.step = self.base;
+    }
+}
+
+/// A number in [0, 1) from the OS random source (through uuid v4).
+pub fn random_fraction() -> f64 {
+    let bits = uuid::Uuid::new_v4().as_u128() as u64 >> 11;
+    bits as f64 / (1u64 << 53) as f64
+}
+
+/// De-duplication of message ids: remembers the last `capacity` ids.
+#[derive(Debug)]
+pub struct MessageIdLru {
+    seen: HashSet<String>,
+    order: VecDeque<String>,
+    capacity: usize,
+}
+
+impl MessageIdLru {
+    /// Remember up to `capacity` ids.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            seen: HashSet::with_capacity(capacity),
+            order: VecDeque::with_capacity(capacity),
+            capacity: capacity.max(1),
+        }
+    }
+    /// True the first time `id` is offered; false for a repeat.
+    pub fn first_time(&mut self, id: &str) -> bool {
+        if self.seen.contains(id) {
+            return false;
+        }
+        if self.order.len() == self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        self.seen.insert(id.to_string());
+        self.order.push_back(id.to_string());
+        true
+    }
+}
+
+async fn poll_loop(mut ctx: PollCtx) {
+    let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP);
+    let mut dedup = MessageIdLru::new(DEDUP_CAPACITY);
+    let mut failures: u64 = 0;
+    loop {
+        let event = tokio::select! {
+            ev = ctx.eventloop.poll() => ev,
+            _ = ctx.stop.changed() => break,
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                backoff.reset();
+                failures = 0;
+                ctx.state.connected.store(true, Ordering::SeqCst);
+                ctx.state.connects.fetch_add(1, Ordering::SeqCst);
+                tracing::info!(
+                    session_present = ack.session_present,
+                    "mqtt: connected to broker"
+                );
+                let _ = ctx.events_tx.send(LinkEvent::Connected);
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                if p.topic != ctx.commands_topic {
+                    tracing::debug!(topic = %p.topic, "mqtt: ignoring message on a foreign topic");
+                    continue;
+                }
+                match Envelope::parse(&p.payload) {
+                    Ok(env) => {
+                        if !dedup.first_time(&env.message_id) {
+                            tracing::debug!(message_id = %env.message_id, "mqtt: dropping a repeated command");
+                            continue;
+                        }
+                        if let Err(e) = ctx.commands_tx.try_send(env) {
+                            tracing::error!("mqtt: command queue full, command dropped: {e}");
+                        }
+                    }
+                    Err(e) => tracing::warn!("mqtt: refusing a malformed command: {e}"),
+                }
+            }
+            Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                lock(&ctx.tracker).acked(ack.pkid);
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                if ack
+                    .return_codes
+                    .iter()
+                    .any(|c| matches!(c, SubscribeReasonCode::Failure))
+                {
+                    tracing::error!(
+                        topic = %ctx.commands_topic,
+                        "mqtt: the broker refused the subscription to the commands topic (check its ACL for this provider)"
+                    );
+                }
+            }
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) if pkid != 0 => {
+                lock(&ctx.tracker).bind(pkid);
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+                ctx.state.connected.store(false, Ordering::SeqCst);
+                tracing::info!("mqtt: disconnected");
+                let _ = ctx.events_tx.send(LinkEvent::Disconnected);
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let was_connected = ctx.state.connected.swap(false, Ordering::SeqCst);
+                ctx.state.registered.store(false, Ordering::SeqCst);
+                lock(&ctx.tracker).connection_lost();
+                if was_connected {
+                    let _ = ctx.events_tx.send(LinkEvent::Disconnected);
+                }
+                failures += 1;
+                let delay = backoff.next_delay();
+                log_connection_error(&e, was_connected, failures, delay);
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = ctx.stop.changed() => break,
+                }
+            }
+        }
+    }
+}
+
+fn log_connection_error(e: &ConnectionError, was_connected: bool, failures: u64, delay: Duration) {
+    let delay_ms = delay.as_millis() as u64;
+    match e {
+        ConnectionError::ConnectionRefused(code) => tracing::error!(
+            ?code,
+            retry_in_ms = delay_ms,
+            "mqtt: the broker refused the connection (check provider_id and token)"
+        ),
+        _ if was_connected => {
+            tracing::warn!(retry_in_ms = delay_ms, "mqtt: connection lost: {e}")
+        }
+        // The first failure and then about once a minute at the capped rate.
+        _ if failures == 1 || failures.is_multiple_of(6) => tracing::warn!(
+            attempts = failures,
+            retry_in_ms = delay_ms,
+            "mqtt: broker unreachable: {e}"
+        ),
+        _ => tracing::debug!(attempts = failures, "mqtt: broker unreachable: {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The publisher task.
+
+struct Publisher {
+    client: AsyncClient,
+    cfg: LinkConfig,
+    state: Arc<LinkState>,
+    tracker: Arc<Mutex<AckTracker>>,
+    source: Arc<dyn LinkSource>,
+    outbox: Outbox,
+    updates_ready: Arc<Notify>,
+    events_rx: mpsc::UnboundedReceiver<LinkEvent>,
+    control_rx: mpsc::Receiver<Control>,
+    heartbeat: watch::Receiver<u32>,
+    stop_poll: watch::Sender<bool>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum PublishError {
+    #[error("the event loop did not take the message within {SEND_TIMEOUT:?}")]
+    SendTimeout,
+    #[error("mqtt client: {0}")]
+    Client(#[from] rumqttc::ClientError),
+    #[error("no PUBACK")]
+    NotAcknowledged,
+    #[error("outbox: {0}")]
+    Outbox(String),
+}
+
+fn hb_interval(seconds: u32) -> tokio::time::Interval {
+    let period = Duration::from_secs(u64::from(seconds.max(1)));
+    let mut i = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+async fn publisher_loop(mut p: Publisher) {
+    let mut connected = false;
+    let mut handshake_due = false;
+    let mut drain_due = false;
+    let mut heartbeat = hb_interval(*p.heartbeat.borrow());
+    loop {
+        if connected && handshake_due {
+            match p.handshake().await {
+                Ok(()) => {
+                    handshake_due = false;
+                    drain_due = true;
+                }
+                Err(e) => tracing::warn!("mqtt: announcing this provider failed, will retry: {e}"),
+            }
+        }
+        if connected && !handshake_due && drain_due {
+            match p.drain_updates(None).await {
+                Ok(()) => drain_due = false,
+                Err(e) => tracing::warn!(
+                    "mqtt: publishing queued session updates failed, will retry: {e}"
+                ),
+            }
+        }
+        let retry = connected && (handshake_due || drain_due);
+        tokio::select! {
+            ctl = p.control_rx.recv() => {
+                let Some(Control::Shutdown { deadline, done }) = ctl else { break };
+                p.finish(connected && !handshake_due, deadline).await;
+                let _ = done.send(());
+                return;
+            }
+            ev = p.events_rx.recv() => match ev {
+                Some(LinkEvent::Connected) => {
+                    connected = true;
+                    handshake_due = true;
+                }
+                Some(LinkEvent::Disconnected) => connected = false,
+                None => break,
+            },
+            _ = p.updates_ready.notified() => drain_due = true,
+            _ = heartbeat.tick() => {
+                if connected && !handshake_due {
+                    if let Err(e) = p.send_heartbeat().await {
+                        tracing::debug!("mqtt: heartbeat not sent: {e}");
+                    }
+                }
+            }
+            Ok(()) = p.heartbeat.changed() => {
+                let secs = *p.heartbeat.borrow();
+                heartbeat = hb_interval(secs);
+            }
+            _ = tokio::time::sleep(Duration::from_secs(2)), if retry => {}
+        }
+    }
+    let _ = p.stop_poll.send(true);
+}
+
+impl Publisher {
+    fn topic(&self, kind: TopicKind) -> String {
+        topic(&self.cfg.topic_prefix, &self.cfg.provider_id, kind)
+    }
+
+    /// After a ConnAck: subscribe, `online`, `register`.
+    async fn handshake(&mut self) -> Result<(), PublishError> {
+        let commands = self.topic(TopicKind::Commands);
+        tokio::time::timeout(
+            SEND_TIMEOUT,
+            self.client.subscribe(commands, QoS::AtLeastOnce),
+        )
+        .await
+        .map_err(|_| PublishError::SendTimeout)??;
+        let online = status_envelope(&self.cfg, OnlineStatus::Online);
+        self.publish_qos1(TopicKind::Status, true, online.to_bytes())
+            .await?;
+        let source = self.source.clone();
+        let body = tokio::task::spawn_blocking(move || source.register_body())
+            .await
+            .map_err(|e| PublishError::Outbox(format!("register body: {e}")))?;
+        let mut body = body;
+        body.provider.boot_id = Some(self.cfg.boot_id.clone());
+        let register = envelope(MessageType::Register, &body);
+        self.publish_qos1(TopicKind::Register, false, register.to_bytes())
+            .await?;
+        self.state.registered.store(true, Ordering::SeqCst);
+        tracing::info!(
+            capabilities = body.capabilities.len(),
+            "mqtt: online status and registration published"
+        );
+        Ok(())
+    }
+
+    /// Publish queued session updates oldest first, deleting each once
+    /// acknowledged. Stops at `deadline` if given.
+    async fn drain_updates(
+        &mut self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), PublishError> {
+        loop {
+            let outbox = self.outbox.clone();
+            let batch = tokio::task::spawn_blocking(move || outbox.queued_updates(DRAIN_BATCH))
+                .await
+                .map_err(|e| PublishError::Outbox(e.to_string()))?
+                .map_err(|e| PublishError::Outbox(e.to_string()))?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for update in batch {
+                if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                    return Ok(());
+                }
+                self.publish_qos1(TopicKind::Results, false, update.payload)
+                    .await?;
+                let outbox = self.outbox.clone();
+                let seq = update.seq;
+                tokio::task::spawn_blocking(move || outbox.remove_update(seq))
+                    .await
+                    .map_err(|e| PublishError::Outbox(e.to_string()))?
+                    .map_err(|e| PublishError::Outbox(e.to_string()))?;
+                tracing::debug!(message_id = %update.message_id, session_id = %update.session_id, "mqtt: session update delivered");
+            }
+        }
+    }
+
+    async fn send_heartbeat(&mut self) -> Result<(), PublishError> {
+        let source = self.source.clone();
+        let mut body = tokio::task::spawn_blocking(move || source.heartbeat_body())
+            .await
+            .map_err(|e| PublishError::Outbox(format!("heartbeat body: {e}")))?;
+        body.boot_id = Some(self.cfg.boot_id.clone());
+        let env = envelope(MessageType::Heartbeat, &body);
+        tokio::time::timeout(
+            SEND_TIMEOUT,
+            self.client.publish(
+                self.topic(TopicKind::Heartbeat),
+                QoS::AtMostOnce,
+                false,
+                env.to_bytes(),
+            ),
+        )
+        .await
+        .map_err(|_| PublishError::SendTimeout)??;
+        Ok(())
+    }
+
+    /// One QoS 1 publish, waiting for its PUBACK.
+    async fn publish_qos1(
+        &mut self,
+        kind: TopicKind,
+        retain: bool,
+        payload: Vec<u8>,
+    ) -> Result<(), PublishError> {
+        let acked = lock(&self.tracker).begin();
+        let send = tokio::time::timeout(
+            SEND_TIMEOUT,
+            self.client
+                .publish(self.topic(kind), QoS::AtLeastOnce, retain, payload),
+        )
+        .await;
+        match send {
+            Ok(Ok(())) => lock(&self.tracker).mark_sent(),
+            Ok(Err(e)) => {
+                lock(&self.tracker).abort();
+                return Err(e.into());
+            }
+            Err(_) => {
+                // Not taken: the cancelled send left nothing behind.
+                lock(&self.tracker).abort();
+                return Err(PublishError::SendTimeout);
+            }
+        }
+        match tokio::time::timeout(ACK_TIMEOUT, acked).await {
+            Ok(Ok(())) => Ok(()),
+            _ => {
+                lock(&self.tracker).abort();
+                Err(PublishError::NotAcknowledged)
+            }
+        }
+    }
+
+    /// Shutdown: flush queued updates, publish `offline`, disconnect.
+    async fn finish(&mut self, connected: bool, deadline: tokio::time::Instant) {
+        if connected {
+            if let Err(e) = tokio::time::timeout_at(deadline, self.drain_updates(Some(deadline)))
+                .await
+                .unwrap_or(Err(PublishError::SendTimeout))
+            {
+                tracing::warn!("mqtt: not every session update went out before shutdown ({e}); they stay queued for the next start");
+            }
+            let offline = status_envelope(&self.cfg, OnlineStatus::Offline);
+            match tokio::time::timeout_at(
+                deadline,
+                self.publish_qos1(TopicKind::Status, true, offline.to_bytes()),
+            )
+            .await
+            {
+                Ok(Ok(())) => tracing::info!("mqtt: offline status published"),
+                _ => tracing::warn!(
+                    "mqtt: could not publish the offline status; the broker's LWT will"
+                ),
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.client.disconnect()).await;
+            // Let the poll task write the DISCONNECT packet.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = self.stop_poll.send(true);
+    }
+}

@@ -1,0 +1,947 @@
+//! The evidence outbox: every artifact a driver produces is a file on disk
+//! plus a row in SQLite (WAL) before anything else happens to it; the
+//! uploader ([`crate::uploader`]) deletes the file only after the registry
+//! confirmed its sha256.
+//!
+//! Layout under the configured `dir`:
+//! - `{artifact_id}`: the bytes of a pending (or corrupt) artifact;
+//! - `.{artifact_id}.part`: a file being written (never referenced by a row
+//!   until renamed into place);
+//! - `orphaned/`: complete files found at start without a row (a crash hit
+//!   between rename and commit); kept for inspection, never uploaded.
+//!
+//! The database also keeps session updates that still have to reach the
+//! registry ([`Outbox::queue_update`]), so a restart loses none.
+//!
+//! Every method blocks on file and SQLite I/O: call it from a runner
+//! thread, a dedicated thread or `tokio::task::spawn_blocking`, never from
+//! an async task directly. [`Outbox`] is cheap to clone and safe to share.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use shared_protocol::artifact::{ArtifactType, CapabilityArtifact};
+use shared_protocol::validate::check_id;
+
+use crate::config::{Durability, OutboxConfig};
+use crate::drivers::NewArtifact;
+
+/// Bytes written (and hashed) per `write` call.
+const CHUNK: usize = 256 * 1024;
+
+/// Uploaded rows are kept this long for `edge-agent` diagnostics, then pruned.
+const UPLOADED_RETENTION_DAYS: i64 = 30;
+
+/// Where an artifact is in its life at the edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadState {
+    /// On disk, waiting for (or retrying) upload.
+    Pending,
+    /// The registry confirmed the sha256; the local file is gone.
+    Uploaded,
+    /// The local file no longer matches its recorded sha256 (disk
+    /// corruption). Kept on disk for inspection, not retried.
+    Corrupt,
+    /// The row exists but its file vanished (deleted by hand, disk replaced).
+    Lost,
+}
+
+impl UploadState {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UploadState::Pending => "pending",
+            UploadState::Uploaded => "uploaded",
+            UploadState::Corrupt => "corrupt",
+            UploadState::Lost => "lost",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        match s {
+            "uploaded" => UploadState::Uploaded,
+            "corrupt" => UploadState::Corrupt,
+            "lost" => UploadState::Lost,
+            _ => UploadState::Pending,
+        }
+    }
+}
+
+/// Why the outbox refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// Accepting the artifact would put more than the configured budget of
+    /// not-yet-uploaded bytes on disk. Nothing was written; nothing was
+    /// dropped to make room.
+    #[error("outbox disk budget of {budget_mib} MiB exhausted: {pending_artifacts} pending artifacts await upload")]
+    BudgetExhausted {
+        budget_mib: u64,
+        pending_artifacts: u64,
+        /// Bytes pending plus the refused artifact's size.
+        needed_bytes: u64,
+    },
+    #[error("outbox file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("outbox database {path}: {source}")]
+    Db {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    /// The artifact's description is unusable (e.g. an invalid session id).
+    #[error("artifact refused: {0}")]
+    Invalid(String),
+    #[error("no artifact `{0}` in the outbox")]
+    UnknownArtifact(String),
+}
+
+/// What [`Outbox::open`] found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Half-written `.part` files deleted (their rows were never committed).
+    pub temp_files_removed: usize,
+    /// `.part` files whose row was committed but whose rename was lost
+    /// (power cut): checked against the row's sha256 and moved into place.
+    pub temp_files_promoted: usize,
+    /// Complete files without a row, moved to `orphaned/`.
+    pub orphans_quarantined: usize,
+    /// Pending rows whose file is missing, marked `lost`.
+    pub rows_lost: usize,
+}
+
+/// A row of the outbox, as the uploader and diagnostics see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArtifactRecord {
+    pub artifact: CapabilityArtifact,
+    pub state: UploadState,
+    /// Upload attempts that failed.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// Where the bytes are while pending.
+    pub path: PathBuf,
+}
+
+/// An artifact the uploader should send now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingUpload {
+    pub artifact_id: String,
+    pub session_id: String,
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    /// Lowercase hex sha256 recorded at ingest.
+    pub sha256: String,
+    pub content_type: String,
+    pub attempts: u32,
+}
+
+/// A session update waiting to be published (payload: the MQTT envelope).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedUpdate {
+    pub seq: i64,
+    pub message_id: String,
+    pub session_id: String,
+    pub payload: Vec<u8>,
+}
+
+/// Counts for heartbeats, `STATUS=` and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    pub pending_artifacts: u64,
+    /// Bytes of files on disk awaiting upload (pending and corrupt).
+    pub pending_bytes: u64,
+    pub corrupt_artifacts: u64,
+    pub uploaded_artifacts: u64,
+    pub queued_updates: u64,
+    pub budget_bytes: u64,
+}
+
+/// Handle to the outbox (cheap to clone).
+#[derive(Clone)]
+pub struct Outbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    db_path: PathBuf,
+    durability: Durability,
+    provider_id: String,
+    conn: Mutex<Connection>,
+    budget: Mutex<Budget>,
+}
+
+/// Bytes on disk not yet confirmed by the registry, including reservations
+/// of ingests in progress.
+struct Budget {
+    limit: u64,
+    used: u64,
+    files: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data behind; keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Outbox {
+    /// Open (creating if needed) the outbox for `provider_id` (used in
+    /// `storage_uri`s), repair what a crash left behind and load the budget.
+    pub fn open(
+        cfg: &OutboxConfig,
+        provider_id: &str,
+    ) -> Result<(Self, RecoveryReport), OutboxError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| OutboxError::Io { path, source }
+        };
+        fs::create_dir_all(&cfg.dir).map_err(io(&cfg.dir))?;
+        if let Some(parent) = cfg.db.parent() {
+            fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        let db_err = |source| OutboxError::Db {
+            path: cfg.db.clone(),
+            source,
+        };
+        let conn = Connection::open(&cfg.db).map_err(db_err)?;
+        conn.busy_timeout(Duration::from_secs(10)).map_err(db_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(db_err)?;
+        let sync = match cfg.durability {
+            Durability::Fsync => "FULL",
+            Durability::Os => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)
+            .map_err(db_err)?;
+        conn.execute_batch(SCHEMA).map_err(db_err)?;
+
+        let outbox = Outbox {
+            inner: Arc::new(Inner {
+                dir: cfg.dir.clone(),
+                db_path: cfg.db.clone(),
+                durability: cfg.durability,
+                provider_id: provider_id.to_string(),
+                conn: Mutex::new(conn),
+                budget: Mutex::new(Budget {
+                    limit: cfg.disk_budget_bytes,
+                    used: 0,
+                    files: 0,
+                }),
+            }),
+        };
+        let report = outbox.recover()?;
+        outbox.prune_uploaded()?;
+        let (files, used) = outbox.with_conn(|c| {
+            c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM artifacts
+                 WHERE upload_state IN ('pending', 'corrupt')",
+                [],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+        })?;
+        {
+            let mut b = lock(&outbox.inner.budget);
+            b.files = files;
+            b.used = used;
+        }
+        Ok((outbox, report))
+    }
+
+    /// The artifact directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Where a pending artifact's bytes are.
+    pub fn file_path(&self, artifact_id: &str) -> PathBuf {
+        self.inner.dir.join(artifact_id)
+    }
+
+    /// `edge-outbox://{provider_id}/{artifact_id}`: the `storage_uri` of an
+    /// artifact that has not reached the registry yet (seed 001 §2.2.5).
+    pub fn storage_uri(&self, artifact_id: &str) -> String {
+        format!("edge-outbox://{}/{artifact_id}", self.inner.provider_id)
+    }
+
+    /// Take one artifact of `session_id` into the outbox: write its bytes to
+    /// a temporary file while computing their sha256, make them durable
+    /// (per the configured durability), rename into place and commit the
+    /// row. Returns the artifact's metadata for the session update.
+    ///
+    /// Errors: [`OutboxError::BudgetExhausted`] (nothing written),
+    /// [`OutboxError::Invalid`] for a bad session id, I/O and SQLite errors
+    /// (nothing left behind).
+    pub fn ingest(
+        &self,
+        session_id: &str,
+        artifact: NewArtifact,
+    ) -> Result<CapabilityArtifact, OutboxError> {
+        let mut out = self.ingest_batch(session_id, vec![artifact])?;
+        out.pop()
+            .ok_or_else(|| OutboxError::Invalid("nothing was ingested".into()))
+    }
+
+    /// Take all artifacts of one action at once: the same guarantees as
+    /// [`Outbox::ingest`] for each, with one flush of the file system and one
+    /// SQLite transaction for the batch. All or nothing: on error no row is
+    /// committed and no file is left.
+    pub fn ingest_batch(
+        &self,
+        session_id: &str,
+        artifacts: Vec<NewArtifact>,
+    ) -> Result<Vec<CapabilityArtifact>, OutboxError> {
+        check_id("session_id", session_id).map_err(|e| OutboxError::Invalid(e.to_string()))?;
+        if artifacts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let total: u64 = artifacts.iter().map(|a| a.bytes.len() as u64).sum();
+        self.reserve(total)?;
+        let mut written: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(artifacts.len());
+        let result = self.write_batch(session_id, artifacts, &mut written);
+        match result {
+            Ok(metas) => {
+                lock(&self.inner.budget).files += metas.len() as u64;
+                Ok(metas)
+            }
+            Err(e) => {
+                for (temp, fin) in &written {
+                    let _ = fs::remove_file(temp);
+                    let _ = fs::remove_file(fin);
+                }
+                self.release(total, 0);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_batch(
+        &self,
+        session_id: &str,
+        artifacts: Vec<NewArtifact>,
+        written: &mut Vec<(PathBuf, PathBuf)>,
+    ) -> Result<Vec<CapabilityArtifact>, OutboxError> {
+        let single = artifacts.len() == 1;
+        let fsync = self.inner.durability == Durability::Fsync;
+        // Millisecond precision: what is returned equals what is stored.
+        let now = Utc::now();
+        let captured_at = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
+        let mut metas = Vec::with_capacity(artifacts.len());
+        for a in artifacts {
+            let artifact_id = format!("art-{}", uuid::Uuid::new_v4());
+            let temp = self.inner.dir.join(format!(".{artifact_id}.part"));
+            let fin = self.inner.dir.join(&artifact_id);
+            written.push((temp.clone(), fin.clone()));
+            // A single artifact is flushed on its own; a batch with one
+            // syncfs() below, which is far cheaper than N fsyncs.
+            let sha256 = write_hashed(&temp, &a.bytes, fsync && single)?;
+            fs::rename(&temp, &fin).map_err(|source| OutboxError::Io {
+                path: fin.clone(),
+                source,
+            })?;
+            let content_type = if a.content_type.trim().is_empty() {
+                "application/octet-stream".to_string()
+            } else {
+                a.content_type
+            };
+            metas.push(CapabilityArtifact {
+                storage_uri: self.storage_uri(&artifact_id),
+                artifact_id,
+                session_id: session_id.to_string(),
+                artifact_type: a.artifact_type,
+                content_type,
+                captured_at,
+                duration_ms: a.duration_ms,
+                checksum: sha256,
+                size_bytes: a.bytes.len() as u64,
+                metadata_json: a.metadata,
+                uploaded: false,
+            });
+        }
+        if fsync && !single {
+            sync_filesystem(&self.inner.dir)?;
+        }
+        self.with_conn(|c| {
+            let tx = c.unchecked_transaction()?;
+            {
+                let mut stmt = tx.prepare_cached(
+                    "INSERT INTO artifacts (artifact_id, session_id, artifact_type, content_type,
+                        size_bytes, sha256, captured_at, duration_ms, metadata_json, upload_state)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending')",
+                )?;
+                for m in &metas {
+                    stmt.execute(params![
+                        m.artifact_id,
+                        m.session_id,
+                        m.artifact_type.as_str(),
+                        m.content_type,
+                        m.size_bytes as i64,
+                        m.checksum,
+                        m.captured_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+                        m.duration_ms.map(|d| d as i64),
+                        Value::Object(m.metadata_json.clone()).to_string(),
+                    ])?;
+                }
+            }
+            tx.commit()
+        })?;
+        Ok(metas)
+    }
+
+    fn reserve(&self, bytes: u64) -> Result<(), OutboxError> {
+        let mut b = lock(&self.inner.budget);
+        let needed = b.used.saturating_add(bytes);
+        if needed > b.limit {
+            return Err(OutboxError::BudgetExhausted {
+                budget_mib: b.limit / (1024 * 1024),
+                pending_artifacts: b.files,
+                needed_bytes: needed,
+            });
+        }
+        b.used = needed;
+        Ok(())
+    }
+
+    fn release(&self, bytes: u64, files: u64) {
+        let mut b = lock(&self.inner.budget);
+        b.used = b.used.saturating_sub(bytes);
+        b.files = b.files.saturating_sub(files);
+    }
+
+    /// Artifacts due for upload (pending, not backing off), oldest first.
+    pub fn due_uploads(&self, limit: usize) -> Result<Vec<PendingUpload>, OutboxError> {
+        let now_ms = Utc::now().timestamp_millis();
+        let rows = self.with_conn(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT artifact_id, session_id, size_bytes, sha256, content_type, attempts
+                 FROM artifacts
+                 WHERE upload_state = 'pending' AND next_attempt_at_ms <= ?1
+                 ORDER BY rowid LIMIT ?2",
+            )?;
+            let rows = stmt
+                .query_map(params![now_ms, limit as i64], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, session_id, size, sha256, content_type, attempts)| PendingUpload {
+                    path: self.file_path(&id),
+                    artifact_id: id,
+                    session_id,
+                    size_bytes: size.max(0) as u64,
+                    sha256,
+                    content_type,
+                    attempts: attempts.max(0) as u32,
+                },
+            )
+            .collect())
+    }
+
+    /// The earliest time a backing-off pending artifact becomes due, if any
+    /// artifact is pending at all.
+    pub fn next_due_in(&self) -> Result<Option<Duration>, OutboxError> {
+        let next = self.with_conn(|c| {
+            c.query_row(
+                "SELECT MIN(next_attempt_at_ms) FROM artifacts WHERE upload_state = 'pending'",
+                [],
+                |r| r.get::<_, Option<i64>>(0),
+            )
+        })?;
+        let now = Utc::now().timestamp_millis();
+        Ok(next.map(|t| Duration::from_millis((t - now).max(0) as u64)))
+    }
+
+    /// The registry confirmed `artifact_id`'s sha256: mark it uploaded, then
+    /// delete the local file (a crash in between leaves a file that the
+    /// next start finds with an `uploaded` row and removes).
+    pub fn mark_uploaded(&self, artifact_id: &str) -> Result<(), OutboxError> {
+        let size = self.with_conn(|c| {
+            let size: Option<(i64, String)> = c
+                .query_row(
+                    "SELECT size_bytes, upload_state FROM artifacts WHERE artifact_id = ?1",
+                    [artifact_id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            c.execute(
+                "UPDATE artifacts SET upload_state = 'uploaded', uploaded_at = ?2, last_error = NULL
+                 WHERE artifact_id = ?1",
+                params![artifact_id, now_text()],
+            )?;
+            Ok(size)
+        })?;
+        let Some((size, state)) = size else {
+            return Err(OutboxError::UnknownArtifact(artifact_id.to_string()));
+        };
+        let path = self.file_path(artifact_id);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(OutboxError::Io { path, source }),
+        }
+        if matches!(
+            UploadState::parse(&state),
+            UploadState::Pending | UploadState::Corrupt
+        ) {
+            self.release(size.max(0) as u64, 1);
+        }
+        Ok(())
+    }
+
+    /// An upload attempt failed with `error`; try again after `retry_after`.
+    pub fn record_upload_failure(
+        &self,
+        artifact_id: &str,
+        error: &str,
+        retry_after: Duration,
+    ) -> Result<(), OutboxError> {
+        let at = Utc::now().timestamp_millis() + retry_after.as_millis() as i64;
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE artifacts SET attempts = attempts + 1, last_error = ?2, next_attempt_at_ms = ?3
+                 WHERE artifact_id = ?1",
+                params![artifact_id, error, at],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The local file no longer matches the recorded sha256: keep it, stop
+    /// retrying, record why. It still counts against the disk budget.
+    pub fn mark_corrupt(&self, artifact_id: &str, reason: &str) -> Result<(), OutboxError> {
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE artifacts SET upload_state = 'corrupt', last_error = ?2
+                 WHERE artifact_id = ?1 AND upload_state = 'pending'",
+                params![artifact_id, reason],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The file of a pending artifact vanished: mark the row `lost` and stop
+    /// counting it against the budget.
+    pub fn mark_lost(&self, artifact_id: &str, reason: &str) -> Result<(), OutboxError> {
+        let changed = self.with_conn(|c| {
+            let size: Option<i64> = c
+                .query_row(
+                    "SELECT size_bytes FROM artifacts
+                     WHERE artifact_id = ?1 AND upload_state IN ('pending', 'corrupt')",
+                    [artifact_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            c.execute(
+                "UPDATE artifacts SET upload_state = 'lost', last_error = ?2
+                 WHERE artifact_id = ?1 AND upload_state IN ('pending', 'corrupt')",
+                params![artifact_id, reason],
+            )?;
+            Ok(size)
+        })?;
+        if let Some(size) = changed {
+            self.release(size.max(0) as u64, 1);
+        }
+        Ok(())
+    }
+
+    /// sha256 of the local file of `artifact_id` as it is on disk now.
+    pub fn rehash(&self, artifact_id: &str) -> Result<String, OutboxError> {
+        let path = self.file_path(artifact_id);
+        hash_file(&path).map_err(|source| OutboxError::Io { path, source })
+    }
+
+    /// One row, with its state.
+    pub fn artifact(&self, artifact_id: &str) -> Result<Option<ArtifactRecord>, OutboxError> {
+        let row = self.with_conn(|c| {
+            c.query_row(
+                "SELECT artifact_id, session_id, artifact_type, content_type, size_bytes, sha256,
+                        captured_at, duration_ms, metadata_json, upload_state, attempts, last_error
+                 FROM artifacts WHERE artifact_id = ?1",
+                [artifact_id],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, String>(5)?,
+                        r.get::<_, String>(6)?,
+                        r.get::<_, Option<i64>>(7)?,
+                        r.get::<_, String>(8)?,
+                        r.get::<_, String>(9)?,
+                        r.get::<_, i64>(10)?,
+                        r.get::<_, Option<String>>(11)?,
+                    ))
+                },
+            )
+            .optional()
+        })?;
+        let Some((
+            id,
+            session_id,
+            kind,
+            content_type,
+            size,
+            sha256,
+            captured,
+            duration,
+            meta,
+            state,
+            attempts,
+            last_error,
+        )) = row
+        else {
+            return Ok(None);
+        };
+        let state = UploadState::parse(&state);
+        let metadata_json: Map<String, Value> = serde_json::from_str(&meta).unwrap_or_default();
+        let artifact_type = kind
+            .parse::<ArtifactType>()
+            .map_err(|e| OutboxError::Invalid(format!("row {id}: {e}")))?;
+        let captured_at = DateTime::parse_from_rfc3339(&captured)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| OutboxError::Invalid(format!("row {id}: captured_at: {e}")))?;
+        Ok(Some(ArtifactRecord {
+            path: self.file_path(&id),
+            artifact: CapabilityArtifact {
+                storage_uri: self.storage_uri(&id),
+                artifact_id: id,
+                session_id,
+                artifact_type,
+                content_type,
+                captured_at,
+                duration_ms: duration.map(|d| d.max(0) as u64),
+                checksum: sha256,
+                size_bytes: size.max(0) as u64,
+                metadata_json,
+                uploaded: state == UploadState::Uploaded,
+            },
+            state,
+            attempts: attempts.max(0) as u32,
+            last_error,
+        }))
+    }
+
+    /// Keep a session update (an MQTT envelope's bytes) until it has been
+    /// published; returns its queue position.
+    pub fn queue_update(
+        &self,
+        message_id: &str,
+        session_id: &str,
+        payload: &[u8],
+    ) -> Result<i64, OutboxError> {
+        self.with_conn(|c| {
+            c.execute(
+                "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![message_id, session_id, payload, now_text()],
+            )?;
+            c.query_row(
+                "SELECT seq FROM pending_updates WHERE message_id = ?1",
+                [message_id],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// Up to `limit` queued session updates, oldest first.
+    pub fn queued_updates(&self, limit: usize) -> Result<Vec<QueuedUpdate>, OutboxError> {
+        self.with_conn(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT seq, message_id, session_id, payload FROM pending_updates
+                 ORDER BY seq LIMIT ?1",
+            )?;
+            let rows = stmt
+                .query_map([limit as i64], |r| {
+                    Ok(QueuedUpdate {
+                        seq: r.get(0)?,
+                        message_id: r.get(1)?,
+                        session_id: r.get(2)?,
+                        payload: r.get(3)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// The broker acknowledged queued update `seq`.
+    pub fn remove_update(&self, seq: i64) -> Result<(), OutboxError> {
+        self.with_conn(|c| c.execute("DELETE FROM pending_updates WHERE seq = ?1", [seq]))?;
+        Ok(())
+    }
+
+    /// Counts of artifacts and queued updates.
+    pub fn stats(&self) -> Result<OutboxStats, OutboxError> {
+        let budget_bytes = lock(&self.inner.budget).limit;
+        self.with_conn(|c| {
+            let (pending, pending_bytes, corrupt, uploaded) = c.query_row(
+                "SELECT
+                    COALESCE(SUM(upload_state = 'pending'), 0),
+                    COALESCE(SUM(CASE WHEN upload_state IN ('pending', 'corrupt') THEN size_bytes END), 0),
+                    COALESCE(SUM(upload_state = 'corrupt'), 0),
+                    COALESCE(SUM(upload_state = 'uploaded'), 0)
+                 FROM artifacts",
+                [],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, i64>(3)?,
+                    ))
+                },
+            )?;
+            let queued: i64 =
+                c.query_row("SELECT COUNT(*) FROM pending_updates", [], |r| r.get(0))?;
+            Ok(OutboxStats {
+                pending_artifacts: pending as u64,
+                pending_bytes: pending_bytes as u64,
+                corrupt_artifacts: corrupt as u64,
+                uploaded_artifacts: uploaded as u64,
+                queued_updates: queued as u64,
+                budget_bytes,
+            })
+        })
+    }
+
+    /// Flush the WAL into the database file (at shutdown).
+    pub fn checkpoint(&self) -> Result<(), OutboxError> {
+        self.with_conn(|c| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);"))
+    }
+
+    /// True when the database answers (watchdog health check).
+    pub fn ping(&self) -> bool {
+        self.with_conn(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
+            .is_ok()
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, OutboxError> {
+        let conn = lock(&self.inner.conn);
+        f(&conn).map_err(|source| OutboxError::Db {
+            path: self.inner.db_path.clone(),
+            source,
+        })
+    }
+
+    /// Bring files and rows back into agreement after a crash.
+    fn recover(&self) -> Result<RecoveryReport, OutboxError> {
+        let dir = &self.inner.dir;
+        let mut report = RecoveryReport::default();
+        let entries = fs::read_dir(dir).map_err(|source| OutboxError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut names = Vec::new();
+        for entry in entries.flatten() {
+            if entry.file_type().map(|t| t.is_file()).unwrap_or(false) {
+                if let Some(name) = entry.file_name().to_str() {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        for name in names {
+            let path = dir.join(&name);
+            if let Some(id) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".part")) {
+                let row = self.row_state(id)?;
+                let fin = dir.join(id);
+                let promote = match row {
+                    Some((UploadState::Pending, sha)) if !fin.exists() => {
+                        hash_file(&path).ok().as_deref() == Some(sha.as_str())
+                    }
+                    _ => false,
+                };
+                if promote && fs::rename(&path, &fin).is_ok() {
+                    tracing::warn!(
+                        artifact_id = id,
+                        "outbox: recovered an artifact whose rename was lost"
+                    );
+                    report.temp_files_promoted += 1;
+                } else {
+                    let _ = fs::remove_file(&path);
+                    report.temp_files_removed += 1;
+                }
+                continue;
+            }
+            if !name.starts_with("art-") {
+                continue;
+            }
+            match self.row_state(&name)? {
+                Some((UploadState::Uploaded, _)) => {
+                    // Uploaded, but the delete did not happen before a crash.
+                    let _ = fs::remove_file(&path);
+                }
+                Some(_) => {}
+                None => {
+                    let quarantine = dir.join("orphaned");
+                    fs::create_dir_all(&quarantine).map_err(|source| OutboxError::Io {
+                        path: quarantine.clone(),
+                        source,
+                    })?;
+                    let _ = fs::rename(&path, quarantine.join(&name));
+                    tracing::warn!(
+                        file = %path.display(),
+                        "outbox: file without a row (crash before commit) moved to orphaned/"
+                    );
+                    report.orphans_quarantined += 1;
+                }
+            }
+        }
+        // Rows whose file is gone.
+        let pending: Vec<String> = self.with_conn(|c| {
+            let mut stmt = c.prepare(
+                "SELECT artifact_id FROM artifacts WHERE upload_state IN ('pending', 'corrupt')",
+            )?;
+            let ids = stmt
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<Vec<String>, _>>()?;
+            Ok(ids)
+        })?;
+        for id in pending {
+            if !dir.join(&id).exists() {
+                tracing::error!(artifact_id = %id, "outbox: the file of a pending artifact is missing; marked lost");
+                self.with_conn(|c| {
+                    c.execute(
+                        "UPDATE artifacts SET upload_state = 'lost', last_error = 'file missing at start'
+                         WHERE artifact_id = ?1",
+                        [&id],
+                    )
+                })?;
+                report.rows_lost += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    fn row_state(&self, artifact_id: &str) -> Result<Option<(UploadState, String)>, OutboxError> {
+        self.with_conn(|c| {
+            c.query_row(
+                "SELECT upload_state, sha256 FROM artifacts WHERE artifact_id = ?1",
+                [artifact_id],
+                |r| Ok((UploadState::parse(&r.get::<_, String>(0)?), r.get(1)?)),
+            )
+            .optional()
+        })
+    }
+
+    fn prune_uploaded(&self) -> Result<(), OutboxError> {
+        let cutoff = (Utc::now() - chrono::Duration::days(UPLOADED_RETENTION_DAYS))
+            .to_rfc3339_opts(SecondsFormat::Millis, true);
+        self.with_conn(|c| {
+            c.execute(
+                "DELETE FROM artifacts WHERE upload_state = 'uploaded' AND uploaded_at < ?1",
+                [cutoff],
+            )
+        })?;
+        Ok(())
+    }
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS artifacts (
+    artifact_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    artifact_type TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    captured_at TEXT NOT NULL,
+    duration_ms INTEGER,
+    metadata_json TEXT NOT NULL,
+    upload_state TEXT NOT NULL DEFAULT 'pending'
+        CHECK (upload_state IN ('pending', 'uploaded', 'corrupt', 'lost')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at_ms INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    uploaded_at TEXT
+);
+CREATE INDEX IF NOT EXISTS artifacts_by_state ON artifacts (upload_state, next_attempt_at_ms);
+CREATE TABLE IF NOT EXISTS pending_updates (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id TEXT NOT NULL UNIQUE,
+    session_id TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    queued_at TEXT NOT NULL
+);
+";
+
+fn now_text() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Write `bytes` to a new file at `path`, hashing as it goes; optionally
+/// flush the data to disk. Returns the lowercase hex sha256.
+fn write_hashed(path: &Path, bytes: &[u8], fsync: bool) -> Result<String, OutboxError> {
+    let err = |source| OutboxError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(err)?;
+    let mut hasher = Sha256::new();
+    for chunk in bytes.chunks(CHUNK) {
+        hasher.update(chunk);
+        file.write_all(chunk).map_err(err)?;
+    }
+    if fsync {
+        file.sync_data().map_err(err)?;
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Flush every dirty page and inode of the file system holding `dir`
+/// (one call for a whole batch of new files and their renames).
+fn sync_filesystem(dir: &Path) -> Result<(), OutboxError> {
+    let err = |source| OutboxError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let d = File::open(dir).map_err(err)?;
+    // SAFETY: `d` is an open descriptor for the duration of the call.
+    let rc = unsafe { libc::syncfs(d.as_raw_fd()) };
+    if rc != 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Lowercase hex sha256 of a file, streamed.
+pub fn hash_file(path: &Path) -> std::io::Result<String> {
+    let mut f = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}

@@ -1,0 +1,658 @@
+//! The MQTT link against a real Mosquitto (127.0.0.1:1883), each test
+//! under its own topic prefix, with the real `edge-agent` binary (or the
+//! daemon in-process where a test must inject a command without a broker).
+//!
+//! Without a reachable Mosquitto these tests are skipped with a printed
+//! reason, except under `CI=true`, where they fail.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use edge_agent::config::EdgeConfig;
+use edge_agent::daemon::Daemon;
+use edge_agent::link::envelope;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use serde_json::{json, Value};
+use shared_protocol::mqtt::{Envelope, MessageType};
+use tokio::sync::mpsc;
+
+const BROKER: &str = "127.0.0.1:1883";
+
+fn broker_available() -> bool {
+    let reachable = BROKER
+        .parse()
+        .ok()
+        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
+        .is_some();
+    if reachable {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("Mosquitto is not reachable at {BROKER} and CI=true: start it (mosquitto -d)");
+    }
+    eprintln!("SKIPPED: Mosquitto is not reachable at {BROKER}");
+    false
+}
+
+/// A bench under its own topic prefix and provider id.
+struct Bench {
+    dir: tempfile::TempDir,
+    prefix: String,
+    provider_id: String,
+}
+
+impl Bench {
+    fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        Bench {
+            dir: tempfile::tempdir().unwrap(),
+            prefix: format!("benchlink-test/{id}"),
+            provider_id: format!("prov-{}", &id[..12]),
+        }
+    }
+
+    fn topic(&self, kind: &str) -> String {
+        format!("{}/providers/{}/{kind}", self.prefix, self.provider_id)
+    }
+
+    /// Write the bench TOML: broker at `mqtt_port`, heartbeats every second,
+    /// an HTTP registry that is not there (uploads just wait), and a
+    /// simulated camera when `camera` is set.
+    fn write_config(&self, mqtt_port: u16, camera: bool) -> PathBuf {
+        let mut text = format!(
+            r#"state_dir = "{state}"
+
+[provider]
+provider_id = "{provider}"
+node_id = "test-node"
+
+[registry]
+mqtt_host = "127.0.0.1"
+mqtt_port = {mqtt_port}
+topic_prefix = "{prefix}"
+base_url = "http://127.0.0.1:{http_port}"
+token = "test-token"
+heartbeat_interval_seconds = 1
+mqtt_keep_alive_seconds = 5
+"#,
+            state = self.dir.path().join("state").display(),
+            provider = self.provider_id,
+            prefix = self.prefix,
+            http_port = closed_port(),
+        );
+        if camera {
+            text.push_str(
+                r#"
+[[capabilities]]
+id = "cam-test-01"
+type = "camera"
+[capabilities.driver]
+backend = "sim"
+resolution = "320x240"
+"#,
+            );
+        }
+        let path = self.dir.path().join("edge-agent.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+/// A port nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The real binary, killed on drop; stderr goes to a log file shown on
+/// failure.
+struct Agent {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(config: &Path) -> Agent {
+        let log = config.with_extension("log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+            .args(["run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start edge-agent");
+        // Wait for the ready line.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no ready line; log:\n{}", read(&log)));
+        let ready: Value = serde_json::from_str(&line).expect("ready line is JSON");
+        assert_eq!(ready["event"], "ready");
+        Agent {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain syscall on our own child's pid.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    fn still_running(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+
+    /// Wait for the exit code (None if it did not exit within `timeout`).
+    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Some(status.code().unwrap_or(-1));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    fn log(&self) -> String {
+        read(&self.log)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// One received message.
+#[derive(Debug, Clone)]
+struct Seen {
+    topic: String,
+    retain: bool,
+    env: Envelope,
+}
+
+/// An MQTT client watching a provider's topics.
+struct Observer {
+    client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<Seen>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Observer {
+    async fn connect(client_id: &str, filter: &str) -> Observer {
+        let mut opts = MqttOptions::new(client_id, "127.0.0.1", 1883);
+        opts.set_keep_alive(Duration::from_secs(5));
+        opts.set_max_packet_size(1 << 20, 1 << 20);
+        let (client, mut eventloop) = AsyncClient::new(opts, 64);
+        client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let mut ready_tx = Some(ready_tx);
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        if let Some(t) = ready_tx.take() {
+                            let _ = t.send(());
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        if p.payload.is_empty() {
+                            continue;
+                        }
+                        if let Ok(env) = Envelope::parse(&p.payload) {
+                            let _ = tx.send(Seen {
+                                topic: p.topic.clone(),
+                                retain: p.retain,
+                                env,
+                            });
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(5), ready_rx)
+            .await
+            .expect("observer subscribed")
+            .unwrap();
+        Observer { client, rx, task }
+    }
+
+    /// The next message matching `pred` within `timeout`.
+    async fn expect(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Seen) -> bool,
+    ) -> Seen {
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Ok(Some(seen)) if pred(&seen) => return seen,
+                Ok(Some(_)) => continue,
+                _ => panic!("no {what} within {timeout:?}"),
+            }
+        }
+    }
+
+    /// Every message matching `pred` during `period`.
+    async fn collect(&mut self, period: Duration, pred: impl Fn(&Seen) -> bool) -> Vec<Seen> {
+        let until = tokio::time::Instant::now() + period;
+        let mut out = Vec::new();
+        while let Ok(Some(seen)) = tokio::time::timeout_at(until, self.rx.recv()).await {
+            if pred(&seen) {
+                out.push(seen);
+            }
+        }
+        out
+    }
+
+    async fn publish(&self, topic: &str, env: &Envelope) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, env.to_bytes())
+            .await
+            .unwrap();
+    }
+
+    async fn clear_retained(&self, topic: &str) {
+        let _ = self
+            .client
+            .publish(topic, QoS::AtLeastOnce, true, Vec::<u8>::new())
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn is(seen: &Seen, topic: &str, ty: MessageType) -> bool {
+    seen.topic == topic && seen.env.message_type == ty
+}
+
+fn status_of(seen: &Seen) -> &str {
+    seen.env.body["online_status"].as_str().unwrap_or("")
+}
+
+fn invoke(session_id: &str, capability_id: &str, action: &str) -> Envelope {
+    envelope(
+        MessageType::ActionInvoke,
+        &json!({
+            "session_id": session_id,
+            "lease_id": "lease-test",
+            "capability_id": capability_id,
+            "action": action,
+            "params": {},
+            "timeout_ms": 10000
+        }),
+    )
+}
+
+const WAIT: Duration = Duration::from_secs(15);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats() {
+    if !broker_available() {
+        return;
+    }
+    let bench = Bench::new();
+    let mut obs = Observer::connect(
+        &format!("obs-{}", bench.provider_id),
+        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
+    )
+    .await;
+    let agent = Agent::start(&bench.write_config(1883, true));
+
+    let online = obs
+        .expect(WAIT, "online status", |s| {
+            is(s, &bench.topic("status"), MessageType::Status)
+        })
+        .await;
+    assert_eq!(status_of(&online), "online");
+    let boot_id = online.env.body["boot_id"]
+        .as_str()
+        .expect("boot_id")
+        .to_string();
+
+    let register = obs
+        .expect(WAIT, "register", |s| {
+            is(s, &bench.topic("register"), MessageType::Register)
+        })
+        .await;
+    let body = &register.env.body;
+    assert_eq!(body["provider"]["provider_id"], bench.provider_id.as_str());
+    assert_eq!(body["provider"]["node_id"], "test-node");
+    assert_eq!(body["provider"]["boot_id"], boot_id.as_str());
+    assert_eq!(body["provider"]["platform"], "linux");
+    let caps = body["capabilities"].as_array().unwrap();
+    assert_eq!(caps.len(), 1);
+    assert_eq!(caps[0]["capability_id"], "cam-test-01");
+    assert_eq!(caps[0]["capability_type"], "camera");
+    assert!(caps[0]["supported_actions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("snapshot")));
+
+    let beats = obs
+        .collect(Duration::from_millis(3500), |s| {
+            is(s, &bench.topic("heartbeat"), MessageType::Heartbeat)
+        })
+        .await;
+    assert!(
+        beats.len() >= 2,
+        "heartbeats every second, got {}",
+        beats.len()
+    );
+    let hb = &beats[0].env.body;
+    assert_eq!(hb["boot_id"], boot_id.as_str());
+    assert_eq!(hb["capabilities"][0]["capability_id"], "cam-test-01");
+    assert!(hb["capabilities"][0]["health_status"].is_string());
+    assert!(hb["running_sessions"].as_array().unwrap().is_empty());
+
+    // A client that subscribes later gets the retained online status.
+    let mut late = Observer::connect(
+        &format!("late-{}", bench.provider_id),
+        &bench.topic("status"),
+    )
+    .await;
+    let retained = late
+        .expect(Duration::from_secs(5), "retained status", |s| {
+            s.topic == bench.topic("status")
+        })
+        .await;
+    assert!(retained.retain, "status is retained");
+    assert_eq!(status_of(&retained), "online");
+    drop(agent);
+    obs.clear_retained(&bench.topic("status")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_publishes_the_offline_lwt_when_the_daemon_is_killed() {
+    if !broker_available() {
+        return;
+    }
+    let bench = Bench::new();
+    let mut obs = Observer::connect(
+        &format!("obs-{}", bench.provider_id),
+        &bench.topic("status"),
+    )
+    .await;
+    let agent = Agent::start(&bench.write_config(1883, false));
+    let online = obs
+        .expect(WAIT, "online", |s| status_of(s) == "online")
+        .await;
+    agent.signal(libc::SIGKILL);
+    let offline = obs
+        .expect(WAIT, "offline LWT", |s| status_of(s) == "offline")
+        .await;
+    assert_eq!(offline.env.body["boot_id"], online.env.body["boot_id"]);
+
+    let mut late = Observer::connect(
+        &format!("late-{}", bench.provider_id),
+        &bench.topic("status"),
+    )
+    .await;
+    let retained = late
+        .expect(Duration::from_secs(5), "retained offline", |s| {
+            s.topic == bench.topic("status")
+        })
+        .await;
+    assert!(retained.retain);
+    assert_eq!(status_of(&retained), "offline");
+    obs.clear_retained(&bench.topic("status")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_publishes_offline_and_exits_cleanly() {
+    if !broker_available() {
+        return;
+    }
+    let bench = Bench::new();
+    let mut obs = Observer::connect(
+        &format!("obs-{}", bench.provider_id),
+        &bench.topic("status"),
+    )
+    .await;
+    let mut agent = Agent::start(&bench.write_config(1883, true));
+    obs.expect(WAIT, "online", |s| status_of(s) == "online")
+        .await;
+    agent.signal(libc::SIGTERM);
+    let code = agent.wait_exit(Duration::from_secs(15));
+    assert_eq!(code, Some(0), "log:\n{}", agent.log());
+    obs.expect(Duration::from_secs(5), "offline", |s| {
+        status_of(s) == "offline"
+    })
+    .await;
+    assert!(
+        agent.log().contains("offline status published"),
+        "{}",
+        agent.log()
+    );
+    obs.clear_retained(&bench.topic("status")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_are_resubscribed_after_a_session_takeover_and_deduplicated() {
+    if !broker_available() {
+        return;
+    }
+    let bench = Bench::new();
+    let mut obs = Observer::connect(
+        &format!("obs-{}", bench.provider_id),
+        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
+    )
+    .await;
+    let agent = Agent::start(&bench.write_config(1883, false));
+    obs.expect(WAIT, "first register", |s| {
+        is(s, &bench.topic("register"), MessageType::Register)
+    })
+    .await;
+
+    // Mosquitto hands the session to a second client with the same client
+    // id and drops the daemon's connection.
+    let mut opts = MqttOptions::new(bench.provider_id.clone(), "127.0.0.1", 1883);
+    opts.set_keep_alive(Duration::from_secs(5));
+    let (kicker, mut kick_loop) = AsyncClient::new(opts, 10);
+    let connected = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Ok(Event::Incoming(Packet::ConnAck(_))) = kick_loop.poll().await {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(connected.is_ok(), "the kicker connected");
+    let _ = kicker.disconnect().await;
+    let _ = tokio::time::timeout(Duration::from_millis(500), kick_loop.poll()).await;
+    drop(kick_loop);
+
+    // The daemon reconnects and announces itself again.
+    obs.expect(WAIT, "register after reconnect", |s| {
+        is(s, &bench.topic("register"), MessageType::Register)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The same command twice (QoS 1 redelivery), then another.
+    let first = invoke("sess-dup-1", "no-such-capability", "snapshot");
+    obs.publish(&bench.topic("commands"), &first).await;
+    obs.publish(&bench.topic("commands"), &first).await;
+    obs.publish(
+        &bench.topic("commands"),
+        &invoke("sess-dup-2", "no-such-capability", "snapshot"),
+    )
+    .await;
+
+    let updates = obs
+        .collect(Duration::from_secs(4), |s| {
+            is(s, &bench.topic("results"), MessageType::SessionUpdate)
+        })
+        .await;
+    let for_session = |id: &str| {
+        updates
+            .iter()
+            .filter(|s| s.env.body["session_id"] == id)
+            .collect::<Vec<_>>()
+    };
+    let one = for_session("sess-dup-1");
+    assert_eq!(
+        one.len(),
+        1,
+        "one update per command, not per delivery: {updates:#?}"
+    );
+    assert_eq!(one[0].env.body["status"], "failed");
+    let msg = one[0].env.body["error_message"].as_str().unwrap();
+    assert!(
+        msg.contains("unknown capability `no-such-capability`"),
+        "{msg}"
+    );
+    assert_eq!(
+        for_session("sess-dup-2").len(),
+        1,
+        "the command after the repeat still runs"
+    );
+    drop(agent);
+    obs.clear_retained(&bench.topic("status")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_leaves_the_daemon_running_and_stoppable() {
+    // No broker needed: the point is that there is none.
+    let bench = Bench::new();
+    let port = closed_port();
+    let mut agent = Agent::start(&bench.write_config(port, true));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(agent.still_running(), "log:\n{}", agent.log());
+    let log = agent.log();
+    assert!(log.contains("broker unreachable"), "{log}");
+    // Backoff: a handful of attempts in 4 s, not a busy loop.
+    agent.signal(libc::SIGTERM);
+    assert_eq!(
+        agent.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "log:\n{}",
+        agent.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_sent_after_a_restart()
+{
+    let bench = Bench::new();
+    let offline_config = bench.write_config(closed_port(), true);
+    let cfg = EdgeConfig::load(&offline_config).expect("config");
+    let daemon = Daemon::start(cfg)
+        .await
+        .expect("daemon starts without a broker");
+
+    // A command handed over locally: the camera captures, the outbox keeps
+    // the evidence and the session updates, though nothing can be published.
+    assert!(daemon.submit(invoke("sess-offline-1", "cam-test-01", "snapshot")));
+    let outbox = daemon.outbox().clone();
+    let until = Instant::now() + Duration::from_secs(20);
+    let stats = loop {
+        let o = outbox.clone();
+        let stats = tokio::task::spawn_blocking(move || o.stats())
+            .await
+            .unwrap()
+            .unwrap();
+        if stats.pending_artifacts >= 1 && stats.queued_updates >= 2 {
+            break stats;
+        }
+        assert!(Instant::now() < until, "no artifact/updates yet: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(stats.pending_artifacts, 1);
+    assert!(!daemon.link_state().is_connected());
+    let o = outbox.clone();
+    let queued = tokio::task::spawn_blocking(move || o.queued_updates(10))
+        .await
+        .unwrap()
+        .unwrap();
+    let last: Envelope = Envelope::parse(&queued.last().unwrap().payload).unwrap();
+    assert_eq!(last.body["status"], "completed", "{:#}", last.body);
+    let artifact = last.body["artifacts"][0].clone();
+    let artifact_id = artifact["artifact_id"].as_str().unwrap().to_string();
+    let o = outbox.clone();
+    let id = artifact_id.clone();
+    let local_sum = tokio::task::spawn_blocking(move || o.rehash(&id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(artifact["checksum"], local_sum.as_str());
+    daemon.shutdown().await;
+    drop(outbox);
+
+    // Restart against the real broker with the same state: the queued
+    // updates go out.
+    if !broker_available() {
+        return;
+    }
+    let mut obs = Observer::connect(
+        &format!("obs-{}", bench.provider_id),
+        &bench.topic("results"),
+    )
+    .await;
+    let mut agent = Agent::start(&bench.write_config(1883, true));
+    let update = obs
+        .expect(WAIT, "the completed update queued while offline", |s| {
+            s.env.body["session_id"] == "sess-offline-1" && s.env.body["status"] == "completed"
+        })
+        .await;
+    assert_eq!(
+        update.env.body["artifacts"][0]["artifact_id"],
+        artifact_id.as_str()
+    );
+    assert_eq!(
+        update.env.body["artifacts"][0]["checksum"],
+        local_sum.as_str()
+    );
+    agent.signal(libc::SIGTERM);
+    assert_eq!(
+        agent.wait_exit(Duration::from_secs(15)),
+        Some(0),
+        "log:\n{}",
+        agent.log()
+    );
+
+    // Nothing is left queued.
+    let cfg = EdgeConfig::load(&offline_config).unwrap();
+    let (outbox, _) = edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
+    assert_eq!(outbox.stats().unwrap().queued_updates, 0);
+    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
+    cleaner.clear_retained(&bench.topic("status")).await;
+}
