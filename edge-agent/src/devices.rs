@@ -24,7 +24,9 @@ pub struct DeviceReport {
     pub cameras: Vec<CameraDevice>,
     /// Name of the audio host cpal uses (`PulseAudio` or `ALSA`).
     pub audio_host: String,
-    /// Devices that can record (microphone driver `device = ...`).
+    /// Devices that can record (microphone driver `device = ...`). Devices
+    /// that list no configuration (ALSA plugins, a `default` with no card
+    /// behind it) are left out.
     pub audio_inputs: Vec<AudioDevice>,
     /// Devices that can play (speaker driver `device = ...`).
     pub audio_outputs: Vec<AudioDevice>,
@@ -269,19 +271,19 @@ pub fn discover_audio() -> AudioDiscovery {
     let default_out = host.default_output_device().and_then(|d| device_id(&d));
     match host.input_devices() {
         Ok(devs) => {
-            for d in devs {
-                out.inputs
-                    .push(describe_audio(&d, true, default_in.as_deref()));
-            }
+            out.inputs.extend(
+                devs.map(|d| describe_audio(&d, true, default_in.as_deref()))
+                    .filter(|d| !d.supported.is_empty()),
+            );
         }
         Err(e) => out.errors.push(format!("audio inputs: {e}")),
     }
     match host.output_devices() {
         Ok(devs) => {
-            for d in devs {
-                out.outputs
-                    .push(describe_audio(&d, false, default_out.as_deref()));
-            }
+            out.outputs.extend(
+                devs.map(|d| describe_audio(&d, false, default_out.as_deref()))
+                    .filter(|d| !d.supported.is_empty()),
+            );
         }
         Err(e) => out.errors.push(format!("audio outputs: {e}")),
     }
@@ -388,7 +390,11 @@ pub fn find_audio_device(
                 "no audio {dir} device: {host_name} offers only its null device (no sound card and no audio server)"
             ));
         }
-        return Ok(d);
+        return usable(&d, input).map(|_| d).map_err(|e| {
+            format!(
+                "no audio {dir} device: {host_name}'s default {dir} is not usable ({e}); no sound card and no audio server?"
+            )
+        });
     }
     let devices: Vec<cpal::Device> = if input {
         host.input_devices().map(|d| d.collect())
@@ -402,7 +408,9 @@ pub fn find_audio_device(
         .iter()
         .find(|d| device_id(d).as_deref() == Some(name) || device_name(d) == name)
     {
-        return Ok(d.clone());
+        return usable(d, input)
+            .map(|_| d.clone())
+            .map_err(|e| format!("no audio {dir} device named \"{name}\" is usable: {e}"));
     }
     let lower = name.to_lowercase();
     let partial: Vec<&cpal::Device> = devices
@@ -416,7 +424,9 @@ pub fn find_audio_device(
         })
         .collect();
     if partial.len() == 1 {
-        return Ok(partial[0].clone());
+        return usable(partial[0], input)
+            .map(|_| partial[0].clone())
+            .map_err(|e| format!("no audio {dir} device named \"{name}\" is usable: {e}"));
     }
     let known: Vec<String> = devices.iter().filter_map(device_id).collect();
     Err(format!(
@@ -432,6 +442,24 @@ pub fn find_audio_device(
             known.join(", ")
         }
     ))
+}
+
+/// A device is usable when it lists at least one configuration for the
+/// direction (ALSA's `default` on a machine without a card lists none).
+fn usable(d: &cpal::Device, input: bool) -> Result<(), String> {
+    let count = if input {
+        d.supported_input_configs().map(|c| c.count())
+    } else {
+        d.supported_output_configs().map(|c| c.count())
+    }
+    .map_err(|e| e.to_string())?;
+    if count == 0 {
+        return Err(format!(
+            "it has no {} configurations",
+            if input { "input" } else { "output" }
+        ));
+    }
+    Ok(())
 }
 
 /// Fold cpal's one-row-per-(format, channels) ranges into one row per

@@ -275,7 +275,12 @@ impl CameraBackend for NokhwaBackend {
                 open(i)
             }
             None => {
-                let index = self.selector.resolve().map_err(DriverError::Unavailable)?;
+                // An index goes straight to V4L2 (its open error is the
+                // clearest); paths and names are resolved to an index first.
+                let index = match self.selector {
+                    DeviceSelector::Index(i) => i,
+                    _ => self.selector.resolve().map_err(DriverError::Unavailable)?,
+                };
                 Camera::new(
                     CameraIndex::Index(index),
                     RequestedFormat::with_formats(RequestedFormatType::None, &USABLE),

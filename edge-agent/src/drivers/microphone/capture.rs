@@ -140,6 +140,21 @@ impl CaptureBuffer {
     }
 }
 
+/// Drop `x` on a short-lived helper thread.
+///
+/// Closing an audio stream whose device or server vanished can block
+/// forever inside the audio backend (its worker thread never returns); the
+/// driver thread must not be the one waiting. A stream that closes normally
+/// is gone a few milliseconds later.
+pub fn release_in_background<T: Send + 'static>(x: T) {
+    let spawned = std::thread::Builder::new()
+        .name("audio-release".into())
+        .spawn(move || drop(x));
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a thread to close an audio stream; leaking it");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

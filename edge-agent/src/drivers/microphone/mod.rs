@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 use shared_protocol::artifact::ArtifactType;
 use shared_protocol::capability::{CapabilityAction, CapabilityType};
 
-use self::capture::CaptureBuffer;
+use self::capture::{release_in_background, CaptureBuffer};
 use self::vad::{VadConfig, VadReport};
 use super::camera::rfc3339;
 use super::{
@@ -308,11 +308,15 @@ impl MicrophoneDriver {
         };
         let needed = p.duration_ms * u64::from(buffer.sample_rate) / 1000;
         let waited = self.wait_for(&buffer, from + needed, req);
-        drop(owned);
+        if let Some(k) = owned {
+            release_in_background(k);
+        }
         if let Err(e) = waited {
             self.note_failure(&e);
             if matches!(e, DriverError::Unavailable(_)) {
-                self.stream = None;
+                if let Some(s) = self.stream.take() {
+                    release_in_background(s.capture.keepalive);
+                }
             }
             return Err(e);
         }
@@ -446,7 +450,7 @@ impl MicrophoneDriver {
         let device_name = stream.capture.device_name.clone();
         let device_format = stream.capture.device_sample_format.clone();
         let stream_ms = stream.started.elapsed().as_millis() as u64;
-        drop(stream);
+        release_in_background(stream.capture.keepalive);
         let st = buffer.status();
         let samples = buffer.copy_last(p.last_ms);
         let rate = buffer.sample_rate;
@@ -507,6 +511,14 @@ impl MicrophoneDriver {
             s.insert("stream_error".into(), json!(e));
         }
         Ok(outcome)
+    }
+}
+
+impl Drop for MicrophoneDriver {
+    fn drop(&mut self) {
+        if let Some(s) = self.stream.take() {
+            release_in_background(s.capture.keepalive);
+        }
     }
 }
 

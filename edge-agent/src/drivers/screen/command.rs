@@ -70,8 +70,8 @@ pub fn build(spec: &DriverSpec) -> Result<(Box<dyn ScreenBackend>, u64), DriverC
         key: key.into(),
         message,
     };
-    let screenshot = CommandTemplate::parse(&t.screenshot_command)
-        .map_err(|e| bad("screenshot_command", e))?;
+    let screenshot =
+        CommandTemplate::parse(&t.screenshot_command).map_err(|e| bad("screenshot_command", e))?;
     if !screenshot.uses("out") {
         return Err(bad(
             "screenshot_command",
@@ -222,7 +222,11 @@ impl ScreenBackend for CommandScreen {
         self.clip.is_some()
     }
 
-    fn record_clip(&mut self, duration_ms: u64, req: &ActionRequest) -> Result<ScreenClip, DriverError> {
+    fn record_clip(
+        &mut self,
+        duration_ms: u64,
+        req: &ActionRequest,
+    ) -> Result<ScreenClip, DriverError> {
         let Some(template) = &self.clip else {
             return Err(DriverError::Device("no clip_command configured".into()));
         };
@@ -230,11 +234,8 @@ impl ScreenBackend for CommandScreen {
         let out_s = out.0.display().to_string();
         let secs = format!("{:.3}", duration_ms as f64 / 1000.0);
         let ms = duration_ms.to_string();
-        let (program, args) = template.render(&[
-            ("out", &out_s),
-            ("duration_s", &secs),
-            ("duration_ms", &ms),
-        ]);
+        let (program, args) =
+            template.render(&[("out", &out_s), ("duration_s", &secs), ("duration_ms", &ms)]);
         let captured_at = Utc::now();
         let done = exec::run(
             &program,
@@ -264,9 +265,8 @@ impl ScreenBackend for CommandScreen {
             _ => "png",
         };
         let input = self.scratch_file(ext)?;
-        std::fs::write(&input.0, &image.bytes).map_err(|e| {
-            DriverError::Device(format!("cannot write {}: {e}", input.0.display()))
-        })?;
+        std::fs::write(&input.0, &image.bytes)
+            .map_err(|e| DriverError::Device(format!("cannot write {}: {e}", input.0.display())))?;
         let in_s = input.0.display().to_string();
         let (program, args) = self.ocr.render(&[("in", &in_s)]);
         let out = exec::run(&program, &args, self.timeout, Some(&req.cancel))?;

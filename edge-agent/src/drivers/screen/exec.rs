@@ -10,8 +10,8 @@
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::sync::mpsc;
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::drivers::{CancelToken, DriverError};
@@ -183,7 +183,10 @@ pub fn run(
             Err(e) => break Err(format!("waiting for `{shown}` failed: {e}")),
         }
         let why = if started.elapsed() >= timeout {
-            Some(format!("timed out after {} ms (killed)", timeout.as_millis()))
+            Some(format!(
+                "timed out after {} ms (killed)",
+                timeout.as_millis()
+            ))
         } else if cancel.is_some_and(|c| c.is_cancelled()) {
             Some("cancelled (killed)".to_string())
         } else {
@@ -208,9 +211,9 @@ pub fn run(
             "`{shown}` failed ({s}); stderr: {}",
             excerpt(&stderr)
         ))),
-        Err(why) if why.starts_with("cancelled") => Err(DriverError::Cancelled(format!(
-            "`{shown}` {why}"
-        ))),
+        Err(why) if why.starts_with("cancelled") => {
+            Err(DriverError::Cancelled(format!("`{shown}` {why}")))
+        }
         Err(why) => Err(DriverError::Device(format!(
             "`{shown}` {why}; stderr: {}",
             excerpt(&stderr)
@@ -239,9 +242,8 @@ pub fn program_exists(program: &str) -> bool {
     if program.contains('/') {
         return std::path::Path::new(program).is_file();
     }
-    std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|dir| dir.join(program).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
 #[cfg(test)]
@@ -250,7 +252,8 @@ mod tests {
 
     #[test]
     fn templates_split_on_spaces_and_respect_quotes() {
-        let t = CommandTemplate::parse(r#"ffmpeg -f x11grab -i ":0.0" -t {duration_s} "{out}""#).unwrap();
+        let t = CommandTemplate::parse(r#"ffmpeg -f x11grab -i ":0.0" -t {duration_s} "{out}""#)
+            .unwrap();
         assert_eq!(t.program(), "ffmpeg");
         let (p, args) = t.render(&[("duration_s", "2.5"), ("out", "/tmp/a b.mp4")]);
         assert_eq!(p, "ffmpeg");

@@ -60,7 +60,11 @@ pub trait ScreenBackend: Send {
     /// Whether `record_screen_clip` is configured.
     fn supports_clip(&self) -> bool;
     /// Record `duration_ms` of the screen.
-    fn record_clip(&mut self, duration_ms: u64, req: &ActionRequest) -> Result<ScreenClip, DriverError>;
+    fn record_clip(
+        &mut self,
+        duration_ms: u64,
+        req: &ActionRequest,
+    ) -> Result<ScreenClip, DriverError>;
     /// Read the text in `image`.
     fn ocr(&mut self, image: &Capture, req: &ActionRequest) -> Result<String, DriverError>;
     /// OCR engine name for metadata (e.g. the program name).
@@ -351,7 +355,10 @@ mod tests {
 
     #[test]
     fn image_types_are_recognised_by_their_magic() {
-        assert_eq!(sniff_image_type(b"\x89PNG\r\n\x1a\nrest"), Some("image/png"));
+        assert_eq!(
+            sniff_image_type(b"\x89PNG\r\n\x1a\nrest"),
+            Some("image/png")
+        );
         assert_eq!(sniff_image_type(b"\xFF\xD8\xFF\xE0"), Some("image/jpeg"));
         assert_eq!(sniff_image_type(b"hello"), None);
     }

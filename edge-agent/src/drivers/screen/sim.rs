@@ -76,8 +76,12 @@ pub fn build(spec: &DriverSpec) -> Result<(Box<dyn ScreenBackend>, u64), DriverC
         key: key.into(),
         message,
     };
-    let (width, height) = parse_resolution(&t.resolution)
-        .ok_or_else(|| bad("resolution", format!("`{}` is not WIDTHxHEIGHT", t.resolution)))?;
+    let (width, height) = parse_resolution(&t.resolution).ok_or_else(|| {
+        bad(
+            "resolution",
+            format!("`{}` is not WIDTHxHEIGHT", t.resolution),
+        )
+    })?;
     if width < 160 || height < 120 {
         return Err(bad("resolution", "must be at least 160x120".into()));
     }
@@ -123,9 +127,6 @@ impl SimScreen {
     /// per text row, top to bottom.
     fn render(&self, shot: u64) -> (RgbImage, String) {
         let mut img = RgbImage::from_pixel(self.width, self.height, image::Rgb([245, 245, 240]));
-        let scale = (self.height / 60).clamp(2, 8);
-        let row = 10 * scale;
-        pattern::fill_rect(&mut img, 0, 0, self.width, row + 2 * scale, [30, 60, 120]);
         let now = Utc::now();
         let mut text_lines = vec![self.title.clone()];
         text_lines.extend(self.lines.iter().cloned());
@@ -136,6 +137,17 @@ impl SimScreen {
             now.second()
         ));
         text_lines.push(format!("SCREEN {shot}"));
+        // As large as fits: the longest line across, every line down.
+        let longest = text_lines
+            .iter()
+            .map(|l| l.chars().count())
+            .max()
+            .unwrap_or(1) as u32;
+        let by_width = self.width / (6 * longest + 4);
+        let by_height = self.height / (12 * text_lines.len() as u32 + 2);
+        let scale = by_width.min(by_height).clamp(1, 8);
+        let row = 10 * scale;
+        pattern::fill_rect(&mut img, 0, 0, self.width, row + 2 * scale, [30, 60, 120]);
         let mut drawn = Vec::new();
         for (i, line) in text_lines.iter().enumerate() {
             let y = scale + i as u32 * (row + 2 * scale);
@@ -145,7 +157,11 @@ impl SimScreen {
             // Clip long lines at the right edge, whole glyphs only.
             let fit = ((self.width - 2 * scale) / (6 * scale)) as usize;
             let shown: String = line.chars().take(fit).collect();
-            let colour = if i == 0 { [255, 255, 255] } else { [20, 20, 20] };
+            let colour = if i == 0 {
+                [255, 255, 255]
+            } else {
+                [20, 20, 20]
+            };
             pattern::draw_text(&mut img, 2 * scale, y, scale, &shown, colour);
             drawn.push(shown.trim_end().to_string());
         }
@@ -193,7 +209,11 @@ impl ScreenBackend for SimScreen {
         true
     }
 
-    fn record_clip(&mut self, duration_ms: u64, req: &ActionRequest) -> Result<ScreenClip, DriverError> {
+    fn record_clip(
+        &mut self,
+        duration_ms: u64,
+        req: &ActionRequest,
+    ) -> Result<ScreenClip, DriverError> {
         self.check_connected()?;
         let started = Instant::now();
         let captured_at = Utc::now();
@@ -204,17 +224,22 @@ impl ScreenBackend for SimScreen {
             if req.cancel.is_cancelled() {
                 return Err(DriverError::Cancelled("while recording the screen".into()));
             }
+            // The frame's time is when it was grabbed, not when encoded.
+            let timestamp_ms = started.elapsed().as_millis() as u64;
+            let captured_at = Some(Utc::now());
             let (img, _) = self.render(self.shots);
             parts.push(clip::ClipPart {
-                timestamp_ms: started.elapsed().as_millis() as u64,
-                captured_at: Some(Utc::now()),
+                timestamp_ms,
+                captured_at,
                 jpeg: encode(&img, StillFormat::Jpeg, 80)?,
             });
             n += 1;
-            if let Some(wait) = (started + interval * n as u32).checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait.min(
-                    Duration::from_millis(duration_ms).saturating_sub(started.elapsed()),
-                ));
+            if let Some(wait) =
+                (started + interval * n as u32).checked_duration_since(Instant::now())
+            {
+                std::thread::sleep(
+                    wait.min(Duration::from_millis(duration_ms).saturating_sub(started.elapsed())),
+                );
             }
         }
         let mut metadata = Map::new();

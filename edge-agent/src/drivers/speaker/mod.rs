@@ -77,6 +77,11 @@ pub trait AudioOutput: Send {
     fn stop(&mut self) -> Option<Duration>;
     /// Forget the device (after a stall), so the next `play` reopens it.
     fn reset(&mut self);
+    /// How long audio takes from the backend to the speaker (output
+    /// buffering); a blocking play waits this long after the last sample.
+    fn latency(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Decode `source` just far enough to learn its format and length.
@@ -92,7 +97,9 @@ pub fn probe_sound(source: &PlaySource, field: &str) -> Result<SoundInfo, Driver
         let channels = s.channels().get();
         let duration = s.total_duration().or_else(|| {
             let frames = s.count() as u64 / u64::from(channels.max(1));
-            Some(Duration::from_secs_f64(frames as f64 / f64::from(sample_rate.max(1))))
+            Some(Duration::from_secs_f64(
+                frames as f64 / f64::from(sample_rate.max(1)),
+            ))
         });
         SoundInfo {
             duration,
@@ -127,7 +134,11 @@ pub fn decoder(source: &PlaySource) -> Result<rodio::Decoder<BufReader<std::fs::
 /// Resolve `name` inside `library_dir`, refusing anything that could reach
 /// outside it: empty names, absolute paths, `..`, and symlinks whose
 /// target lies outside. Errors are `InvalidParams` on `field`.
-pub fn resolve_library_file(library_dir: &Path, name: &str, field: &str) -> Result<PathBuf, DriverError> {
+pub fn resolve_library_file(
+    library_dir: &Path,
+    name: &str,
+    field: &str,
+) -> Result<PathBuf, DriverError> {
     let bad = |message: String| DriverError::InvalidParams {
         field: field.into(),
         message,
@@ -203,7 +214,10 @@ impl CommonSpeakerToml {
             message,
         };
         if !(0.0..=1.0).contains(&self.max_volume) {
-            return Err(bad("max_volume", format!("{} is outside 0.0..=1.0", self.max_volume)));
+            return Err(bad(
+                "max_volume",
+                format!("{} is outside 0.0..=1.0", self.max_volume),
+            ));
         }
         let volume = self.volume.unwrap_or(self.max_volume);
         if !(0.0..=self.max_volume).contains(&volume) {
@@ -320,9 +334,13 @@ impl SpeakerDriver {
         loop {
             match self.output.state() {
                 PlayState::Idle => {
-                    return Ok(Played {
-                        played: started.elapsed(),
-                    })
+                    let played = started.elapsed();
+                    // The last samples are still in the output buffer.
+                    let drain_until = Instant::now() + self.output.latency();
+                    while Instant::now() < drain_until && !req.cancel.is_cancelled() {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    return Ok(Played { played });
                 }
                 PlayState::Failed(m) => {
                     return Err(self.fail(format!(
@@ -397,7 +415,10 @@ impl SpeakerDriver {
                 message: format!("{v} is outside 0.0..=1.0"),
             });
         }
-        Ok((v.min(self.settings.max_volume), v > self.settings.max_volume))
+        Ok((
+            v.min(self.settings.max_volume),
+            v > self.settings.max_volume,
+        ))
     }
 
     fn play_audio_file(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {
@@ -423,7 +444,8 @@ impl SpeakerDriver {
         probe_sound(&source, "file")?;
         let mut summary = Map::new();
         summary.insert("file".into(), json!(p.file));
-        let summary = self.play_and_report(req, source, p.wait.unwrap_or(true), p.volume, summary)?;
+        let summary =
+            self.play_and_report(req, source, p.wait.unwrap_or(true), p.volume, summary)?;
         Ok(ActionOutcome {
             result_summary: summary,
             artifacts: Vec::new(),

@@ -13,6 +13,7 @@
 //! | `max_volume` | `1.0` | cap for every volume request |
 //! | `volume` | `max_volume` | volume at start |
 //! | `stall_timeout_ms` | `2000` | playback position frozen this long = device gone |
+//! | `buffer_ms` | `200` | output buffer (latency vs. robustness against underruns) |
 //!
 //! The output stream is opened on first use and kept; when the device
 //! fails (error callback or a frozen position) it is dropped, the action
@@ -29,6 +30,7 @@ use serde::Deserialize;
 use super::tts::DEFAULT_TTS_COMMAND;
 use super::{AudioOutput, CommonSpeakerToml, PlaySource, PlayState, SoundInfo, SpeakerDriver};
 use crate::devices::find_audio_device;
+use crate::drivers::microphone::capture::release_in_background;
 use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
@@ -48,6 +50,12 @@ struct RodioToml {
     volume: Option<f32>,
     #[serde(default = "default_stall")]
     stall_timeout_ms: u64,
+    #[serde(default = "default_buffer_ms")]
+    buffer_ms: u32,
+}
+
+fn default_buffer_ms() -> u32 {
+    200
 }
 
 fn default_device() -> String {
@@ -69,6 +77,13 @@ pub(crate) fn default_stall() -> u64 {
 /// Build a rodio speaker driver. Does not open the device.
 pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
     let t: RodioToml = spec.parse()?;
+    if !(10..=2000).contains(&t.buffer_ms) {
+        return Err(DriverConfigError::Setting {
+            capability_id: spec.capability_id.clone(),
+            key: "buffer_ms".into(),
+            message: format!("{} is outside 10..=2000", t.buffer_ms),
+        });
+    }
     let settings = CommonSpeakerToml {
         library_dir: t.library_dir,
         tts_command: t.tts_command,
@@ -83,6 +98,7 @@ pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
         "rodio",
         Box::new(RodioOutput {
             device: t.device,
+            buffer_ms: t.buffer_ms,
             sink: None,
             player: None,
         }),
@@ -98,6 +114,8 @@ struct OpenSink {
 /// A rodio output device, looked up by name each time it is opened.
 pub struct RodioOutput {
     device: String,
+    /// Output buffer length, milliseconds.
+    buffer_ms: u32,
     sink: Option<OpenSink>,
     player: Option<Player>,
 }
@@ -109,10 +127,17 @@ impl RodioOutput {
                 .map_err(DriverError::Unavailable)?;
             let error = Arc::new(Mutex::new(None));
             let e2 = error.clone();
-            let mut sink = DeviceSinkBuilder::from_device(device)
-                .map_err(|e| {
-                    DriverError::Unavailable(format!("cannot open audio output {}: {e}", self.label()))
-                })?
+            let rate = cpal::traits::DeviceTrait::default_output_config(&device)
+                .map(|c| c.sample_rate())
+                .unwrap_or(48_000);
+            let builder = DeviceSinkBuilder::from_device(device).map_err(|e| {
+                DriverError::Unavailable(format!("cannot open audio output {}: {e}", self.label()))
+            })?;
+            // A generous buffer: a bench computer is often busy, and an
+            // underrun is an audible gap in the evidence.
+            let frames = rate * self.buffer_ms / 1000;
+            let mut sink = builder
+                .with_buffer_size(cpal::BufferSize::Fixed(frames.max(256)))
                 .with_error_callback(move |e: cpal::Error| {
                     tracing::warn!(error = %e, "audio output error");
                     if !matches!(
@@ -136,6 +161,13 @@ impl RodioOutput {
                     ))
                 })?;
             sink.log_on_drop(false);
+            if let Err(why) = warm_up(&sink, &error) {
+                release_in_background(sink);
+                return Err(DriverError::Unavailable(format!(
+                    "audio output {}: {why}",
+                    self.label()
+                )));
+            }
             self.sink = Some(OpenSink { sink, error });
         }
         self.sink
@@ -164,16 +196,24 @@ impl AudioOutput for RodioOutput {
         if let Some(p) = self.player.take() {
             p.stop();
         }
+        let dead = self
+            .sink
+            .as_ref()
+            .is_some_and(|s| s.error.lock().unwrap_or_else(|p| p.into_inner()).is_some());
+        if dead {
+            self.reset();
+        }
         let mixer = self.open()?.sink.mixer().clone();
         let player = Player::connect_new(&mixer);
         player.set_volume(volume);
         let info = match source {
             PlaySource::File(path) => {
-                let d = super::decoder(&PlaySource::File(path))
-                    .map_err(|e| DriverError::InvalidParams {
+                let d = super::decoder(&PlaySource::File(path)).map_err(|e| {
+                    DriverError::InvalidParams {
                         field: "file".into(),
                         message: format!("cannot decode the sound: {e}"),
-                    })?;
+                    }
+                })?;
                 let info = info_of(&d);
                 player.append(d);
                 info
@@ -192,12 +232,10 @@ impl AudioOutput for RodioOutput {
     }
 
     fn state(&mut self) -> PlayState {
-        let failed = self.sink.as_ref().and_then(|s| {
-            s.error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        });
+        let failed = self
+            .sink
+            .as_ref()
+            .and_then(|s| s.error.lock().unwrap_or_else(|p| p.into_inner()).clone());
         if let Some(why) = failed {
             self.reset();
             return PlayState::Failed(why);
@@ -222,12 +260,59 @@ impl AudioOutput for RodioOutput {
         playing.then_some(pos)
     }
 
+    fn latency(&self) -> Duration {
+        // cpal keeps two buffers of `buffer_ms` queued.
+        Duration::from_millis(2 * u64::from(self.buffer_ms))
+    }
+
     fn reset(&mut self) {
         if let Some(p) = self.player.take() {
             p.stop();
         }
-        self.sink = None;
+        // A stream whose device vanished may block forever when closed.
+        if let Some(s) = self.sink.take() {
+            release_in_background(s);
+        }
     }
+}
+
+impl Drop for RodioOutput {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
+
+/// How long a freshly opened output may take to start consuming audio.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Play 20 ms of silence and wait until the output has consumed it.
+///
+/// A new stream first pre-fills the server's buffer (PulseAudio asks for
+/// up to two seconds) while the mixer has nothing to play; a sound appended
+/// right after opening would start only after that silence. Waiting here
+/// makes the first sound start on time, and proves that the device really
+/// takes audio.
+fn warm_up(sink: &MixerDeviceSink, error: &Mutex<Option<String>>) -> Result<(), String> {
+    let cfg = sink.config();
+    let probe = Player::connect_new(sink.mixer());
+    probe.append(
+        rodio::source::Zero::new(cfg.channel_count(), cfg.sample_rate())
+            .take_duration(Duration::from_millis(20)),
+    );
+    let t0 = std::time::Instant::now();
+    while !probe.empty() {
+        if let Some(e) = error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(e);
+        }
+        if t0.elapsed() > START_TIMEOUT {
+            return Err(format!(
+                "accepted the stream but consumed no audio within {} ms",
+                START_TIMEOUT.as_millis()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
 }
 
 fn info_of<S: Source>(s: &S) -> SoundInfo {

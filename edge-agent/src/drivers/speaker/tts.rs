@@ -79,7 +79,10 @@ impl TtsEngine {
             return Err(bad("text", "is empty".into()));
         }
         if u.text.chars().count() > self.max_chars {
-            return Err(bad("text", format!("longer than {} characters", self.max_chars)));
+            return Err(bad(
+                "text",
+                format!("longer than {} characters", self.max_chars),
+            ));
         }
         if u.text.contains('\0') {
             return Err(bad("text", "contains a NUL character".into()));
@@ -102,7 +105,10 @@ impl TtsEngine {
         }
         if let Some(r) = u.rate {
             if !(80..=500).contains(&r) {
-                return Err(bad("rate", format!("{r} words per minute is outside 80..=500")));
+                return Err(bad(
+                    "rate",
+                    format!("{r} words per minute is outside 80..=500"),
+                ));
             }
             if !self.template.uses("rate") {
                 return Err(bad(
