@@ -38,6 +38,7 @@ use crate::events::{self, EventBus};
 use crate::leases::{self, CapabilityInfo, LeaseEngine, LeaseError};
 use crate::mqtt::{MqttLink, MqttSettings};
 use crate::registry::{CapabilityRegistry, LeaseSync, RegistrySettings};
+use crate::sessions::{self, FsBlobStore, Sessions};
 use crate::store::sqlite::{self, SqliteStore};
 
 /// A feature module's migration.
@@ -49,6 +50,7 @@ pub const MIGRATIONS: &[(&str, MigrateFn)] = &[
     ("auth", auth::migrate),
     ("store", sqlite::migrate),
     ("leases", leases::migrate),
+    ("sessions", sessions::migrate),
 ];
 
 /// Run every migration in one transaction.
@@ -86,6 +88,8 @@ pub enum AppError {
     Store(#[from] crate::store::StoreError),
     #[error("lease engine: {0}")]
     Lease(#[from] LeaseError),
+    #[error("artifact store: {0}")]
+    Blob(#[from] sessions::BlobError),
     #[error("background task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -166,11 +170,12 @@ impl LeaseSync for EngineSync {
     }
 }
 
-/// Build the whole HTTP router: core API, feature routers, the
-/// authenticator extension, body limit and JSON fallbacks.
-pub fn build_router(state: ApiState, body_limit_bytes: usize) -> Router {
+/// Build the whole HTTP router: core API, feature routers (`features`,
+/// already with their state; full paths), the authenticator extension,
+/// body limit and JSON fallbacks.
+pub fn build_router(state: ApiState, features: Router, body_limit_bytes: usize) -> Router {
     let auth = state.auth.clone();
-    let router = api::router(state);
+    let router = api::router(state).merge(features);
     api::with_fallbacks(router)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .layer(Extension(auth))
@@ -195,6 +200,8 @@ pub struct RunningRegistry {
     pub registry: Arc<CapabilityRegistry>,
     pub auth: Arc<Authenticator>,
     pub leases: Arc<LeaseEngine>,
+    /// Actions, sessions and artifacts.
+    pub sessions: Arc<Sessions>,
     pub bus: EventBus,
     pub db: Db,
     mqtt: MqttLink,
@@ -244,6 +251,25 @@ impl Registry {
                 )),
             },
         );
+        let artifact_dir = config.sessions.artifact_dir.clone().unwrap_or_else(|| {
+            config
+                .store
+                .path
+                .parent()
+                .map(|d| d.join("artifacts"))
+                .unwrap_or_else(|| PathBuf::from("artifacts"))
+        });
+        let blobs = tokio::task::spawn_blocking(move || FsBlobStore::open(&artifact_dir)).await??;
+        let sessions = Sessions::new(
+            db.clone(),
+            bus.clone(),
+            engine.clone(),
+            registry.store().clone(),
+            Arc::new(blobs),
+            config.sessions.clone(),
+        );
+        // Before MQTT starts, so no session update is missed.
+        registry.add_hooks(sessions.clone());
         let synced = registry.sync_lease_engine().await?;
         tracing::info!(
             capabilities = synced,
@@ -303,6 +329,7 @@ impl Registry {
         };
         let forward_after = last_event_id(&db).await?;
         let mqtt = MqttLink::start(settings, registry.clone(), bus.clone(), forward_after);
+        sessions.attach_commands(mqtt.command_sender());
         let connected = mqtt.wait_connected(Duration::from_secs(5)).await;
         if !connected {
             if config.mqtt.mode == MqttMode::Embedded {
@@ -333,7 +360,8 @@ impl Registry {
             },
             shutdown: shutdown_rx.clone(),
         };
-        let app = build_router(state, config.http.body_limit_bytes);
+        let features = sessions::api::router(sessions.clone());
+        let app = build_router(state, features, config.http.body_limit_bytes);
         let mut http_stop = shutdown_rx.clone();
         let http = tokio::spawn(async move {
             let served = axum::serve(listener, app)
@@ -345,9 +373,10 @@ impl Registry {
                 tracing::error!(error = %e, "HTTP server failed");
             }
         });
-        let background = vec![tokio::spawn(
+        let mut background = vec![tokio::spawn(
             registry.clone().run_liveness_monitor(shutdown_rx.clone()),
         )];
+        background.extend(sessions.spawn_background(shutdown_rx.clone(), forward_after));
         tracing::info!(%http_addr, %mqtt_addr, "registry ready");
         Ok(RunningRegistry {
             http_addr,
@@ -357,6 +386,7 @@ impl Registry {
             registry,
             auth,
             leases: engine,
+            sessions,
             bus,
             db,
             mqtt,

@@ -42,6 +42,10 @@ pub struct Config {
     /// `max_duration_seconds`, `default_grace_period_seconds`,
     /// `preempt_reason_whitelist`, `sweep_interval_ms`, `max_queue_len`.
     pub leases: crate::leases::LeaseConfig,
+    /// `[sessions]`: actions and artifacts: `artifact_dir`,
+    /// `max_artifact_bytes`, `default_timeout_ms`, `result_grace_ms`,
+    /// `revoke_grace_ms`.
+    pub sessions: crate::sessions::SessionsConfig,
     pub heartbeat: HeartbeatConfig,
     pub health: HealthConfig,
     pub log: LogConfig,
@@ -255,6 +259,9 @@ impl Config {
         }
         if self.leases.sweep_interval_ms == 0 {
             return invalid("leases.sweep_interval_ms", "must be at least 1");
+        }
+        if self.sessions.max_artifact_bytes == 0 {
+            return invalid("sessions.max_artifact_bytes", "must be at least 1");
         }
         if self.mqtt.keep_alive_seconds < 2 {
             return invalid("mqtt.keep_alive_seconds", "must be at least 2");

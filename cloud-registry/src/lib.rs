@@ -13,6 +13,8 @@
 //!   by HTTP and MQTT; [`api`]: the HTTP handlers; [`broker`] / [`mqtt`]:
 //!   the embedded broker and the registry's MQTT client; [`follow`]:
 //!   lossless ordered reading of the event log (SSE, command forwarding).
+//! - [`sessions`]: actions on leased capabilities, their sessions and
+//!   artifacts (bytes in a content-addressed blob store).
 
 pub mod agents;
 pub mod api;
@@ -28,4 +30,5 @@ pub mod follow;
 pub mod leases;
 pub mod mqtt;
 pub mod registry;
+pub mod sessions;
 pub mod store;

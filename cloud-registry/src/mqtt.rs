@@ -106,6 +106,50 @@ pub struct MqttLink {
     prefix: String,
 }
 
+/// Queues commands for providers on the registry's MQTT link. Cheap to
+/// clone; publishing never waits on the broker.
+#[derive(Clone)]
+pub struct CommandSender {
+    outbound: mpsc::UnboundedSender<Outbound>,
+    connected: Arc<AtomicBool>,
+    stats: Arc<MqttStats>,
+    prefix: String,
+}
+
+impl CommandSender {
+    /// True while the registry holds a broker connection.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Queue `body` as a `message_type` envelope on `provider_id`'s
+    /// `commands` topic (QoS 1). Returns the envelope's `message_id`, or
+    /// `None` when the link has stopped (nothing was queued).
+    pub fn send<T: Serialize>(
+        &self,
+        provider_id: &str,
+        message_type: MessageType,
+        body: &T,
+    ) -> Option<String> {
+        let env = Envelope::new(
+            message_type,
+            uuid::Uuid::new_v4().to_string(),
+            Utc::now(),
+            body,
+        )
+        .ok()?;
+        let message_id = env.message_id.clone();
+        self.outbound
+            .send(Outbound::Publish {
+                topic: topic(&self.prefix, provider_id, TopicKind::Commands),
+                payload: env.to_bytes(),
+            })
+            .ok()?;
+        self.stats.commands_out.fetch_add(1, Ordering::Relaxed);
+        Some(message_id)
+    }
+}
+
 /// Ids of messages already processed, per provider, bounded.
 struct Dedup {
     seen: HashSet<(String, String)>,
@@ -243,6 +287,17 @@ impl MqttLink {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         true
+    }
+
+    /// A cloneable handle that queues commands on this link (for modules
+    /// that send their own commands, e.g. `action_invoke`).
+    pub fn command_sender(&self) -> CommandSender {
+        CommandSender {
+            outbound: self.outbound.clone(),
+            connected: self.connected.clone(),
+            stats: self.stats.clone(),
+            prefix: self.prefix.clone(),
+        }
     }
 
     /// Queue a command for `provider_id` on its `commands` topic (QoS 1).

@@ -1,0 +1,277 @@
+//! HTTP handlers of sessions and artifacts (seed 001 §2.2.4, §2.2.5;
+//! docs/architecture.md "Artifact bytes"):
+//!
+//! - `POST /api/v1/capability-leases/{lease_id}/actions`: body
+//!   [`ActionInvokeRequest`]; the lease holder (`audit_agent`, `operator`,
+//!   `admin`). Answers the session: `200` once it has ended (completed or
+//!   failed: look at `status` and `error_message`), `202` while it still
+//!   runs (`wait_ms` 0, or the wait ran out);
+//! - `GET /api/v1/capability-leases/{lease_id}/sessions`: the lease's
+//!   sessions, newest first;
+//! - `GET /api/v1/sessions[?lease_id=&capability_id=&provider_id=&status=&limit=]`,
+//!   `GET /api/v1/sessions/{session_id}`;
+//! - `PUT /api/v1/artifacts/{artifact_id}/content`: artifact bytes from the
+//!   provider that produced them (`provider` token), header
+//!   `X-Checksum-Sha256`; `201` when stored, `200` for a repeat of the
+//!   same bytes, `422 checksum_mismatch` (nothing stored), `413
+//!   body_too_large` above `sessions.max_artifact_bytes`;
+//! - `GET /api/v1/artifacts[?session_id=&lease_id=&uploaded=&limit=]`,
+//!   `GET /api/v1/artifacts/{artifact_id}` (metadata),
+//!   `GET /api/v1/artifacts/{artifact_id}/content` (the bytes, with
+//!   `Content-Type`, `Content-Length` and `X-Checksum-Sha256`; `409
+//!   artifact_not_uploaded` while only the metadata is known).
+//!
+//! Reading sessions and artifacts: `audit_agent`, `operator`, `admin`,
+//! `viewer`; a provider reads only its own artifacts.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shared_protocol::api::Role;
+use shared_protocol::artifact::CapabilityArtifact;
+use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionStatus};
+use shared_protocol::validate::check_id;
+
+use super::{ArtifactFilter, SessionError, SessionFilter, Sessions};
+use crate::api::leases::{LEASE_READ_ROLES, LEASE_ROLES};
+use crate::api::{parse_one, ApiQuery};
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ValidJson;
+
+/// The header carrying the body's sha256 (lowercase hex).
+pub const CHECKSUM_HEADER: &str = "x-checksum-sha256";
+
+/// Roles that may read artifacts (a provider only its own).
+const ARTIFACT_READ_ROLES: &[Role] = &[
+    Role::AuditAgent,
+    Role::Operator,
+    Role::Admin,
+    Role::Viewer,
+    Role::Provider,
+];
+
+/// The routes, with `svc` as state; merge into the main router (under the
+/// authenticator layer).
+pub fn router(svc: Arc<Sessions>) -> Router {
+    Router::new()
+        .route("/api/v1/capability-leases/{lease_id}/actions", post(invoke))
+        .route(
+            "/api/v1/capability-leases/{lease_id}/sessions",
+            get(lease_sessions),
+        )
+        .route("/api/v1/sessions", get(list_sessions))
+        .route("/api/v1/sessions/{session_id}", get(get_session))
+        .route("/api/v1/artifacts", get(list_artifacts))
+        .route("/api/v1/artifacts/{artifact_id}", get(get_artifact))
+        .route(
+            "/api/v1/artifacts/{artifact_id}/content",
+            put(upload).get(download),
+        )
+        .with_state(svc)
+}
+
+fn status_of(s: &CapabilitySession) -> StatusCode {
+    if s.status.is_final() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    }
+}
+
+async fn invoke(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    Path(lease_id): Path<String>,
+    ValidJson(req): ValidJson<ActionInvokeRequest>,
+) -> ApiResult<(StatusCode, Json<CapabilitySession>)> {
+    who.require(LEASE_ROLES)?;
+    let session = svc.invoke(&who, &lease_id, req).await?;
+    Ok((status_of(&session), Json(session)))
+}
+
+#[derive(Deserialize)]
+struct SessionQuery {
+    lease_id: Option<String>,
+    capability_id: Option<String>,
+    provider_id: Option<String>,
+    status: Option<String>,
+    limit: Option<usize>,
+}
+
+fn nonempty(s: Option<String>) -> Option<String> {
+    s.filter(|s| !s.is_empty())
+}
+
+async fn list_sessions(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<SessionQuery>,
+) -> ApiResult<Json<Value>> {
+    who.require(LEASE_READ_ROLES)?;
+    let sessions = svc
+        .list_sessions(SessionFilter {
+            lease_id: nonempty(q.lease_id),
+            capability_id: nonempty(q.capability_id),
+            provider_id: nonempty(q.provider_id),
+            status: parse_one::<SessionStatus>("status", q.status.as_deref())?,
+            limit: q.limit.unwrap_or(500),
+        })
+        .await?;
+    Ok(Json(json!({ "sessions": sessions })))
+}
+
+async fn lease_sessions(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    Path(lease_id): Path<String>,
+    ApiQuery(q): ApiQuery<SessionQuery>,
+) -> ApiResult<Json<Value>> {
+    who.require(LEASE_READ_ROLES)?;
+    if svc.leases.get(&lease_id).await.is_none() {
+        return Err(ApiError::not_found("lease", &lease_id));
+    }
+    let sessions = svc
+        .list_sessions(SessionFilter {
+            lease_id: Some(lease_id),
+            status: parse_one::<SessionStatus>("status", q.status.as_deref())?,
+            limit: q.limit.unwrap_or(500),
+            ..Default::default()
+        })
+        .await?;
+    Ok(Json(json!({ "sessions": sessions })))
+}
+
+async fn get_session(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    Path(session_id): Path<String>,
+) -> ApiResult<Json<CapabilitySession>> {
+    who.require(LEASE_READ_ROLES)?;
+    Ok(Json(svc.get_session(&session_id).await?))
+}
+
+#[derive(Deserialize)]
+struct ArtifactQuery {
+    session_id: Option<String>,
+    lease_id: Option<String>,
+    uploaded: Option<bool>,
+    limit: Option<usize>,
+}
+
+async fn list_artifacts(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<ArtifactQuery>,
+) -> ApiResult<Json<Value>> {
+    who.require(LEASE_READ_ROLES)?;
+    let artifacts = svc
+        .list_artifacts(ArtifactFilter {
+            session_id: nonempty(q.session_id),
+            lease_id: nonempty(q.lease_id),
+            uploaded: q.uploaded,
+            limit: q.limit.unwrap_or(500),
+        })
+        .await?;
+    Ok(Json(json!({ "artifacts": artifacts })))
+}
+
+/// A provider may only see its own artifacts.
+fn check_reader(who: &Principal, artifact_id: &str, owner: &str) -> Result<(), ApiError> {
+    if who.role == Role::Provider && who.name != owner {
+        return Err(SessionError::NotArtifactOwner {
+            artifact_id: artifact_id.to_string(),
+            owner: owner.to_string(),
+            caller: who.name.clone(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+async fn get_artifact(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    Path(artifact_id): Path<String>,
+) -> ApiResult<Json<CapabilityArtifact>> {
+    who.require(ARTIFACT_READ_ROLES)?;
+    let (artifact, owner) = svc.get_artifact(&artifact_id).await?;
+    check_reader(&who, &artifact_id, &owner)?;
+    Ok(Json(artifact))
+}
+
+async fn download(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    Path(artifact_id): Path<String>,
+) -> ApiResult<Response> {
+    who.require(ARTIFACT_READ_ROLES)?;
+    let (artifact, owner, content) = svc.open_artifact(&artifact_id).await?;
+    check_reader(&who, &artifact_id, &owner)?;
+    let content_type = HeaderValue::from_str(&artifact.content_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+    let mut resp = Body::from_stream(content.stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, content_type);
+    h.insert(CONTENT_LENGTH, HeaderValue::from(content.size_bytes));
+    if let Ok(v) = HeaderValue::from_str(&artifact.checksum) {
+        h.insert(CHECKSUM_HEADER, v);
+    }
+    Ok(resp)
+}
+
+async fn upload(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    Path(artifact_id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    who.require(&[Role::Provider])?;
+    check_id("artifact_id", &artifact_id)
+        .map_err(|e| ApiError::invalid_field(&e.field, e.to_string()))?;
+    let declared = headers.get(CHECKSUM_HEADER).and_then(|v| v.to_str().ok());
+    let length = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let declared = svc
+        .precheck_upload(&who, &artifact_id, declared, length)
+        .await?;
+    let limit = svc.config().max_artifact_bytes;
+    let mut staged = svc.stage().await?;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| SessionError::Interrupted {
+            artifact_id: artifact_id.clone(),
+            received: staged.size_bytes(),
+            message: e.to_string(),
+        })?;
+        if staged.size_bytes() + chunk.len() as u64 > limit {
+            return Err(SessionError::TooLarge {
+                artifact_id: artifact_id.clone(),
+                limit,
+            }
+            .into());
+        }
+        staged.write(&chunk).await.map_err(SessionError::from)?;
+    }
+    let receipt = svc
+        .finish_upload(&who, &artifact_id, &declared, staged)
+        .await?;
+    let status = if receipt.first {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(receipt.record)))
+}

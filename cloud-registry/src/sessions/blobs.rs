@@ -1,0 +1,314 @@
+//! Artifact bytes, stored content-addressed by their SHA-256 (DESIGN.md
+//! "Scale": the blob store is an interface; a filesystem implementation
+//! serves one machine, an S3-style one can follow).
+//!
+//! Uploads are staged first: the HTTP handler streams the request body into
+//! a [`StagedBlob`] (a file in the store's staging directory) while hashing
+//! it, and only a staged file whose hash matched is handed to
+//! [`BlobStore::put`]. Nothing half-written or unverified is ever visible
+//! under a hash.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures::Stream;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use shared_protocol::artifact::is_sha256_hex;
+
+/// Why a blob operation failed. Names the hash or path it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    /// Not 64 lowercase hex digits.
+    #[error("`{0}` is not a sha256 (64 lowercase hex digits)")]
+    BadHash(String),
+    /// File system trouble at `path`.
+    #[error("blob store I/O at {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    /// A blocking task failed.
+    #[error("blob store task: {0}")]
+    Task(String),
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> BlobError + '_ {
+    move |source| BlobError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The bytes of one blob as a stream of chunks, with their total length.
+pub struct BlobContent {
+    /// Byte length.
+    pub size_bytes: u64,
+    /// The bytes, in order.
+    pub stream: Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>,
+}
+
+/// An upload being received: a file in the staging directory, the running
+/// SHA-256 and the byte count. Dropping it without [`BlobStore::put`]
+/// removes the file.
+pub struct StagedBlob {
+    path: PathBuf,
+    file: Option<tokio::fs::File>,
+    hasher: Sha256,
+    size_bytes: u64,
+}
+
+impl StagedBlob {
+    /// Create an empty staging file in `dir`.
+    pub async fn create(dir: &Path) -> Result<Self, BlobError> {
+        tokio::fs::create_dir_all(dir).await.map_err(io_at(dir))?;
+        let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
+        let file = tokio::fs::File::create(&path).await.map_err(io_at(&path))?;
+        Ok(Self {
+            path,
+            file: Some(file),
+            hasher: Sha256::new(),
+            size_bytes: 0,
+        })
+    }
+
+    /// Append `chunk` (hashing it).
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), BlobError> {
+        self.hasher.update(chunk);
+        self.size_bytes += chunk.len() as u64;
+        let path = self.path.clone();
+        match self.file.as_mut() {
+            Some(f) => f.write_all(chunk).await.map_err(io_at(&path)),
+            None => Err(BlobError::Io {
+                path,
+                source: io::Error::other("staged blob already finished"),
+            }),
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Flush and fsync the file (the edge deletes its copy once the
+    /// registry confirms, so the bytes must be on disk by then) and return
+    /// the lowercase hex SHA-256 of everything written.
+    pub async fn finish(&mut self) -> Result<String, BlobError> {
+        let path = self.path.clone();
+        if let Some(mut f) = self.file.take() {
+            f.flush().await.map_err(io_at(&path))?;
+            f.sync_all().await.map_err(io_at(&path))?;
+        }
+        Ok(hex::encode(self.hasher.clone().finalize()))
+    }
+
+    /// Where the staged bytes are.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StagedBlob {
+    fn drop(&mut self) {
+        // After a successful put the file has been renamed away and this
+        // finds nothing; otherwise it removes a rejected or partial upload.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Content-addressed storage of artifact bytes.
+///
+/// Every method is keyed by the lowercase hex SHA-256 of the bytes; storing
+/// the same bytes twice keeps one copy.
+#[async_trait::async_trait]
+pub trait BlobStore: Send + Sync + 'static {
+    /// Directory on local disk where uploads are staged before
+    /// [`BlobStore::put`] (an S3 implementation stages locally too).
+    fn staging_dir(&self) -> PathBuf;
+
+    /// Take a finished staged upload whose hash is `sha256` into the
+    /// store. Returns `true` when the blob is new, `false` when these bytes
+    /// were already stored (the staged copy is discarded).
+    ///
+    /// Errors: [`BlobError::BadHash`], I/O.
+    async fn put(&self, sha256: &str, staged: StagedBlob) -> Result<bool, BlobError>;
+
+    /// The bytes stored under `sha256`, or `None` when there are none.
+    async fn open(&self, sha256: &str) -> Result<Option<BlobContent>, BlobError>;
+
+    /// Whether bytes are stored under `sha256`.
+    async fn exists(&self, sha256: &str) -> Result<bool, BlobError>;
+}
+
+/// [`BlobStore`] on a local directory: the blob with hash `abcdef…` is the
+/// file `<root>/sha256/ab/cdef…`; uploads are staged in `<root>/staging/`
+/// (same file system, so taking one in is an atomic rename).
+pub struct FsBlobStore {
+    root: PathBuf,
+}
+
+impl FsBlobStore {
+    /// A store rooted at `root` (created when missing). Leftover staging
+    /// files of an earlier run (a crash mid-upload) are removed.
+    ///
+    /// Errors: the directories cannot be created.
+    pub fn open(root: &Path) -> Result<Self, BlobError> {
+        let staging = root.join("staging");
+        std::fs::create_dir_all(root.join("sha256")).map_err(io_at(root))?;
+        std::fs::create_dir_all(&staging).map_err(io_at(&staging))?;
+        if let Ok(entries) = std::fs::read_dir(&staging) {
+            for e in entries.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        Ok(Self {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `<root>/sha256/ab/cdef…` for `abcdef…`.
+    pub fn blob_path(&self, sha256: &str) -> Result<PathBuf, BlobError> {
+        if !is_sha256_hex(sha256) {
+            return Err(BlobError::BadHash(sha256.to_string()));
+        }
+        Ok(self
+            .root
+            .join("sha256")
+            .join(&sha256[..2])
+            .join(&sha256[2..]))
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BlobError> + Send + 'static,
+) -> Result<T, BlobError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| BlobError::Task(e.to_string()))?
+}
+
+/// Chunk size of blob reads, bytes.
+const READ_CHUNK: usize = 64 * 1024;
+
+#[async_trait::async_trait]
+impl BlobStore for FsBlobStore {
+    fn staging_dir(&self) -> PathBuf {
+        self.root.join("staging")
+    }
+
+    async fn put(&self, sha256: &str, staged: StagedBlob) -> Result<bool, BlobError> {
+        let target = self.blob_path(sha256)?;
+        blocking(move || {
+            if target.exists() {
+                // `staged` is dropped here, which removes the duplicate.
+                return Ok(false);
+            }
+            let dir = target
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("."));
+            std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+            std::fs::rename(staged.path(), &target).map_err(io_at(&target))?;
+            // Make the rename itself durable.
+            if let Ok(d) = std::fs::File::open(&dir) {
+                let _ = d.sync_all();
+            }
+            drop(staged);
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn open(&self, sha256: &str) -> Result<Option<BlobContent>, BlobError> {
+        let path = self.blob_path(sha256)?;
+        let file = match tokio::fs::File::open(&path).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_at(&path)(e)),
+        };
+        let size_bytes = file.metadata().await.map_err(io_at(&path))?.len();
+        let stream = futures::stream::try_unfold(file, |mut f| async move {
+            let mut buf = vec![0u8; READ_CHUNK];
+            let n = f.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(None);
+            }
+            buf.truncate(n);
+            Ok(Some((Bytes::from(buf), f)))
+        });
+        Ok(Some(BlobContent {
+            size_bytes,
+            stream: Box::pin(stream),
+        }))
+    }
+
+    async fn exists(&self, sha256: &str) -> Result<bool, BlobError> {
+        let path = self.blob_path(sha256)?;
+        Ok(tokio::fs::try_exists(&path).await.unwrap_or(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+
+    async fn stage(store: &FsBlobStore, bytes: &[u8]) -> (StagedBlob, String) {
+        let mut s = StagedBlob::create(&store.staging_dir()).await.unwrap();
+        s.write(bytes).await.unwrap();
+        let sum = s.finish().await.unwrap();
+        (s, sum)
+    }
+
+    #[tokio::test]
+    async fn a_blob_is_stored_under_its_sha256_and_read_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsBlobStore::open(dir.path()).unwrap();
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let (staged, sum) = stage(&store, &bytes).await;
+        assert_eq!(sum, hex::encode(Sha256::digest(&bytes)));
+        assert!(store.put(&sum, staged).await.unwrap(), "new blob");
+        let path = store.blob_path(&sum).unwrap();
+        assert!(path.ends_with(format!("sha256/{}/{}", &sum[..2], &sum[2..])));
+        assert!(store.exists(&sum).await.unwrap());
+        let content = store.open(&sum).await.unwrap().expect("stored");
+        assert_eq!(content.size_bytes, bytes.len() as u64);
+        let chunks: Vec<Bytes> = content.stream.try_collect().await.unwrap();
+        assert_eq!(chunks.concat(), bytes);
+        let staging_left = std::fs::read_dir(store.staging_dir()).unwrap().count();
+        assert_eq!(staging_left, 0, "the staged file was moved, not copied");
+    }
+
+    #[tokio::test]
+    async fn storing_the_same_bytes_twice_keeps_one_copy_and_no_staging_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsBlobStore::open(dir.path()).unwrap();
+        let (a, sum) = stage(&store, b"serial log").await;
+        assert!(store.put(&sum, a).await.unwrap());
+        let (b, sum2) = stage(&store, b"serial log").await;
+        assert_eq!(sum, sum2);
+        assert!(!store.put(&sum, b).await.unwrap(), "already stored");
+        assert_eq!(std::fs::read_dir(store.staging_dir()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_upload_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsBlobStore::open(dir.path()).unwrap();
+        let mut s = StagedBlob::create(&store.staging_dir()).await.unwrap();
+        s.write(b"half of it").await.unwrap();
+        drop(s);
+        assert_eq!(std::fs::read_dir(store.staging_dir()).unwrap().count(), 0);
+        assert!(store.open(&"0".repeat(64)).await.unwrap().is_none());
+        assert!(matches!(
+            store.blob_path("../etc/passwd"),
+            Err(BlobError::BadHash(_))
+        ));
+    }
+}

@@ -1,0 +1,235 @@
+//! What can go wrong when invoking an action or handling artifact bytes,
+//! and how each failure is told to an HTTP client.
+
+use axum::http::StatusCode;
+use serde_json::json;
+use shared_protocol::capability::CapabilityAction;
+
+use super::blobs::BlobError;
+use crate::db::DbError;
+use crate::error::ApiError;
+use crate::leases::LeaseError;
+use crate::store::StoreError;
+
+/// Why an action was not started or an artifact not taken. Every variant
+/// names the lease, capability, provider, action or artifact it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The lease engine refused (not the holder: 403 `not_lease_holder`;
+    /// a lease no longer usable: 409 with `details.lease_status`; unknown:
+    /// 404).
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+
+    /// The capability does not offer `action`. HTTP 422
+    /// `unsupported_action`, `details.field = "action"`.
+    #[error("capability `{capability_id}` does not support action `{action}`; it supports: {}", .supported.join(", "))]
+    UnsupportedAction {
+        capability_id: String,
+        action: CapabilityAction,
+        supported: Vec<String>,
+    },
+
+    /// `capability_id` in the request is not the lease's capability.
+    /// HTTP 422 `invalid_field`, `details.field = "capability_id"`.
+    #[error("lease `{lease_id}` is for capability `{leased}`, not `{requested}`")]
+    CapabilityNotLeased {
+        lease_id: String,
+        leased: String,
+        requested: String,
+    },
+
+    /// The lease names a capability the registry no longer knows. HTTP 404.
+    #[error("capability `{capability_id}` is not registered")]
+    UnknownCapability { capability_id: String },
+
+    /// The capability's provider is not connected: nothing was sent and no
+    /// session was created. HTTP 503 `provider_offline`.
+    #[error(
+        "provider `{provider_id}` of capability `{capability_id}` is offline; nothing was sent"
+    )]
+    ProviderOffline {
+        provider_id: String,
+        capability_id: String,
+    },
+
+    /// The registry has no MQTT connection, so no command can reach a
+    /// provider. HTTP 503 `control_plane_unavailable`.
+    #[error("the registry is not connected to the MQTT broker; no command can be sent")]
+    ControlPlaneDown,
+
+    /// No session has this id. HTTP 404.
+    #[error("session `{session_id}` not found")]
+    SessionNotFound { session_id: String },
+
+    /// No artifact has this id. HTTP 404.
+    #[error("artifact `{artifact_id}` not found")]
+    ArtifactNotFound { artifact_id: String },
+
+    /// Only metadata is known: the bytes have not been uploaded. HTTP 409
+    /// `artifact_not_uploaded`.
+    #[error("artifact `{artifact_id}` is known, but its bytes have not been uploaded yet")]
+    ArtifactNotUploaded { artifact_id: String },
+
+    /// The artifact was produced on another provider. HTTP 403
+    /// `not_artifact_owner`.
+    #[error("artifact `{artifact_id}` belongs to provider `{owner}`, not to `{caller}`")]
+    NotArtifactOwner {
+        artifact_id: String,
+        owner: String,
+        caller: String,
+    },
+
+    /// The bytes do not hash to what was declared. Nothing was stored.
+    /// HTTP 422 `checksum_mismatch` with `details.expected` / `actual`.
+    #[error("artifact `{artifact_id}`: {what} sha256 is {expected}, the bytes received hash to {actual}")]
+    ChecksumMismatch {
+        artifact_id: String,
+        /// `X-Checksum-Sha256` or `recorded` (the metadata's checksum).
+        what: &'static str,
+        expected: String,
+        actual: String,
+    },
+
+    /// `X-Checksum-Sha256` missing or not 64 hex digits. HTTP 400
+    /// `invalid_checksum_header`.
+    #[error("header `X-Checksum-Sha256` must carry the sha256 of the body as 64 hex digits")]
+    BadChecksumHeader,
+
+    /// The body is longer than `sessions.max_artifact_bytes`. HTTP 413
+    /// `body_too_large`.
+    #[error("artifact `{artifact_id}` is larger than the registry's limit of {limit} bytes")]
+    TooLarge { artifact_id: String, limit: u64 },
+
+    /// The client stopped sending mid-body. HTTP 400 `upload_interrupted`.
+    #[error("upload of artifact `{artifact_id}` broke off after {received} bytes: {message}")]
+    Interrupted {
+        artifact_id: String,
+        received: u64,
+        message: String,
+    },
+
+    /// Blob storage failed. HTTP 500.
+    #[error("blob store: {0}")]
+    Blob(#[from] BlobError),
+
+    /// The database failed. HTTP 500.
+    #[error("store: {0}")]
+    Store(String),
+}
+
+impl From<DbError> for SessionError {
+    fn from(e: DbError) -> Self {
+        SessionError::Store(e.to_string())
+    }
+}
+
+impl From<rusqlite::Error> for SessionError {
+    fn from(e: rusqlite::Error) -> Self {
+        SessionError::Store(e.to_string())
+    }
+}
+
+impl From<StoreError> for SessionError {
+    fn from(e: StoreError) -> Self {
+        SessionError::Store(e.to_string())
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> Self {
+        let message = e.to_string();
+        match e {
+            SessionError::Lease(l) => l.into(),
+            SessionError::UnsupportedAction {
+                capability_id,
+                action,
+                supported,
+            } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unsupported_action",
+                message,
+            )
+            .with_details(json!({
+                "field": "action",
+                "action": action,
+                "capability_id": capability_id,
+                "supported_actions": supported,
+            })),
+            SessionError::CapabilityNotLeased {
+                lease_id,
+                leased,
+                requested,
+            } => ApiError::invalid_field("capability_id", message).with_details(json!({
+                "field": "capability_id",
+                "lease_id": lease_id,
+                "leased_capability_id": leased,
+                "capability_id": requested,
+            })),
+            SessionError::UnknownCapability { capability_id } => {
+                ApiError::not_found("capability", &capability_id)
+            }
+            SessionError::ProviderOffline {
+                provider_id,
+                capability_id,
+            } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "provider_offline", message)
+                .with_details(json!({
+                    "provider_id": provider_id,
+                    "capability_id": capability_id,
+                })),
+            SessionError::ControlPlaneDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "control_plane_unavailable",
+                message,
+            ),
+            SessionError::SessionNotFound { session_id } => {
+                ApiError::not_found("session", &session_id)
+            }
+            SessionError::ArtifactNotFound { artifact_id } => {
+                ApiError::not_found("artifact", &artifact_id)
+            }
+            SessionError::ArtifactNotUploaded { artifact_id } => {
+                ApiError::conflict("artifact_not_uploaded", message)
+                    .with_details(json!({ "artifact_id": artifact_id, "uploaded": false }))
+            }
+            SessionError::NotArtifactOwner {
+                artifact_id,
+                owner: _,
+                caller,
+            } => ApiError::new(StatusCode::FORBIDDEN, "not_artifact_owner", message)
+                .with_details(json!({ "artifact_id": artifact_id, "principal": caller })),
+            SessionError::ChecksumMismatch {
+                artifact_id,
+                what,
+                expected,
+                actual,
+            } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "checksum_mismatch",
+                message,
+            )
+            .with_details(json!({
+                "artifact_id": artifact_id,
+                "expected": expected,
+                "expected_from": what,
+                "actual": actual,
+            })),
+            SessionError::BadChecksumHeader => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_checksum_header", message)
+                    .with_details(json!({ "header": "X-Checksum-Sha256" }))
+            }
+            SessionError::TooLarge { artifact_id, limit } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+                    .with_details(json!({ "artifact_id": artifact_id, "limit_bytes": limit }))
+            }
+            SessionError::Interrupted {
+                artifact_id,
+                received,
+                ..
+            } => ApiError::new(StatusCode::BAD_REQUEST, "upload_interrupted", message)
+                .with_details(json!({ "artifact_id": artifact_id, "received_bytes": received })),
+            SessionError::Blob(e) => ApiError::internal(e),
+            SessionError::Store(e) => ApiError::internal(e),
+        }
+    }
+}

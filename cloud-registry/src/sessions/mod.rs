@@ -1,0 +1,886 @@
+//! Sessions and artifacts (seed 001 §2.2.4, §2.2.5, §5.4): actions run on
+//! leased hardware and the evidence they leave.
+//!
+//! # An action's path
+//! `POST /api/v1/capability-leases/{lease_id}/actions` ([`Sessions::invoke`])
+//! checks, in this order, that the caller holds the lease, that the
+//! capability supports the action, that its provider is online and the
+//! registry's MQTT link is up, and finally asks the lease engine
+//! ([`LeaseEngine::authorize_action`]) — only then is a session stored
+//! (`running`, event `session_started`) and `action_invoke` published on
+//! the provider's `commands` topic. A refusal leaves no session behind.
+//! The provider answers with `session_update`s on its `results` topic
+//! ([`ProviderHooks::on_session_update`]); the final one ends the session
+//! (`session_completed` / `session_failed`) and carries the metadata of
+//! the artifacts it produced.
+//!
+//! # Artifact bytes
+//! `PUT /api/v1/artifacts/{artifact_id}/content` with the provider token and
+//! `X-Checksum-Sha256`: the body is streamed to a staging file while it is
+//! hashed (never held in memory), compared with the header (and with the
+//! metadata's checksum when known), then stored content-addressed in the
+//! [`BlobStore`]. A mismatch is `422 checksum_mismatch` and nothing is
+//! kept. A repeated PUT of the same bytes answers `200` with the same
+//! record.
+//!
+//! Bytes and metadata travel separately (HTTP and MQTT), so either may come
+//! first. Bytes that arrive before their metadata are verified against
+//! their header, stored, and *held* for the artifact id and the uploading
+//! provider (`artifact_pending_uploads`), answering `201`; when the
+//! metadata arrives from the same provider with the same sha256 they are
+//! bound and the artifact is `uploaded` at once. Held bytes whose metadata
+//! names another sha256 are not bound (logged); the artifact then waits for
+//! a correct upload.
+//!
+//! # When things go wrong
+//! - Provider offline or restarted with a new boot id (seed 001 §5.4): its
+//!   running sessions end, `incomplete_evidence` when some of their
+//!   artifacts' bytes are missing, `failed` otherwise; its completed
+//!   sessions still waiting for bytes become `incomplete_evidence`. A
+//!   session the registry ended this way takes the provider's own final
+//!   report if one arrives later (the edge queues its updates across
+//!   outages), and an `incomplete_evidence` session the provider had
+//!   completed becomes `completed` again once its last artifact arrives.
+//! - No final report by the session's deadline (`timeout_ms` plus
+//!   `result_grace_ms`): the registry fails the session.
+//! - The lease ends under a running session (preempted at the end of its
+//!   grace period, expired, or released): the registry forwards
+//!   `action_cancel` for each running session (besides the `lease_revoked`
+//!   the MQTT bridge sends for preemption and expiry); interruptible
+//!   actions stop, non-interruptible ones (seed 001 §6.4) finish first. A
+//!   session cut this way ends `failed` with the reason first in its
+//!   `error_message`, e.g. `lease revoked by preemption: safety_stop (…)`.
+
+pub mod api;
+pub mod blobs;
+pub mod error;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use shared_protocol::artifact::{is_sha256_hex, CapabilityArtifact};
+use shared_protocol::event::{CapabilityEvent, EventType};
+use shared_protocol::lease::{CapabilityLease, LeaseStatus};
+use shared_protocol::mqtt::{ActionCancel, ActionCommand, MessageType, SessionUpdate};
+use shared_protocol::provider::OnlineStatus;
+use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionStatus};
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+pub use blobs::{BlobContent, BlobError, BlobStore, FsBlobStore, StagedBlob};
+pub use error::SessionError;
+pub use store::{migrate, ArtifactFilter, SessionFilter};
+
+use crate::auth::Principal;
+use crate::db::Db;
+use crate::events::EventBus;
+use crate::follow::{EventFollower, Followed};
+use crate::leases::{LeaseEngine, LeaseError};
+use crate::mqtt::CommandSender;
+use crate::registry::ProviderHooks;
+use crate::store::Store;
+use store::{UpdateRefused, UploadRecorded, UploadRefused};
+
+/// The `[sessions]` table of the registry's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// Directory of the content-addressed artifact store. Default: the
+    /// directory `artifacts` next to the SQLite file.
+    pub artifact_dir: Option<PathBuf>,
+    /// Largest artifact a provider may upload, bytes (512 MiB). Larger
+    /// bodies get 413 `body_too_large`; this limit, not
+    /// `http.body_limit_bytes`, applies to artifact uploads.
+    pub max_artifact_bytes: u64,
+    /// Driver deadline sent when an invocation gives no `timeout_ms`,
+    /// milliseconds (30 000).
+    pub default_timeout_ms: u32,
+    /// How long after the driver deadline the registry still waits for the
+    /// provider's report before failing a session, milliseconds (15 000).
+    pub result_grace_ms: u64,
+    /// After the lease under a running session ends, how long the provider
+    /// has to report the session's end before the registry fails it,
+    /// milliseconds (15 000). A non-interruptible action holds up
+    /// revocation until it finishes, so this only covers the report.
+    pub revoke_grace_ms: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            artifact_dir: None,
+            max_artifact_bytes: 512 * 1024 * 1024,
+            default_timeout_ms: 30_000,
+            result_grace_ms: 15_000,
+            revoke_grace_ms: 15_000,
+        }
+    }
+}
+
+/// How often running sessions are checked against their deadline.
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
+
+/// Most sessions or artifacts one listing returns.
+pub const MAX_LIST: usize = 10_000;
+
+/// The sessions service. Create with [`Sessions::new`], attach the MQTT
+/// link with [`Sessions::attach_commands`], start its background tasks with
+/// [`Sessions::spawn_background`], register it with
+/// `CapabilityRegistry::add_hooks`. Share the `Arc`.
+pub struct Sessions {
+    db: Db,
+    bus: EventBus,
+    leases: Arc<LeaseEngine>,
+    store: Arc<dyn Store>,
+    blobs: Arc<dyn BlobStore>,
+    commands: OnceLock<CommandSender>,
+    cfg: SessionsConfig,
+}
+
+/// What an upload did, for the HTTP answer.
+#[derive(Debug, Clone)]
+pub struct UploadReceipt {
+    /// True when this PUT stored or bound the bytes (201); false for a
+    /// repeat of bytes already received (200).
+    pub first: bool,
+    /// The artifact record, or for bytes held before their metadata:
+    /// `{artifact_id, checksum, size_bytes, uploaded: true,
+    /// metadata_received: false}`.
+    pub record: Value,
+}
+
+fn lease_end_reason(lease: &CapabilityLease) -> Option<String> {
+    match lease.status {
+        LeaseStatus::Revoked => Some(format!(
+            "lease revoked by preemption: {} (lease `{}` of higher priority took over at the end of the grace period)",
+            lease.preempt_reason.as_deref().unwrap_or("no reason given"),
+            lease.preempted_by.as_deref().unwrap_or("?"),
+        )),
+        LeaseStatus::Expired => Some("lease expired before the action ended".to_string()),
+        LeaseStatus::Released => Some("lease released by its holder before the action ended".to_string()),
+        LeaseStatus::Failed => Some("lease failed before the action ended".to_string()),
+        _ => None,
+    }
+}
+
+/// The reason recorded on running sessions for a lease event, if it ends
+/// the lease.
+fn reason_for_event(ev: &CapabilityEvent) -> Option<String> {
+    let lease: Option<CapabilityLease> = serde_json::from_value(ev.data.clone()).ok();
+    let why = ev.data.get("reason").and_then(Value::as_str);
+    match ev.event_type {
+        EventType::LeasePreempted => {
+            let (reason, by) = lease
+                .map(|l| (l.preempt_reason, l.preempted_by))
+                .unwrap_or((None, None));
+            Some(format!(
+                "lease revoked by preemption: {} (lease `{}` of higher priority took over at the end of the grace period)",
+                reason.as_deref().unwrap_or("no reason given"),
+                by.as_deref().unwrap_or("?"),
+            ))
+        }
+        EventType::LeaseExpired => Some(format!(
+            "lease expired ({}) before the action ended",
+            why.unwrap_or("ttl_elapsed")
+        )),
+        EventType::LeaseReleased => Some(match why {
+            Some(w) => format!("lease released by its holder ({w}) before the action ended"),
+            None => "lease released by its holder before the action ended".to_string(),
+        }),
+        _ => None,
+    }
+}
+
+impl Sessions {
+    /// A service over `db` (tables from [`migrate`]), publishing on `bus`,
+    /// authorizing through `leases`, reading capabilities and providers
+    /// from `store`, keeping bytes in `blobs`.
+    pub fn new(
+        db: Db,
+        bus: EventBus,
+        leases: Arc<LeaseEngine>,
+        store: Arc<dyn Store>,
+        blobs: Arc<dyn BlobStore>,
+        cfg: SessionsConfig,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            db,
+            bus,
+            leases,
+            store,
+            blobs,
+            commands: OnceLock::new(),
+            cfg,
+        })
+    }
+
+    /// Give the service the MQTT link's command queue (once; later calls
+    /// are ignored). Until then invocations answer 503
+    /// `control_plane_unavailable`.
+    pub fn attach_commands(&self, sender: CommandSender) {
+        let _ = self.commands.set(sender);
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &SessionsConfig {
+        &self.cfg
+    }
+
+    /// Start the background tasks until `shutdown` turns true: the
+    /// deadline watchdog, and the follower of lease events (from
+    /// `event_id > follow_after`, normally the log's end at start) that
+    /// cancels sessions whose lease ended.
+    pub fn spawn_background(
+        self: &Arc<Self>,
+        shutdown: watch::Receiver<bool>,
+        follow_after: u64,
+    ) -> Vec<JoinHandle<()>> {
+        vec![
+            tokio::spawn(self.clone().run_watchdog(shutdown.clone())),
+            tokio::spawn(self.clone().run_lease_follower(shutdown, follow_after)),
+        ]
+    }
+
+    fn publish(&self, events: impl IntoIterator<Item = CapabilityEvent>) {
+        self.bus.publish(events);
+    }
+
+    /// Run `action` on the capability of lease `lease_id` for `who` (see
+    /// the module doc for the checks). With `wait_ms > 0` waits up to that
+    /// long for the session to end and returns it as it is then (still
+    /// `running` after the wait).
+    ///
+    /// Errors: [`SessionError::Lease`] (404, 403 `not_lease_holder`, 409
+    /// with the lease status), `CapabilityNotLeased`, `UnknownCapability`,
+    /// `UnsupportedAction` (422), `ProviderOffline`, `ControlPlaneDown`
+    /// (503), `Store`. No session exists after an error.
+    pub async fn invoke(
+        &self,
+        who: &Principal,
+        lease_id: &str,
+        req: ActionInvokeRequest,
+    ) -> Result<CapabilitySession, SessionError> {
+        let lease = self
+            .leases
+            .get(lease_id)
+            .await
+            .ok_or_else(|| LeaseError::NotFound {
+                lease_id: lease_id.to_string(),
+            })?;
+        if lease.principal != who.name {
+            return Err(LeaseError::NotHolder {
+                lease_id: lease_id.to_string(),
+                principal: who.name.clone(),
+                holder: lease.principal.clone(),
+            }
+            .into());
+        }
+        let capability_id = match &req.capability_id {
+            Some(c) if *c != lease.capability_id && !lease.capability_id.is_empty() => {
+                return Err(SessionError::CapabilityNotLeased {
+                    lease_id: lease_id.to_string(),
+                    leased: lease.capability_id.clone(),
+                    requested: c.clone(),
+                })
+            }
+            Some(c) => c.clone(),
+            None => lease.capability_id.clone(),
+        };
+        let capability = self
+            .store
+            .get_capability(&capability_id)
+            .await?
+            .ok_or_else(|| SessionError::UnknownCapability {
+                capability_id: capability_id.clone(),
+            })?;
+        if !capability.supported_actions.contains(&req.action) {
+            return Err(SessionError::UnsupportedAction {
+                capability_id,
+                action: req.action,
+                supported: capability
+                    .supported_actions
+                    .iter()
+                    .map(|a| a.as_str().to_string())
+                    .collect(),
+            });
+        }
+        let provider_id = capability.provider_id.clone();
+        let online = self
+            .store
+            .get_provider(&provider_id)
+            .await?
+            .is_some_and(|p| p.online_status == OnlineStatus::Online);
+        if !online {
+            return Err(SessionError::ProviderOffline {
+                provider_id,
+                capability_id,
+            });
+        }
+        let commands = self
+            .commands
+            .get()
+            .filter(|c| c.connected())
+            .ok_or(SessionError::ControlPlaneDown)?
+            .clone();
+        self.leases
+            .authorize_action(who, lease_id, &capability_id)
+            .await?;
+
+        let now = Utc::now();
+        let timeout_ms = req.timeout_ms.unwrap_or(self.cfg.default_timeout_ms);
+        let deadline = now
+            + chrono::Duration::milliseconds(
+                i64::from(timeout_ms) + self.cfg.result_grace_ms.min(i64::MAX as u64) as i64,
+            );
+        let session_id = format!("sess_{}", uuid::Uuid::new_v4().simple());
+        let row = store::SessionRow {
+            session: CapabilitySession {
+                session_id: session_id.clone(),
+                lease_id: lease_id.to_string(),
+                capability_id: capability_id.clone(),
+                action: req.action,
+                started_at: now,
+                ended_at: None,
+                status: SessionStatus::Running,
+                input_summary: Value::Object(req.params.clone()),
+                result_summary: None,
+                artifact_refs: vec![],
+                error_message: None,
+            },
+            provider_id: provider_id.clone(),
+            principal: who.name.clone(),
+            timeout_ms,
+            deadline_at: deadline,
+            ended_by: None,
+            provider_status: None,
+            revoke_reason: None,
+        };
+        // Subscribe before the command leaves, so the end cannot be missed.
+        let events = (req.wait_ms > 0).then(|| self.bus.subscribe());
+        let stored = row.clone();
+        let started = self
+            .db
+            .write(move |c| store::insert_session(c, &stored))
+            .await??;
+        self.publish([started]);
+        let command = ActionCommand {
+            session_id: session_id.clone(),
+            lease_id: lease_id.to_string(),
+            capability_id: capability_id.clone(),
+            action: req.action,
+            params: req.params,
+            timeout_ms,
+        };
+        if commands
+            .send(&provider_id, MessageType::ActionInvoke, &command)
+            .is_none()
+        {
+            let id = session_id.clone();
+            let ended = self
+                .db
+                .write(move |c| {
+                    store::end_by_registry(
+                        c,
+                        &id,
+                        SessionStatus::Failed,
+                        "the registry's MQTT link stopped; the command was not sent",
+                        Utc::now(),
+                    )
+                })
+                .await??;
+            if let Some((_, ev)) = ended {
+                self.publish([ev]);
+            }
+            return Err(SessionError::ControlPlaneDown);
+        }
+        tracing::info!(%session_id, lease_id, %capability_id, %provider_id, action = %req.action, "action sent to provider");
+        match events {
+            Some(rx) => {
+                self.wait_on(
+                    rx,
+                    &session_id,
+                    Duration::from_millis(u64::from(req.wait_ms)),
+                )
+                .await
+            }
+            None => Ok(row.session),
+        }
+    }
+
+    /// Wait up to `timeout` for session `session_id` to end; returns it as
+    /// it is then.
+    ///
+    /// Errors: `SessionNotFound`, `Store`.
+    pub async fn wait_final(
+        &self,
+        session_id: &str,
+        timeout: Duration,
+    ) -> Result<CapabilitySession, SessionError> {
+        let rx = self.bus.subscribe();
+        let now = self.get_session(session_id).await?;
+        if now.status.is_final() {
+            return Ok(now);
+        }
+        self.wait_on(rx, session_id, timeout).await
+    }
+
+    async fn wait_on(
+        &self,
+        mut rx: broadcast::Receiver<CapabilityEvent>,
+        session_id: &str,
+        timeout: Duration,
+    ) -> Result<CapabilitySession, SessionError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => return self.get_session(session_id).await,
+                Ok(Ok(ev)) => {
+                    let ends = matches!(
+                        ev.event_type,
+                        EventType::SessionCompleted | EventType::SessionFailed
+                    );
+                    if ends && ev.session_id.as_deref() == Some(session_id) {
+                        if let Ok(s) = serde_json::from_value::<CapabilitySession>(ev.data) {
+                            return Ok(s);
+                        }
+                        return self.get_session(session_id).await;
+                    }
+                }
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    let s = self.get_session(session_id).await?;
+                    if s.status.is_final() {
+                        return Ok(s);
+                    }
+                }
+                Ok(Err(broadcast::error::RecvError::Closed)) => {
+                    return self.get_session(session_id).await
+                }
+            }
+        }
+    }
+
+    /// One session.
+    ///
+    /// Errors: `SessionNotFound`, `Store`.
+    pub async fn get_session(&self, session_id: &str) -> Result<CapabilitySession, SessionError> {
+        let id = session_id.to_string();
+        self.db
+            .read(move |c| store::load_session(c, &id))
+            .await??
+            .map(|r| r.session)
+            .ok_or_else(|| SessionError::SessionNotFound {
+                session_id: session_id.to_string(),
+            })
+    }
+
+    /// Sessions matching `filter`, newest first.
+    pub async fn list_sessions(
+        &self,
+        mut filter: SessionFilter,
+    ) -> Result<Vec<CapabilitySession>, SessionError> {
+        filter.limit = filter.limit.clamp(1, MAX_LIST);
+        let rows = self
+            .db
+            .read(move |c| store::list_sessions(c, &filter))
+            .await??;
+        Ok(rows.into_iter().map(|r| r.session).collect())
+    }
+
+    /// One artifact's metadata and the provider that produced it.
+    ///
+    /// Errors: `ArtifactNotFound`, `Store`.
+    pub async fn get_artifact(
+        &self,
+        artifact_id: &str,
+    ) -> Result<(CapabilityArtifact, String), SessionError> {
+        let id = artifact_id.to_string();
+        self.db
+            .read(move |c| store::load_artifact(c, &id))
+            .await??
+            .map(|r| (r.artifact, r.provider_id))
+            .ok_or_else(|| SessionError::ArtifactNotFound {
+                artifact_id: artifact_id.to_string(),
+            })
+    }
+
+    /// Artifacts matching `filter`, oldest capture first.
+    pub async fn list_artifacts(
+        &self,
+        mut filter: ArtifactFilter,
+    ) -> Result<Vec<CapabilityArtifact>, SessionError> {
+        filter.limit = filter.limit.clamp(1, MAX_LIST);
+        let rows = self
+            .db
+            .read(move |c| store::list_artifacts(c, &filter))
+            .await??;
+        Ok(rows.into_iter().map(|r| r.artifact).collect())
+    }
+
+    /// An uploaded artifact's metadata and bytes.
+    ///
+    /// Errors: `ArtifactNotFound`, `ArtifactNotUploaded` (only metadata),
+    /// `Blob`, `Store`.
+    pub async fn open_artifact(
+        &self,
+        artifact_id: &str,
+    ) -> Result<(CapabilityArtifact, String, BlobContent), SessionError> {
+        let (artifact, provider) = self.get_artifact(artifact_id).await?;
+        if !artifact.uploaded {
+            return Err(SessionError::ArtifactNotUploaded {
+                artifact_id: artifact_id.to_string(),
+            });
+        }
+        let content = self.blobs.open(&artifact.checksum).await?.ok_or_else(|| {
+            tracing::error!(artifact_id, checksum = %artifact.checksum, "artifact marked uploaded but its blob is missing");
+            SessionError::ArtifactNotUploaded {
+                artifact_id: artifact_id.to_string(),
+            }
+        })?;
+        Ok((artifact, provider, content))
+    }
+
+    /// Check an upload before its body is read: the caller may upload this
+    /// artifact, and the declared sha256 agrees with the metadata (when
+    /// known). Returns the declared sha256 in lowercase.
+    ///
+    /// Errors: `BadChecksumHeader`, `NotArtifactOwner`, `ChecksumMismatch`
+    /// (against the recorded checksum), `TooLarge` (declared length),
+    /// `Store`.
+    pub async fn precheck_upload(
+        &self,
+        who: &Principal,
+        artifact_id: &str,
+        declared_sha256: Option<&str>,
+        content_length: Option<u64>,
+    ) -> Result<String, SessionError> {
+        let declared = declared_sha256
+            .map(|s| s.trim().to_ascii_lowercase())
+            .filter(|s| is_sha256_hex(s))
+            .ok_or(SessionError::BadChecksumHeader)?;
+        if content_length.is_some_and(|n| n > self.cfg.max_artifact_bytes) {
+            return Err(SessionError::TooLarge {
+                artifact_id: artifact_id.to_string(),
+                limit: self.cfg.max_artifact_bytes,
+            });
+        }
+        let id = artifact_id.to_string();
+        if let Some(meta) = self
+            .db
+            .read(move |c| store::load_artifact(c, &id))
+            .await??
+        {
+            if meta.provider_id != who.name {
+                return Err(SessionError::NotArtifactOwner {
+                    artifact_id: artifact_id.to_string(),
+                    owner: meta.provider_id,
+                    caller: who.name.clone(),
+                });
+            }
+            if meta.artifact.checksum != declared {
+                return Err(SessionError::ChecksumMismatch {
+                    artifact_id: artifact_id.to_string(),
+                    what: "recorded",
+                    expected: meta.artifact.checksum,
+                    actual: declared,
+                });
+            }
+        }
+        Ok(declared)
+    }
+
+    /// A new staging file for an upload's body.
+    pub async fn stage(&self) -> Result<StagedBlob, SessionError> {
+        Ok(StagedBlob::create(&self.blobs.staging_dir()).await?)
+    }
+
+    /// Take a fully received upload: compare its hash with the declared
+    /// one, store it, and mark the artifact uploaded (or hold the bytes
+    /// until its metadata arrives). Emits `artifact_uploaded` the first
+    /// time.
+    ///
+    /// Errors: `ChecksumMismatch` (nothing stored), `NotArtifactOwner`,
+    /// `Blob`, `Store`.
+    pub async fn finish_upload(
+        &self,
+        who: &Principal,
+        artifact_id: &str,
+        declared_sha256: &str,
+        mut staged: StagedBlob,
+    ) -> Result<UploadReceipt, SessionError> {
+        let actual = staged.finish().await?;
+        let size = staged.size_bytes();
+        if actual != declared_sha256 {
+            tracing::warn!(artifact_id, provider_id = %who.name, declared = %declared_sha256, %actual, size_bytes = size, "artifact upload refused: checksum mismatch");
+            return Err(SessionError::ChecksumMismatch {
+                artifact_id: artifact_id.to_string(),
+                what: "X-Checksum-Sha256",
+                expected: declared_sha256.to_string(),
+                actual,
+            });
+        }
+        self.blobs.put(&actual, staged).await?;
+        let (id, provider, sum) = (artifact_id.to_string(), who.name.clone(), actual.clone());
+        let recorded = self
+            .db
+            .write(move |c| store::record_upload(c, &id, &provider, &sum, size, Utc::now()))
+            .await?;
+        match recorded {
+            Ok(UploadRecorded::Bound {
+                artifact,
+                first,
+                events,
+            }) => {
+                self.publish(events);
+                if first {
+                    tracing::info!(artifact_id, session_id = %artifact.session_id, size_bytes = size, "artifact uploaded");
+                }
+                Ok(UploadReceipt {
+                    first,
+                    record: serde_json::to_value(&artifact).unwrap_or(Value::Null),
+                })
+            }
+            Ok(UploadRecorded::Held {
+                artifact_id,
+                checksum,
+                size_bytes,
+                first,
+            }) => {
+                if first {
+                    tracing::info!(%artifact_id, provider_id = %who.name, size_bytes, "artifact bytes held until their metadata arrives");
+                }
+                Ok(UploadReceipt {
+                    first,
+                    record: json!({
+                        "artifact_id": artifact_id,
+                        "checksum": checksum,
+                        "size_bytes": size_bytes,
+                        "uploaded": true,
+                        "metadata_received": false,
+                    }),
+                })
+            }
+            Err(UploadRefused::NotOwner { artifact_id, owner }) => {
+                Err(SessionError::NotArtifactOwner {
+                    artifact_id,
+                    owner,
+                    caller: who.name.clone(),
+                })
+            }
+            Err(UploadRefused::ChecksumMismatch {
+                artifact_id,
+                expected,
+                actual,
+            }) => Err(SessionError::ChecksumMismatch {
+                artifact_id,
+                what: "recorded",
+                expected,
+                actual,
+            }),
+            Err(UploadRefused::Sqlite(e)) => Err(SessionError::Store(e)),
+        }
+    }
+
+    /// Apply one `session_update` from `provider_id`; refusals are logged
+    /// (there is nobody to answer on MQTT).
+    pub async fn apply_update(&self, provider_id: &str, update: SessionUpdate) {
+        let lease_reason = if matches!(
+            update.status,
+            SessionStatus::Failed | SessionStatus::Cancelled
+        ) {
+            self.lease_reason_for(&update).await
+        } else {
+            None
+        };
+        let provider = provider_id.to_string();
+        let session_id = update.session_id.clone();
+        let applied = self
+            .db
+            .write(move |c| store::apply_update(c, &provider, &update, lease_reason, Utc::now()))
+            .await;
+        match applied {
+            Ok(Ok(out)) => {
+                for why in &out.ignored_artifacts {
+                    tracing::warn!(provider_id, %session_id, "artifact metadata ignored: {why}");
+                }
+                if let Some(s) = &out.session {
+                    tracing::debug!(provider_id, %session_id, status = %s.status, "session update applied");
+                }
+                self.publish(out.events);
+            }
+            Ok(Err(UpdateRefused::Sqlite(e))) => {
+                tracing::error!(provider_id, %session_id, error = %e, "session update not stored")
+            }
+            Ok(Err(refused)) => {
+                tracing::warn!(provider_id, %session_id, "session update refused: {refused}")
+            }
+            Err(e) => {
+                tracing::error!(provider_id, %session_id, error = %e, "session update not stored")
+            }
+        }
+    }
+
+    /// Why the lease under an update's session ended, when it ended before
+    /// the update's `occurred_at` (a failure after a revocation is the
+    /// revocation's doing).
+    async fn lease_reason_for(&self, update: &SessionUpdate) -> Option<String> {
+        let id = update.session_id.clone();
+        let row = self
+            .db
+            .read(move |c| store::load_session(c, &id))
+            .await
+            .ok()?
+            .ok()??;
+        if row.revoke_reason.is_some() {
+            return None;
+        }
+        let lease = self.leases.get(&row.session.lease_id).await?;
+        let ended_first = lease
+            .ended_at
+            .is_some_and(|t| t <= update.occurred_at + chrono::Duration::seconds(1));
+        if lease.status.is_final() && ended_first {
+            lease_end_reason(&lease)
+        } else {
+            None
+        }
+    }
+
+    /// A provider went away (`why`, e.g. "provider `p` went offline"): end
+    /// its running sessions (seed 001 §5.4).
+    pub async fn provider_lost(&self, provider_id: &str, why: String) {
+        let p = provider_id.to_string();
+        match self
+            .db
+            .write(move |c| store::provider_lost(c, &p, &why, Utc::now()))
+            .await
+        {
+            Ok(Ok(events)) => {
+                if !events.is_empty() {
+                    tracing::warn!(
+                        provider_id,
+                        sessions = events.len(),
+                        "sessions of a lost provider ended (failed / incomplete_evidence)"
+                    );
+                }
+                self.publish(events);
+            }
+            Ok(Err(e)) => {
+                tracing::error!(provider_id, error = %e, "cannot end the sessions of a lost provider")
+            }
+            Err(e) => {
+                tracing::error!(provider_id, error = %e, "cannot end the sessions of a lost provider")
+            }
+        }
+    }
+
+    /// Fail sessions past their deadline.
+    async fn run_watchdog(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(WATCHDOG_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.wait_for(|s| *s) => break,
+            }
+            match self.db.write(|c| store::fail_overdue(c, Utc::now())).await {
+                Ok(Ok(events)) => {
+                    for ev in &events {
+                        tracing::warn!(session_id = ?ev.session_id, "session failed: no report from its provider before the deadline");
+                    }
+                    self.publish(events);
+                }
+                Ok(Err(e)) => tracing::error!(error = %e, "session deadline check failed"),
+                Err(e) => tracing::error!(error = %e, "session deadline check failed"),
+            }
+        }
+    }
+
+    /// Follow lease events; when a lease ends under running sessions,
+    /// record why and send `action_cancel` for each.
+    async fn run_lease_follower(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, after: u64) {
+        let mut follower = EventFollower::new(self.bus.clone(), after);
+        loop {
+            let next = tokio::select! {
+                n = follower.next() => n,
+                _ = shutdown.wait_for(|s| *s) => break,
+            };
+            let ev = match next {
+                Ok(Followed::Event(ev)) => ev,
+                Ok(Followed::Gap { .. }) => continue,
+                Ok(Followed::Closed) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "event log unreadable; session cancellation paused");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let (Some(reason), Some(lease_id)) = (reason_for_event(&ev), ev.lease_id.clone())
+            else {
+                continue;
+            };
+            self.lease_ended(&lease_id, reason).await;
+        }
+    }
+
+    async fn lease_ended(&self, lease_id: &str, reason: String) {
+        let deadline = Utc::now()
+            + chrono::Duration::milliseconds(self.cfg.revoke_grace_ms.min(i64::MAX as u64) as i64);
+        let (id, why) = (lease_id.to_string(), reason.clone());
+        let rows = match self
+            .db
+            .write(move |c| store::lease_ended(c, &id, &why, deadline))
+            .await
+        {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                tracing::error!(lease_id, error = %e, "cannot mark the sessions of an ended lease");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(lease_id, error = %e, "cannot mark the sessions of an ended lease");
+                return;
+            }
+        };
+        let Some(commands) = self.commands.get() else {
+            return;
+        };
+        for row in rows {
+            tracing::info!(lease_id, session_id = %row.session.session_id, provider_id = %row.provider_id, %reason, "lease ended under a running session: cancelling it");
+            commands.send(
+                &row.provider_id,
+                MessageType::ActionCancel,
+                &ActionCancel {
+                    session_id: row.session.session_id.clone(),
+                    reason: reason.clone(),
+                },
+            );
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ProviderHooks for Sessions {
+    async fn on_provider_restarted(&self, provider_id: &str) {
+        self.provider_lost(
+            provider_id,
+            format!("provider `{provider_id}` restarted (new boot id)"),
+        )
+        .await;
+    }
+
+    async fn on_provider_offline(&self, provider_id: &str) {
+        self.provider_lost(
+            provider_id,
+            format!("provider `{provider_id}` went offline"),
+        )
+        .await;
+    }
+
+    async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) {
+        self.apply_update(provider_id, update).await;
+    }
+}

@@ -1,0 +1,1115 @@
+//! Actions on leased hardware, sessions and artifacts against an in-process
+//! registry with its embedded broker. The provider side is a real MQTT
+//! client: it receives `action_invoke` on its commands topic, answers with
+//! `session_update` on its results topic, and PUTs artifact bytes over
+//! HTTP, as the edge daemon does.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use shared_protocol::api::Role;
+use shared_protocol::mqtt::{ActionCommand, Envelope, MessageType, TopicKind};
+use tempfile::TempDir;
+
+const PREFIX: &str = "benchlink/v1";
+const PROVIDER: &str = "bench-a";
+const AGENT: &str = "audit:hw-01";
+const OTHER_AGENT: &str = "audit:hw-02";
+
+/// A registry, one provider connected over MQTT with a camera, a thumb
+/// robot and a serial console, and tokens for two audit agents.
+struct Bench {
+    _dir: TempDir,
+    reg: cloud_registry::app::RunningRegistry,
+    api: Api,
+    provider: TestProvider,
+    provider_token: String,
+    agent: String,
+    other_agent: String,
+    admin: String,
+}
+
+fn capabilities() -> Value {
+    json!([
+        {
+            "capability_id": "cam-1",
+            "capability_type": "camera",
+            "display_name": "bench camera",
+            "lease_mode": "exclusive",
+            "preemptible": true,
+            "supported_actions": ["snapshot", "record_clip"],
+            "evidence_modes": ["image", "video_clip"]
+        },
+        {
+            "capability_id": "robot-1",
+            "capability_type": "thumb_robot",
+            "display_name": "thumb robot",
+            "lease_mode": "exclusive",
+            "preemptible": true,
+            "supported_actions": ["tap", "drag"]
+        },
+        {
+            "capability_id": "console-1",
+            "capability_type": "serial_port",
+            "display_name": "DUT console",
+            "lease_mode": "exclusive",
+            "preemptible": true,
+            "supported_actions": ["write", "expect_pattern", "capture_log"],
+            "evidence_modes": ["serial_log"]
+        }
+    ])
+}
+
+impl Bench {
+    async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    async fn start_with(tune: impl FnOnce(&mut cloud_registry::config::Config)) -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut cfg = test_config(&dir);
+        cfg.leases.default_grace_period_seconds = 1;
+        cfg.leases.sweep_interval_ms = 50;
+        tune(&mut cfg);
+        let reg = start(cfg).await;
+        let api = Api::new(&reg.base_url());
+        let provider_token = reg
+            .auth
+            .create_token(Role::Provider, PROVIDER)
+            .await
+            .unwrap();
+        let agent = reg
+            .auth
+            .create_token(Role::AuditAgent, AGENT)
+            .await
+            .unwrap();
+        let other_agent = reg
+            .auth
+            .create_token(Role::AuditAgent, OTHER_AGENT)
+            .await
+            .unwrap();
+        let admin = reg.admin_token.clone().unwrap();
+        let addr = reg.mqtt_addr;
+        let mut provider = TestProvider::connect(
+            &addr.ip().to_string(),
+            addr.port(),
+            PREFIX,
+            PROVIDER,
+            PROVIDER,
+            Some((PROVIDER, &provider_token)),
+        )
+        .await;
+        let mut p = provider_body(PROVIDER);
+        p["boot_id"] = json!("boot-1");
+        provider
+            .publish(
+                PROVIDER,
+                TopicKind::Register,
+                MessageType::Register,
+                &json!({ "provider": p, "capabilities": capabilities() }),
+            )
+            .await;
+        let ack = provider
+            .next_of(MessageType::RegisterAck, Duration::from_secs(5))
+            .await
+            .expect("register_ack");
+        assert_eq!(ack.body["accepted"], true, "{}", ack.body);
+        Bench {
+            _dir: dir,
+            reg,
+            api,
+            provider,
+            provider_token,
+            agent,
+            other_agent,
+            admin,
+        }
+    }
+
+    /// A lease on `capability_id` for `holder` (its token), granted at once.
+    async fn lease(&self, token: &str, holder: &str, capability_id: &str, priority: u8) -> String {
+        let (s, body) = self
+            .api
+            .post(
+                "/api/v1/capability-leases/request",
+                Some(token),
+                &json!({
+                    "capability_id": capability_id,
+                    "holder_type": "audit_agent",
+                    "holder_ref": holder,
+                    "project_id": "proj_device_assistant",
+                    "purpose": "exercise the bench",
+                    "priority": priority,
+                    "requested_duration_seconds": 300,
+                    "evidence_required": true
+                }),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+        body["lease_id"].as_str().unwrap().to_string()
+    }
+
+    /// Invoke an action in the background; the answer comes from the task.
+    fn invoke(
+        &self,
+        token: &str,
+        lease_id: &str,
+        body: Value,
+    ) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+        let api = self.api.clone();
+        let (token, lease_id) = (token.to_string(), lease_id.to_string());
+        tokio::spawn(async move {
+            api.post(
+                &format!("/api/v1/capability-leases/{lease_id}/actions"),
+                Some(&token),
+                &body,
+            )
+            .await
+        })
+    }
+
+    /// The next `action_invoke` the provider receives.
+    async fn next_command(&mut self) -> ActionCommand {
+        let env = self
+            .provider
+            .next_of(MessageType::ActionInvoke, Duration::from_secs(5))
+            .await
+            .expect("action_invoke on the commands topic");
+        serde_json::from_value(env.body).expect("ActionCommand body")
+    }
+
+    /// Publish a `session_update` as the provider.
+    async fn report(&self, cmd: &ActionCommand, status: &str, extra: Value) {
+        let mut body = json!({
+            "session_id": cmd.session_id,
+            "capability_id": cmd.capability_id,
+            "status": status,
+            "occurred_at": chrono::Utc::now(),
+        });
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        self.provider
+            .publish(
+                PROVIDER,
+                TopicKind::Results,
+                MessageType::SessionUpdate,
+                &body,
+            )
+            .await;
+    }
+
+    async fn put_bytes(
+        &self,
+        token: &str,
+        artifact_id: &str,
+        checksum: &str,
+        bytes: &[u8],
+    ) -> (StatusCode, Value) {
+        let resp = self
+            .api
+            .http
+            .put(format!(
+                "{}/api/v1/artifacts/{artifact_id}/content",
+                self.api.base
+            ))
+            .bearer_auth(token)
+            .header("X-Checksum-Sha256", checksum)
+            .header("content-type", "image/jpeg")
+            .body(bytes.to_vec())
+            .send()
+            .await
+            .expect("PUT sent");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn sessions_of(&self, lease_id: &str) -> Vec<Value> {
+        let (s, body) = self
+            .api
+            .get(
+                &format!("/api/v1/capability-leases/{lease_id}/sessions"),
+                Some(&self.admin),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        body["sessions"].as_array().cloned().unwrap_or_default()
+    }
+
+    async fn running_sessions(&self) -> Vec<Value> {
+        let (s, body) = self
+            .api
+            .get("/api/v1/sessions?status=running", Some(&self.admin))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        body["sessions"].as_array().cloned().unwrap_or_default()
+    }
+
+    async fn session(&self, session_id: &str) -> Value {
+        let (s, body) = self
+            .api
+            .get(&format!("/api/v1/sessions/{session_id}"), Some(&self.agent))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        body
+    }
+
+    async fn events_of(&self, event_type: &str) -> Vec<Value> {
+        self.reg
+            .bus
+            .replay(0, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event_type.as_str() == event_type)
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect()
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Artifact metadata as the edge sends it in a session update.
+fn artifact_meta(artifact_id: &str, session_id: &str, bytes: &[u8]) -> Value {
+    json!({
+        "artifact_id": artifact_id,
+        "session_id": session_id,
+        "artifact_type": "image",
+        "storage_uri": format!("edge-outbox://{PROVIDER}/{artifact_id}"),
+        "content_type": "image/jpeg",
+        "captured_at": chrono::Utc::now(),
+        "duration_ms": null,
+        "checksum": sha256_hex(bytes),
+        "size_bytes": bytes.len(),
+        "metadata_json": {"width": 640, "height": 480}
+    })
+}
+
+fn jpeg_like(n: usize) -> Vec<u8> {
+    let mut v = vec![0xFF, 0xD8, 0xFF, 0xE0];
+    v.extend((0..n).map(|i| (i * 7 % 251) as u8));
+    v
+}
+
+#[tokio::test]
+async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evidence_downloads_intact(
+) {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "snapshot", "params": {"format": "jpeg"}, "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    assert_eq!(cmd.lease_id, lease);
+    assert_eq!(cmd.capability_id, "cam-1");
+    assert_eq!(cmd.params["format"], "jpeg");
+    assert_eq!(cmd.timeout_ms, 30_000, "the default driver deadline");
+
+    let bytes = jpeg_like(300_000);
+    let artifact_id = format!("art_{}", &cmd.session_id[5..]);
+    b.report(&cmd, "running", json!({})).await;
+    b.report(
+        &cmd,
+        "completed",
+        json!({
+            "result_summary": {"width": 640, "height": 480},
+            "artifacts": [artifact_meta(&artifact_id, &cmd.session_id, &bytes)]
+        }),
+    )
+    .await;
+    let (status, session) = call.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{session}");
+    assert_eq!(session["status"], "completed");
+    assert_eq!(session["result_summary"]["width"], 640);
+    assert_eq!(session["input_summary"]["format"], "jpeg");
+    assert_eq!(session["artifact_refs"], json!([artifact_id]));
+    assert!(session["ended_at"].is_string());
+
+    // Metadata first, bytes after: the usual order.
+    let (s, meta) = b
+        .api
+        .get(&format!("/api/v1/artifacts/{artifact_id}"), Some(&b.agent))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{meta}");
+    assert_eq!(meta["uploaded"], false);
+    let (s, body) = b
+        .put_bytes(&b.provider_token, &artifact_id, &sha256_hex(&bytes), &bytes)
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert_eq!(body["checksum"], sha256_hex(&bytes));
+    assert_eq!(body["uploaded"], true);
+    assert_eq!(
+        body["storage_uri"],
+        format!("/api/v1/artifacts/{artifact_id}/content")
+    );
+
+    let resp = b
+        .api
+        .http
+        .get(format!(
+            "{}/api/v1/artifacts/{artifact_id}/content",
+            b.api.base
+        ))
+        .bearer_auth(&b.agent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "image/jpeg");
+    assert_eq!(
+        resp.headers()["x-checksum-sha256"],
+        sha256_hex(&bytes).as_str()
+    );
+    assert_eq!(
+        resp.headers()["content-length"],
+        bytes.len().to_string().as_str()
+    );
+    let downloaded = resp.bytes().await.unwrap();
+    assert_eq!(
+        sha256_hex(&downloaded),
+        sha256_hex(&bytes),
+        "the bytes hash to what the edge computed"
+    );
+
+    let started = b.events_of("session_started").await;
+    let completed = b.events_of("session_completed").await;
+    let uploaded = b.events_of("artifact_uploaded").await;
+    assert_eq!(started.len(), 1);
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0]["session_id"], cmd.session_id);
+    assert_eq!(uploaded.len(), 1);
+    assert_eq!(uploaded[0]["artifact_id"], artifact_id);
+    let lease_now = b
+        .api
+        .get(
+            &format!("/api/v1/capability-leases/{lease}"),
+            Some(&b.agent),
+        )
+        .await
+        .1;
+    assert_eq!(lease_now["status"], "active", "the first action activates");
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_upload_whose_bytes_do_not_match_the_declared_sha256_is_refused_and_nothing_is_stored() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "snapshot", "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    let bytes = jpeg_like(10_000);
+    b.report(
+        &cmd,
+        "completed",
+        json!({"artifacts": [artifact_meta("art-mismatch", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    assert_eq!(call.await.unwrap().1["status"], "completed");
+
+    // The bytes were damaged on the way: the header says one thing, the
+    // body hashes to another.
+    let mut damaged = bytes.clone();
+    damaged[5000] ^= 0x55;
+    let r = b
+        .put_bytes(
+            &b.provider_token,
+            "art-mismatch",
+            &sha256_hex(&bytes),
+            &damaged,
+        )
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "checksum_mismatch");
+    assert_eq!(r.1["error"]["details"]["expected"], sha256_hex(&bytes));
+    assert_eq!(r.1["error"]["details"]["actual"], sha256_hex(&damaged));
+
+    // A header that disagrees with the recorded metadata is refused too.
+    let r = b
+        .put_bytes(
+            &b.provider_token,
+            "art-mismatch",
+            &sha256_hex(&damaged),
+            &damaged,
+        )
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "checksum_mismatch");
+
+    let r = b
+        .api
+        .get("/api/v1/artifacts/art-mismatch/content", Some(&b.agent))
+        .await;
+    assert_error(&r, StatusCode::CONFLICT, "artifact_not_uploaded");
+    let blobs = b.reg.db_path().parent().unwrap().join("artifacts");
+    for sum in [sha256_hex(&bytes), sha256_hex(&damaged)] {
+        assert!(
+            !blobs
+                .join("sha256")
+                .join(&sum[..2])
+                .join(&sum[2..])
+                .exists(),
+            "nothing stored for {sum}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(blobs.join("staging")).unwrap().count(),
+        0,
+        "no staging leftovers"
+    );
+    assert!(b.events_of("artifact_uploaded").await.is_empty());
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn repeating_an_upload_answers_200_with_the_same_record() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "capture_log", "params": {"duration_ms": 100}, "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    let bytes = b"[    0.000000] Booting Linux on physical CPU 0x0\n".repeat(200);
+    let mut meta = artifact_meta("art-log-1", &cmd.session_id, &bytes);
+    meta["artifact_type"] = json!("serial_log");
+    meta["content_type"] = json!("text/plain");
+    b.report(&cmd, "completed", json!({"artifacts": [meta]}))
+        .await;
+    call.await.unwrap();
+
+    let sum = sha256_hex(&bytes);
+    let first = b
+        .put_bytes(&b.provider_token, "art-log-1", &sum, &bytes)
+        .await;
+    assert_eq!(first.0, StatusCode::CREATED, "{}", first.1);
+    let again = b
+        .put_bytes(&b.provider_token, "art-log-1", &sum, &bytes)
+        .await;
+    assert_eq!(again.0, StatusCode::OK, "{}", again.1);
+    assert_eq!(first.1, again.1, "the same record both times");
+    assert_eq!(b.events_of("artifact_uploaded").await.len(), 1);
+
+    // Another provider may not upload (or overwrite) this artifact.
+    let intruder = b
+        .reg
+        .auth
+        .create_token(Role::Provider, "bench-b")
+        .await
+        .unwrap();
+    let r = b.put_bytes(&intruder, "art-log-1", &sum, &bytes).await;
+    assert_error(&r, StatusCode::FORBIDDEN, "not_artifact_owner");
+    // And an audit agent token cannot upload at all.
+    let r = b.put_bytes(&b.agent, "art-log-1", &sum, &bytes).await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn bytes_that_arrive_before_their_metadata_are_bound_when_it_arrives() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "snapshot", "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    let bytes = jpeg_like(50_000);
+    let sum = sha256_hex(&bytes);
+
+    // The upload overtakes the session update.
+    let r = b
+        .put_bytes(&b.provider_token, "art-early", &sum, &bytes)
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["checksum"], sum);
+    assert_eq!(r.1["metadata_received"], false);
+    let r = b
+        .api
+        .get("/api/v1/artifacts/art-early", Some(&b.agent))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+
+    b.report(
+        &cmd,
+        "completed",
+        json!({"artifacts": [artifact_meta("art-early", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    assert_eq!(call.await.unwrap().1["status"], "completed");
+    let meta = eventually(Duration::from_secs(5), "artifact bound", || async {
+        let (s, m) = b
+            .api
+            .get("/api/v1/artifacts/art-early", Some(&b.agent))
+            .await;
+        (s == StatusCode::OK && m["uploaded"] == true).then_some(m)
+    })
+    .await;
+    assert_eq!(meta["storage_uri"], "/api/v1/artifacts/art-early/content");
+    let got = b
+        .api
+        .http
+        .get(format!("{}/api/v1/artifacts/art-early/content", b.api.base))
+        .bearer_auth(&b.agent)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(sha256_hex(&got), sum);
+    assert_eq!(b.events_of("artifact_uploaded").await.len(), 1);
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_action_on_a_lease_the_caller_does_not_hold_is_refused_and_starts_nothing() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let r = b
+        .invoke(
+            &b.other_agent,
+            &lease,
+            json!({"action": "snapshot", "wait_ms": 1000}),
+        )
+        .await
+        .unwrap();
+    assert_error(&r, StatusCode::FORBIDDEN, "not_lease_holder");
+    assert_eq!(r.1["error"]["details"]["lease_id"], lease);
+    assert!(b.sessions_of(&lease).await.is_empty(), "no session stored");
+    assert!(
+        b.provider
+            .next_of(MessageType::ActionInvoke, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "nothing was sent to the provider"
+    );
+    let r = b
+        .invoke(
+            &b.agent,
+            "lease_does_not_exist",
+            json!({"action": "snapshot"}),
+        )
+        .await
+        .unwrap();
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unsupported_action_is_refused_naming_the_action_field() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    // `tap` is a thumb robot's action, not a camera's.
+    let r = b
+        .invoke(
+            &b.agent,
+            &lease,
+            json!({"action": "tap", "params": {"x_mm": 1}}),
+        )
+        .await
+        .unwrap();
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "unsupported_action");
+    assert_eq!(r.1["error"]["details"]["field"], "action");
+    assert_eq!(
+        r.1["error"]["details"]["supported_actions"],
+        json!(["snapshot", "record_clip"])
+    );
+    // Not an action at all.
+    let r = b
+        .invoke(&b.agent, &lease, json!({"action": "self_destruct"}))
+        .await
+        .unwrap();
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "action");
+    // A capability the lease does not cover.
+    let r = b
+        .invoke(
+            &b.agent,
+            &lease,
+            json!({"action": "snapshot", "capability_id": "robot-1"}),
+        )
+        .await
+        .unwrap();
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "capability_id");
+    assert!(b.sessions_of(&lease).await.is_empty());
+    assert!(b
+        .provider
+        .next_of(MessageType::ActionInvoke, Duration::from_millis(300))
+        .await
+        .is_none());
+    let lease_now = b
+        .api
+        .get(
+            &format!("/api/v1/capability-leases/{lease}"),
+            Some(&b.agent),
+        )
+        .await
+        .1;
+    assert_eq!(
+        lease_now["status"], "granted",
+        "a refused action does not activate"
+    );
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_action_on_an_offline_provider_is_refused_and_leaves_no_session_running() {
+    let b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    // The provider's connection dies; its last will marks it offline.
+    b.provider
+        .publish(
+            PROVIDER,
+            TopicKind::Status,
+            MessageType::Status,
+            &json!({"provider_id": PROVIDER, "online_status": "offline", "boot_id": "boot-1"}),
+        )
+        .await;
+    eventually(Duration::from_secs(5), "provider offline", || async {
+        let (_, p) = b
+            .api
+            .get(
+                &format!("/api/v1/capability-providers/{PROVIDER}"),
+                Some(&b.admin),
+            )
+            .await;
+        (p["online_status"] == "offline").then_some(())
+    })
+    .await;
+    let r = b
+        .invoke(
+            &b.agent,
+            &lease,
+            json!({"action": "snapshot", "wait_ms": 2000}),
+        )
+        .await
+        .unwrap();
+    assert_error(&r, StatusCode::SERVICE_UNAVAILABLE, "provider_offline");
+    assert_eq!(r.1["error"]["details"]["provider_id"], PROVIDER);
+    assert!(b.sessions_of(&lease).await.is_empty());
+    assert!(b.running_sessions().await.is_empty());
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_provider_going_offline_mid_session_ends_its_sessions_failed_or_incomplete_evidence() {
+    let mut b = Bench::start().await;
+    let cam = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let console = b.lease(&b.agent, AGENT, "console-1", 60).await;
+    let robot = b.lease(&b.agent, AGENT, "robot-1", 60).await;
+
+    // 1: a long clip, still running, no evidence reported yet.
+    let clip = b.invoke(
+        &b.agent,
+        &cam,
+        json!({"action": "record_clip", "params": {"duration_ms": 60000}}),
+    );
+    let clip_cmd = b.next_command().await;
+    assert_eq!(clip.await.unwrap().0, StatusCode::ACCEPTED);
+    b.report(&clip_cmd, "running", json!({})).await;
+    // 2: a capture that completed, its log still uploading.
+    let log = b.invoke(
+        &b.agent,
+        &console,
+        json!({"action": "capture_log", "wait_ms": 5000}),
+    );
+    let log_cmd = b.next_command().await;
+    let log_bytes = b"login: ".repeat(100);
+    b.report(
+        &log_cmd,
+        "completed",
+        json!({"artifacts": [artifact_meta("art-log", &log_cmd.session_id, &log_bytes)]}),
+    )
+    .await;
+    assert_eq!(log.await.unwrap().1["status"], "completed");
+    // 3: a tap that completed with no evidence: not touched.
+    let tap = b.invoke(
+        &b.agent,
+        &robot,
+        json!({"action": "tap", "params": {"x_mm": 10, "y_mm": 20}, "wait_ms": 5000}),
+    );
+    let tap_cmd = b.next_command().await;
+    b.report(
+        &tap_cmd,
+        "completed",
+        json!({"result_summary": {"pressed": true}}),
+    )
+    .await;
+    assert_eq!(tap.await.unwrap().1["status"], "completed");
+
+    // The bench drops off the network (its last will).
+    b.provider.task.abort();
+    let clip_now = eventually(Duration::from_secs(10), "clip session ended", || async {
+        let s = b.session(&clip_cmd.session_id).await;
+        (s["status"] != "running").then_some(s)
+    })
+    .await;
+    assert_eq!(clip_now["status"], "failed", "{clip_now}");
+    assert!(
+        clip_now["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("went offline"),
+        "{clip_now}"
+    );
+    let log_now = b.session(&log_cmd.session_id).await;
+    assert_eq!(log_now["status"], "incomplete_evidence", "{log_now}");
+    assert_eq!(b.session(&tap_cmd.session_id).await["status"], "completed");
+    assert!(b.running_sessions().await.is_empty());
+    let failed = b.events_of("session_failed").await;
+    assert_eq!(failed.len(), 2, "one session_failed each");
+
+    // The bench comes back and its outbox delivers the log: the evidence
+    // is complete after all.
+    let sum = sha256_hex(&log_bytes);
+    let r = b
+        .put_bytes(&b.provider_token, "art-log", &sum, &log_bytes)
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(b.session(&log_cmd.session_id).await["status"], "completed");
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_running_session_with_evidence_still_uploading_becomes_incomplete_evidence_on_restart() {
+    let mut b = Bench::start().await;
+    let cam = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(&b.agent, &cam, json!({"action": "record_clip"}));
+    let cmd = b.next_command().await;
+    call.await.unwrap();
+    let bytes = jpeg_like(1000);
+    // Keyframes of the clip are announced while it still records.
+    b.report(
+        &cmd,
+        "running",
+        json!({"artifacts": [artifact_meta("art-keyframe", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    eventually(Duration::from_secs(5), "keyframe metadata", || async {
+        let (s, _) = b
+            .api
+            .get("/api/v1/artifacts/art-keyframe", Some(&b.agent))
+            .await;
+        (s == StatusCode::OK).then_some(())
+    })
+    .await;
+    // The edge daemon restarts: same provider, new boot id.
+    let mut p = provider_body(PROVIDER);
+    p["boot_id"] = json!("boot-2");
+    b.provider
+        .publish(
+            PROVIDER,
+            TopicKind::Register,
+            MessageType::Register,
+            &json!({ "provider": p, "capabilities": capabilities() }),
+        )
+        .await;
+    let s = eventually(Duration::from_secs(5), "session ended", || async {
+        let s = b.session(&cmd.session_id).await;
+        (s["status"] != "running").then_some(s)
+    })
+    .await;
+    assert_eq!(s["status"], "incomplete_evidence", "{s}");
+    assert!(s["error_message"].as_str().unwrap().contains("restarted"));
+    assert_eq!(s["artifact_refs"], json!(["art-keyframe"]));
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_session_update_from_another_provider_is_refused() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(&b.agent, &lease, json!({"action": "snapshot"}));
+    let cmd = b.next_command().await;
+    call.await.unwrap();
+
+    // A second bench with its own camera claims the session.
+    let token = b
+        .reg
+        .auth
+        .create_token(Role::Provider, "bench-b")
+        .await
+        .unwrap();
+    let addr = b.reg.mqtt_addr;
+    let mut other = TestProvider::connect(
+        &addr.ip().to_string(),
+        addr.port(),
+        PREFIX,
+        "bench-b",
+        "bench-b",
+        Some(("bench-b", &token)),
+    )
+    .await;
+    let mut p = provider_body("bench-b");
+    p["node_id"] = json!("node-b");
+    other
+        .publish(
+            "bench-b",
+            TopicKind::Register,
+            MessageType::Register,
+            &json!({"provider": p, "capabilities": [{
+                "capability_id": "cam-b",
+                "capability_type": "camera",
+                "display_name": "other camera",
+                "lease_mode": "exclusive",
+                "preemptible": true,
+                "supported_actions": ["snapshot"]
+            }]}),
+        )
+        .await;
+    other
+        .next_of(MessageType::RegisterAck, Duration::from_secs(5))
+        .await
+        .expect("ack");
+    for capability_id in ["cam-b", "cam-1"] {
+        other
+            .publish(
+                "bench-b",
+                TopicKind::Results,
+                MessageType::SessionUpdate,
+                &json!({
+                    "session_id": cmd.session_id,
+                    "capability_id": capability_id,
+                    "status": "completed",
+                    "result_summary": {"forged": true},
+                    "occurred_at": chrono::Utc::now()
+                }),
+            )
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let s = b.session(&cmd.session_id).await;
+    assert_eq!(s["status"], "running", "{s}");
+    assert!(s["result_summary"].is_null());
+    assert!(b.events_of("session_completed").await.is_empty());
+
+    // An update for a session nobody started is refused as well.
+    b.provider
+        .publish(
+            PROVIDER,
+            TopicKind::Results,
+            MessageType::SessionUpdate,
+            &json!({"session_id": "sess_unknown", "capability_id": "cam-1",
+                    "status": "completed", "occurred_at": chrono::Utc::now()}),
+        )
+        .await;
+    // The real provider's report is accepted.
+    b.report(&cmd, "completed", json!({"result_summary": {"ok": true}}))
+        .await;
+    let s = eventually(Duration::from_secs(5), "completed", || async {
+        let s = b.session(&cmd.session_id).await;
+        (s["status"] == "completed").then_some(s)
+    })
+    .await;
+    assert_eq!(s["result_summary"], json!({"ok": true}));
+    let (_, all) = b.api.get("/api/v1/sessions", Some(&b.admin)).await;
+    assert_eq!(all["sessions"].as_array().unwrap().len(), 1);
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_preempted_holders_running_action_is_cancelled_and_its_next_action_refused() {
+    let mut b = Bench::start().await;
+    let old = b.lease(&b.agent, AGENT, "cam-1", 50).await;
+    let clip = b.invoke(
+        &b.agent,
+        &old,
+        json!({"action": "record_clip", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
+    );
+    let cmd = b.next_command().await;
+    b.report(&cmd, "running", json!({})).await;
+
+    // A higher-priority holder with a whitelisted reason preempts.
+    let (s, new) = b
+        .api
+        .post(
+            "/api/v1/capability-leases/request?wait_seconds=10",
+            Some(&b.other_agent),
+            &json!({
+                "capability_id": "cam-1",
+                "holder_type": "audit_agent",
+                "holder_ref": OTHER_AGENT,
+                "project_id": "proj_device_assistant",
+                "purpose": "safety check",
+                "priority": 90,
+                "requested_duration_seconds": 60,
+                "preempt_if_needed": true,
+                "preempt_reason": "safety_stop"
+            }),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{new}");
+    assert_eq!(new["status"], "granted");
+    let new_lease = new["lease_id"].as_str().unwrap().to_string();
+
+    // The bench is told: preempt notice, then the revocation and a cancel
+    // of the running session, which it honours.
+    let mut saw = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !(saw.contains(&"lease_revoked".to_string())
+        && saw.contains(&"action_cancel".to_string()))
+    {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (_, payload) = tokio::time::timeout(left, b.provider.incoming.recv())
+            .await
+            .expect("commands within 5 s")
+            .expect("channel open");
+        let env = Envelope::parse(&payload).unwrap();
+        if env.message_type == MessageType::ActionCancel {
+            assert_eq!(env.body["session_id"], cmd.session_id);
+        }
+        saw.push(env.message_type.as_str().to_string());
+    }
+    assert!(saw.contains(&"preempt_requested".to_string()), "{saw:?}");
+    b.report(
+        &cmd,
+        "cancelled",
+        json!({"error_message": "cancelled: lease revoked"}),
+    )
+    .await;
+    let (status, ended) = clip.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{ended}");
+    assert_eq!(ended["status"], "failed");
+    let message = ended["error_message"].as_str().unwrap();
+    assert!(
+        message.starts_with("lease revoked by preemption: safety_stop"),
+        "{message}"
+    );
+    assert!(message.contains(&new_lease), "{message}");
+
+    // The old holder's next action is refused with the lease status...
+    let r = b
+        .invoke(
+            &b.agent,
+            &old,
+            json!({"action": "snapshot", "wait_ms": 1000}),
+        )
+        .await
+        .unwrap();
+    assert_error(&r, StatusCode::CONFLICT, "lease_not_usable");
+    assert_eq!(r.1["error"]["details"]["lease_status"], "revoked");
+    // ... and the new holder's works.
+    let call = b.invoke(
+        &b.other_agent,
+        &new_lease,
+        json!({"action": "snapshot", "wait_ms": 5000}),
+    );
+    let cmd2 = b.next_command().await;
+    assert_eq!(cmd2.lease_id, new_lease);
+    b.report(&cmd2, "completed", json!({})).await;
+    assert_eq!(call.await.unwrap().1["status"], "completed");
+    assert!(b.running_sessions().await.is_empty());
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_session_whose_provider_never_reports_fails_after_its_deadline() {
+    let mut b = Bench::start_with(|cfg| cfg.sessions.result_grace_ms = 300).await;
+    let lease = b.lease(&b.agent, AGENT, "robot-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "tap", "params": {"x_mm": 1, "y_mm": 1}, "timeout_ms": 200, "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    assert_eq!(cmd.timeout_ms, 200);
+    let (status, s) = call.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{s}");
+    assert_eq!(s["status"], "failed");
+    assert!(
+        s["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("did not report"),
+        "{s}"
+    );
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_wait_the_answer_is_202_with_the_running_session() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
+    let (status, s) = b
+        .invoke(
+            &b.agent,
+            &lease,
+            json!({"action": "write", "params": {"data": "reboot\n"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{s}");
+    assert_eq!(s["status"], "running");
+    let cmd = b.next_command().await;
+    assert_eq!(cmd.session_id, s["session_id"]);
+    b.report(
+        &cmd,
+        "failed",
+        json!({"error_message": "serial port closed"}),
+    )
+    .await;
+    let s = eventually(Duration::from_secs(5), "failed", || async {
+        let s = b.session(&cmd.session_id).await;
+        (s["status"] == "failed").then_some(s)
+    })
+    .await;
+    assert_eq!(s["error_message"], "serial port closed");
+    assert_eq!(b.events_of("session_failed").await.len(), 1);
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn artifacts_are_bound_by_their_own_size_limit_not_the_json_body_limit() {
+    let mut b = Bench::start_with(|cfg| cfg.sessions.max_artifact_bytes = 4 * 1024 * 1024).await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "record_clip", "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    let clip = jpeg_like(3 * 1024 * 1024);
+    let huge = jpeg_like(5 * 1024 * 1024);
+    let mut meta = artifact_meta("art-clip", &cmd.session_id, &clip);
+    meta["artifact_type"] = json!("video_clip");
+    let mut too_big = artifact_meta("art-huge", &cmd.session_id, &huge);
+    too_big["artifact_type"] = json!("video_clip");
+    b.report(&cmd, "completed", json!({"artifacts": [meta, too_big]}))
+        .await;
+    call.await.unwrap();
+
+    // 3 MiB: three times `http.body_limit_bytes`, within the artifact limit.
+    let r = b
+        .put_bytes(&b.provider_token, "art-clip", &sha256_hex(&clip), &clip)
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["size_bytes"], clip.len());
+    let r = b
+        .put_bytes(&b.provider_token, "art-huge", &sha256_hex(&huge), &huge)
+        .await;
+    assert_error(&r, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large");
+    let r = b
+        .api
+        .get("/api/v1/artifacts/art-huge/content", Some(&b.agent))
+        .await;
+    assert_error(&r, StatusCode::CONFLICT, "artifact_not_uploaded");
+    b.reg.shutdown().await;
+}
