@@ -19,6 +19,7 @@
 pub mod agents;
 pub mod api;
 pub mod app;
+pub mod audit;
 pub mod auth;
 pub mod broker;
 pub mod config;

@@ -1,0 +1,262 @@
+//! HTTP handlers of the audit-task protocol (paths relative to `/api/v1`):
+//!
+//! | method | path | body → answer |
+//! |---|---|---|
+//! | POST | `/audit-requests` | `AuditTaskRequest` → 201 `AuditRequestRecord` |
+//! | GET | `/audit-requests?status&audit_type&project_id&priority_min&priority_max&order&limit&offset` | → `AuditRequestPage` |
+//! | GET | `/audit-requests/{id}` | → `AuditRequestRecord` |
+//! | POST | `/audit-requests/claim` | `ClaimRequest` → 200 `ClaimedTask` or 204 |
+//! | POST | `/audit-requests/{id}/extend` | `ExtendRequest` (optional) → `ExtendedClaim` |
+//! | POST | `/audit-requests/{id}/release` | `ReleaseRequest` (optional) → `AuditRequestRecord` |
+//! | POST | `/audit-requests/{id}/result` | `AuditTaskResult` → `AuditRequestRecord` |
+//! | GET | `/audit-requests/{id}/result` | → `AuditTaskResult` |
+//! | POST | `/threads` | `ThreadRegistration` → 201 (new) / 200 (updated) `ThreadRecord` |
+//! | GET | `/threads?node_id&role&label` | → `{"threads": [...]}` |
+//! | GET | `/threads/{thread_ref}` | → `ThreadRecord` |
+//! | POST | `/threads/{thread_ref}/messages` | `MessagePost` → 201 `ThreadMessage` |
+//! | GET | `/threads/{thread_ref}/messages?after&limit` | → `{"messages": [...], "next_after"}` |
+//!
+//! Every handler authenticates with `Principal` (the router needs the
+//! `Extension(Arc<Authenticator>)` layer); errors are the JSON error body.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::json;
+use shared_protocol::audit::{AuditRequestStatus, AuditTaskRequest, AuditTaskResult, AuditType};
+use shared_protocol::Validate;
+
+use super::model::{
+    AuditRequestFilter, AuditRequestPage, AuditRequestRecord, ClaimRequest, ExtendRequest,
+    ExtendedClaim, ListOrder, MessagePost, ReleaseRequest, ThreadFilter, ThreadMessage,
+    ThreadRecord, ThreadRegistration,
+};
+use super::service::AuditService;
+use crate::api::{parse_one, ApiQuery};
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ValidJson;
+
+type Svc = State<Arc<AuditService>>;
+
+/// The audit-task and thread routes, relative to `/api/v1` (mount with
+/// `.nest("/api/v1", audit::router(svc))`).
+pub fn router(svc: Arc<AuditService>) -> Router {
+    Router::new()
+        .route("/audit-requests", post(create).get(list))
+        .route("/audit-requests/claim", post(claim))
+        .route("/audit-requests/{audit_request_id}", get(get_one))
+        .route("/audit-requests/{audit_request_id}/extend", post(extend))
+        .route("/audit-requests/{audit_request_id}/release", post(release))
+        .route(
+            "/audit-requests/{audit_request_id}/result",
+            post(post_result).get(get_result),
+        )
+        .route("/threads", post(register_thread).get(list_threads))
+        .route("/threads/{thread_ref}", get(get_thread))
+        .route(
+            "/threads/{thread_ref}/messages",
+            post(post_message).get(list_messages),
+        )
+        .with_state(svc)
+}
+
+/// A body that may be empty (then `T::default()`), else JSON parsed and
+/// validated like [`ValidJson`].
+fn optional_body<T: DeserializeOwned + Validate + Default>(body: &Bytes) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    Ok(shared_protocol::parse_json(body)?)
+}
+
+async fn create(
+    State(svc): Svc,
+    who: Principal,
+    ValidJson(req): ValidJson<AuditTaskRequest>,
+) -> ApiResult<(StatusCode, Json<AuditRequestRecord>)> {
+    let record = svc.create(&who, req).await?;
+    Ok((StatusCode::CREATED, Json(record)))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    audit_type: Option<String>,
+    project_id: Option<String>,
+    priority_min: Option<u8>,
+    priority_max: Option<u8>,
+    order: Option<String>,
+    limit: Option<u32>,
+    offset: Option<u32>,
+}
+
+async fn list(
+    State(svc): Svc,
+    who: Principal,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<AuditRequestPage>> {
+    let order = match q.order.as_deref() {
+        None | Some("") | Some("queue") => ListOrder::Queue,
+        Some("newest") => ListOrder::Newest,
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("order: unknown value `{other}`, expected one of: queue, newest"),
+            )
+            .with_details(json!({ "param": "order" })))
+        }
+    };
+    let filter = AuditRequestFilter {
+        status: parse_one::<AuditRequestStatus>("status", q.status.as_deref())?,
+        audit_type: parse_one::<AuditType>("audit_type", q.audit_type.as_deref())?,
+        project_id: q.project_id.filter(|p| !p.is_empty()),
+        priority_min: q.priority_min,
+        priority_max: q.priority_max,
+        order,
+        limit: q.limit.unwrap_or(0),
+        offset: q.offset.unwrap_or(0),
+    };
+    Ok(Json(svc.list(&who, filter).await?))
+}
+
+async fn get_one(
+    State(svc): Svc,
+    who: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<AuditRequestRecord>> {
+    Ok(Json(svc.get(&who, &id).await?))
+}
+
+/// 200 with a `ClaimedTask`, or 204 when nothing was claimable within
+/// `wait_ms`.
+async fn claim(
+    State(svc): Svc,
+    who: Principal,
+    ValidJson(req): ValidJson<ClaimRequest>,
+) -> ApiResult<Response> {
+    Ok(match svc.claim(&who, req).await? {
+        Some(task) => Json(task).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
+}
+
+async fn extend(
+    State(svc): Svc,
+    who: Principal,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<ExtendedClaim>> {
+    let req: ExtendRequest = optional_body(&body)?;
+    Ok(Json(svc.extend(&who, &id, req).await?))
+}
+
+async fn release(
+    State(svc): Svc,
+    who: Principal,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<AuditRequestRecord>> {
+    let req: ReleaseRequest = optional_body(&body)?;
+    Ok(Json(svc.release(&who, &id, req).await?))
+}
+
+async fn post_result(
+    State(svc): Svc,
+    who: Principal,
+    Path(id): Path<String>,
+    ValidJson(result): ValidJson<AuditTaskResult>,
+) -> ApiResult<Json<AuditRequestRecord>> {
+    Ok(Json(svc.submit_result(&who, &id, result).await?))
+}
+
+async fn get_result(
+    State(svc): Svc,
+    who: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<AuditTaskResult>> {
+    Ok(Json(svc.result(&who, &id).await?))
+}
+
+async fn register_thread(
+    State(svc): Svc,
+    who: Principal,
+    ValidJson(reg): ValidJson<ThreadRegistration>,
+) -> ApiResult<(StatusCode, Json<ThreadRecord>)> {
+    let (record, created) = svc.register_thread(&who, reg).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(record)))
+}
+
+#[derive(Deserialize)]
+struct ThreadQuery {
+    node_id: Option<String>,
+    role: Option<String>,
+    label: Option<String>,
+}
+
+async fn list_threads(
+    State(svc): Svc,
+    who: Principal,
+    ApiQuery(q): ApiQuery<ThreadQuery>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let filter = ThreadFilter {
+        node_id: q.node_id.filter(|s| !s.is_empty()),
+        role: q.role.filter(|s| !s.is_empty()),
+        label: q.label.filter(|s| !s.is_empty()),
+    };
+    let threads = svc.threads(&who, filter).await?;
+    Ok(Json(json!({ "threads": threads })))
+}
+
+async fn get_thread(
+    State(svc): Svc,
+    who: Principal,
+    Path(thread_ref): Path<String>,
+) -> ApiResult<Json<ThreadRecord>> {
+    Ok(Json(svc.thread(&who, &thread_ref).await?))
+}
+
+async fn post_message(
+    State(svc): Svc,
+    who: Principal,
+    Path(thread_ref): Path<String>,
+    ValidJson(msg): ValidJson<MessagePost>,
+) -> ApiResult<(StatusCode, Json<ThreadMessage>)> {
+    let message = svc.post_message(&who, &thread_ref, msg).await?;
+    Ok((StatusCode::CREATED, Json(message)))
+}
+
+#[derive(Deserialize)]
+struct MessagesQuery {
+    after: Option<u64>,
+    limit: Option<u32>,
+}
+
+async fn list_messages(
+    State(svc): Svc,
+    who: Principal,
+    Path(thread_ref): Path<String>,
+    ApiQuery(q): ApiQuery<MessagesQuery>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let after = q.after.unwrap_or(0);
+    let messages = svc
+        .messages(&who, &thread_ref, after, q.limit.unwrap_or(0))
+        .await?;
+    let next_after = messages.last().map(|m| m.message_id).unwrap_or(after);
+    Ok(Json(
+        json!({ "messages": messages, "next_after": next_after }),
+    ))
+}
