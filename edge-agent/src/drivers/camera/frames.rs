@@ -169,7 +169,7 @@ pub fn verify(frame: &RawFrame) -> Result<(), DriverError> {
                     frame.height
                 )));
             }
-            if frame.width % 2 != 0 {
+            if frame.width & 1 == 1 {
                 return Err(DriverError::Device(format!(
                     "YUYV frame width {} is odd",
                     frame.width
@@ -241,7 +241,7 @@ pub fn decode_jpeg(data: &[u8]) -> Result<RgbImage, DriverError> {
 /// Convert packed YUYV (BT.601, limited range) to RGB.
 pub fn yuyv_to_rgb(data: &[u8], width: u32, height: u32) -> Result<RgbImage, DriverError> {
     let expected = width as usize * height as usize * 2;
-    if data.len() != expected || width % 2 != 0 {
+    if data.len() != expected || width & 1 == 1 {
         return Err(DriverError::Device(format!(
             "YUYV buffer is {} bytes, expected {expected} for {width}x{height}",
             data.len()

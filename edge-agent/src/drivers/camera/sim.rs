@@ -124,7 +124,7 @@ pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
     for r in &t.offered_resolutions {
         let (w, h) = frames::parse_resolution(r)
             .ok_or_else(|| bad("offered_resolutions", format!("`{r}` is not WIDTHxHEIGHT")))?;
-        if w % 2 != 0 {
+        if w & 1 == 1 {
             return Err(bad(
                 "offered_resolutions",
                 format!("`{r}`: width must be even"),
