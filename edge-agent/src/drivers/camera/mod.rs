@@ -840,7 +840,10 @@ impl Driver for CameraDriver {
             if let Some(e) = w.progress.stream_error() {
                 return DriverHealth::unhealthy(format!("camera {}: {e}", self.backend.label()));
             }
-            if w.opened.is_some() {
+            // A running stream that is not stuck proves the camera is
+            // there; an idle one could have been unplugged since, so the
+            // (cached) probe below decides.
+            if w.opened.is_some() && w.streaming {
                 return DriverHealth::healthy();
             }
         }
