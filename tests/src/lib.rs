@@ -3,6 +3,10 @@
 //! processes, wait for their ready lines, and make sure none outlives the
 //! test (children are killed on drop, also when a test panics).
 
+pub mod bench;
+pub mod client;
+pub mod scenario;
+
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -73,7 +77,21 @@ impl Proc {
     /// Start `cmd` with stdout piped and stderr inherited (or to a file),
     /// and wait up to `timeout` for a stdout line that is a JSON object with
     /// `"event": "ready"`; returns the process and that object.
-    pub fn start_ready(name: &str, mut cmd: Command, timeout: Duration) -> Result<(Self, Value)> {
+    pub fn start_ready(name: &str, cmd: Command, timeout: Duration) -> Result<(Self, Value)> {
+        Self::start_until(name, cmd, timeout, |v| {
+            v.get("event").and_then(Value::as_str) == Some("ready")
+        })
+    }
+
+    /// Like [`Proc::start_ready`], with another test for the first line
+    /// that counts as ready (a JSON value for which `is_ready` is true),
+    /// e.g. `bench-sim --json`'s `{"devices": [...]}`.
+    pub fn start_until(
+        name: &str,
+        mut cmd: Command,
+        timeout: Duration,
+        is_ready: impl Fn(&Value) -> bool,
+    ) -> Result<(Self, Value)> {
         cmd.stdout(Stdio::piped()).stdin(Stdio::null());
         let mut child = cmd.spawn().with_context(|| format!("spawn {name}"))?;
         let stdout = child.stdout.take().context("stdout")?;
@@ -104,7 +122,7 @@ impl Proc {
             match rx.recv_timeout(left) {
                 Ok(line) => {
                     if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                        if v.get("event").and_then(Value::as_str) == Some("ready") {
+                        if is_ready(&v) {
                             proc.stdout_rx = Some(rx);
                             return Ok((proc, v));
                         }

@@ -1,0 +1,543 @@
+//! A whole simulated lab in a temporary directory, made of the real
+//! binaries: `bench-sim` (Korad PSU, LCUS relay, GRBL thumb robot and a DUT
+//! console powered from the Korad output, on pseudo-terminals),
+//! `cloud-registry serve` (embedded broker on a free port, or an external
+//! broker) and `edge-agent run` with a generated bench TOML: simulated
+//! camera, microphone, speaker and screen capture plus the real `korad`,
+//! `lcus`, `grbl` and `serialport` drivers on the simulator's ptys.
+//!
+//! Every process is a [`Proc`]: killed when the [`Lab`] is dropped (also on
+//! a panic), and, on Linux, killed by the kernel if the process that
+//! started it dies (`PR_SET_PDEATHSIG`), so nothing outlives a demo or a
+//! test even after a `kill -9`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::{free_port, workspace_bin, Proc};
+
+/// The bench's provider id.
+pub const PROVIDER_ID: &str = "provider-demo-01";
+/// The first audit agent (hardware audit, priority 75).
+pub const HW_AGENT: &str = "audit:hw-auditor-01";
+/// The second audit agent (chief audit, priority 80).
+pub const CHIEF_AGENT: &str = "audit:chief-auditor-01";
+/// Boot banner of the simulated DUT.
+pub const DUT_BANNER: &str = "Benchlink DUT v0.9.2 ready";
+
+/// Capability ids of the generated bench TOML.
+pub mod caps {
+    pub const CAMERA: &str = "cam-front-01";
+    pub const MICROPHONE: &str = "mic-01";
+    pub const SPEAKER: &str = "spk-01";
+    pub const SCREEN: &str = "screen-01";
+    pub const PSU: &str = "psu-korad-01";
+    pub const RELAY: &str = "relay-lcus-01";
+    pub const ROBOT: &str = "thumb-robot-01";
+    pub const CONSOLE: &str = "dut-console-01";
+    /// All eight.
+    pub const ALL: [&str; 8] = [
+        CAMERA, MICROPHONE, SPEAKER, SCREEN, PSU, RELAY, ROBOT, CONSOLE,
+    ];
+}
+
+/// Which MQTT broker the registry and the edge use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Broker {
+    /// The registry's embedded broker, on a free port.
+    Embedded,
+    /// An external broker (Mosquitto) at `host:port`.
+    External { host: String, port: u16 },
+}
+
+/// How to build the lab.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    pub broker: Broker,
+    /// MQTT topic prefix (unique per run on a shared broker).
+    pub topic_prefix: String,
+    /// Grace period of a preempted lease, seconds.
+    pub grace_period_seconds: u32,
+    /// Heartbeat interval the registry asks providers for, seconds (a
+    /// short one reports non-interruptible windows promptly).
+    pub heartbeat_interval_seconds: u32,
+    /// Heartbeats missed before a provider counts as offline.
+    pub offline_after_missed: u32,
+    /// Keep the directory (logs, databases, configs) after the lab stops.
+    pub keep: bool,
+    /// Where to put the directory (default: the system temp dir).
+    pub parent_dir: Option<PathBuf>,
+}
+
+impl Default for LabOptions {
+    fn default() -> Self {
+        Self {
+            broker: Broker::Embedded,
+            topic_prefix: shared_protocol::mqtt::DEFAULT_TOPIC_PREFIX.to_string(),
+            grace_period_seconds: 3,
+            heartbeat_interval_seconds: 1,
+            offline_after_missed: 5,
+            keep: false,
+            parent_dir: None,
+        }
+    }
+}
+
+/// A `Command` for a workspace binary whose stderr goes to `log` and which
+/// dies with the thread that starts it (Linux `PR_SET_PDEATHSIG`).
+pub fn child_command(bin: &str, log: &Path) -> Result<Command> {
+    let mut cmd = Command::new(workspace_bin(bin));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("open log {}", log.display()))?;
+    cmd.stderr(Stdio::from(file)).env("NO_COLOR", "1");
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between
+        // fork and exec here.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    Ok(cmd)
+}
+
+/// The running lab. Dropping it kills every process and removes the
+/// directory (unless `keep`).
+pub struct Lab {
+    pub opts: LabOptions,
+    /// The lab directory (configs, databases, outbox, logs).
+    pub root: PathBuf,
+    dir: Option<TempDir>,
+    pub sim: Proc,
+    pub registry: Option<Proc>,
+    pub edge: Option<Proc>,
+    /// `http://127.0.0.1:{port}`.
+    pub base_url: String,
+    pub http_port: u16,
+    /// The port the edge connects to.
+    pub mqtt_port: u16,
+    pub admin_token: String,
+    pub provider_token: String,
+    /// Tokens of [`HW_AGENT`] and [`CHIEF_AGENT`].
+    pub hw_token: String,
+    pub chief_token: String,
+    /// Simulator name → stable path of its pty (`korad`, `lcus`, `grbl`,
+    /// `dut_console`).
+    pub devices: BTreeMap<String, String>,
+    registry_config: PathBuf,
+    edge_config: PathBuf,
+}
+
+fn read_token(path: &Path) -> Result<String> {
+    Ok(crate::read_to_string(path)?.trim().to_string())
+}
+
+impl Lab {
+    /// Build and start everything, and wait until the provider and its 8
+    /// capabilities are registered and online.
+    ///
+    /// Errors: a binary is missing or does not become ready in time; the
+    /// message names which and where its log is.
+    pub async fn start(opts: LabOptions) -> Result<Lab> {
+        let dir = match &opts.parent_dir {
+            Some(p) => tempfile::Builder::new()
+                .prefix("benchlink-lab-")
+                .tempdir_in(p)?,
+            None => tempfile::Builder::new()
+                .prefix("benchlink-lab-")
+                .tempdir()?,
+        };
+        let root = dir.path().to_path_buf();
+        for d in ["logs", "registry", "edge", "sim"] {
+            std::fs::create_dir_all(root.join(d))?;
+        }
+        let logs = root.join("logs");
+
+        // Device simulators on ptys.
+        let mut cmd = child_command("bench-sim", &logs.join("bench-sim.log"))?;
+        cmd.args([
+            "--json",
+            "--korad",
+            "--lcus",
+            "4",
+            "--grbl",
+            "--grbl-no-homing",
+        ])
+        .args([
+            "--grbl-time-scale",
+            "4",
+            "--dut-console",
+            "--link-dut-to-korad",
+        ])
+        .arg("--dir")
+        .arg(root.join("sim"));
+        let (sim, devices_line) =
+            Proc::start_until("bench-sim", cmd, Duration::from_secs(15), |v| {
+                v.get("devices").is_some()
+            })?;
+        let mut devices = BTreeMap::new();
+        for d in devices_line["devices"].as_array().into_iter().flatten() {
+            if let (Some(n), Some(p)) = (d["name"].as_str(), d["path"].as_str()) {
+                devices.insert(n.to_string(), p.to_string());
+            }
+        }
+        for need in ["korad", "lcus", "grbl", "dut_console"] {
+            if !devices.contains_key(need) {
+                bail!("bench-sim did not start `{need}`: {devices_line}");
+            }
+        }
+
+        // Registry config and tokens (created before it starts).
+        let http_port = free_port();
+        let (mqtt_host, mqtt_port, mqtt_section) = match &opts.broker {
+            Broker::Embedded => {
+                let port = free_port();
+                (
+                    "127.0.0.1".to_string(),
+                    port,
+                    format!("mode = \"embedded\"\nlisten = \"127.0.0.1:{port}\"\n"),
+                )
+            }
+            Broker::External { host, port } => (
+                host.clone(),
+                *port,
+                format!(
+                    "mode = \"external\"\nhost = \"{host}\"\nport = {port}\nclient_id = \"benchlink-registry-{}\"\n",
+                    uuid_like()
+                ),
+            ),
+        };
+        let registry_config = root.join("registry/cloud-registry.toml");
+        std::fs::write(
+            &registry_config,
+            format!(
+                "[http]\nlisten = \"127.0.0.1:{http_port}\"\n\n\
+                 [store]\npath = \"{store}\"\n\n\
+                 [auth]\nbootstrap_admin_token_file = \"{admin}\"\n\n\
+                 [mqtt]\n{mqtt_section}topic_prefix = \"{prefix}\"\nkeep_alive_seconds = 5\n\n\
+                 [leases]\ndefault_grace_period_seconds = {grace}\nsweep_interval_ms = 100\n\n\
+                 [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n",
+                store = root.join("registry/registry.sqlite3").display(),
+                admin = root.join("registry/admin.token").display(),
+                prefix = opts.topic_prefix,
+                grace = opts.grace_period_seconds,
+                hb = opts.heartbeat_interval_seconds,
+                missed = opts.offline_after_missed,
+            ),
+        )?;
+        let token = |role: &str, name: &str| -> Result<String> {
+            let out = Command::new(workspace_bin("cloud-registry"))
+                .args(["token", "create", "--config"])
+                .arg(&registry_config)
+                .args(["--role", role, "--name", name])
+                .output()
+                .context("run cloud-registry token create")?;
+            if !out.status.success() {
+                bail!(
+                    "cloud-registry token create --role {role} --name {name}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        let provider_token = token("provider", PROVIDER_ID)?;
+        let hw_token = token("audit_agent", HW_AGENT)?;
+        let chief_token = token("audit_agent", CHIEF_AGENT)?;
+
+        // Bench TOML.
+        let edge_config = root.join("edge/edge-agent.toml");
+        std::fs::write(
+            &edge_config,
+            edge_toml(
+                &root.join("edge/state"),
+                &mqtt_host,
+                mqtt_port,
+                &opts.topic_prefix,
+                http_port,
+                &provider_token,
+                &devices,
+            ),
+        )?;
+
+        let mut lab = Lab {
+            opts,
+            root,
+            dir: Some(dir),
+            sim,
+            registry: None,
+            edge: None,
+            base_url: format!("http://127.0.0.1:{http_port}"),
+            http_port,
+            mqtt_port,
+            admin_token: String::new(),
+            provider_token,
+            hw_token,
+            chief_token,
+            devices,
+            registry_config,
+            edge_config,
+        };
+        lab.start_registry()?;
+        lab.admin_token = read_token(&lab.root.join("registry/admin.token"))?;
+        lab.start_edge()?;
+        lab.wait_registered(Duration::from_secs(30)).await?;
+        Ok(lab)
+    }
+
+    /// Start (or restart) `cloud-registry serve`.
+    pub fn start_registry(&mut self) -> Result<()> {
+        let mut cmd = child_command("cloud-registry", &self.root.join("logs/registry.log"))?;
+        cmd.args(["serve", "--config"]).arg(&self.registry_config);
+        let (p, _) = Proc::start_ready("cloud-registry", cmd, Duration::from_secs(20))
+            .with_context(|| self.log_hint("registry"))?;
+        self.registry = Some(p);
+        Ok(())
+    }
+
+    /// Start (or restart) `edge-agent run`.
+    pub fn start_edge(&mut self) -> Result<()> {
+        let mut cmd = child_command("edge-agent", &self.root.join("logs/edge.log"))?;
+        cmd.args(["run", "--config"]).arg(&self.edge_config);
+        let (p, _) = Proc::start_ready("edge-agent", cmd, Duration::from_secs(30))
+            .with_context(|| self.log_hint("edge"))?;
+        self.edge = Some(p);
+        Ok(())
+    }
+
+    /// Kill the edge daemon with SIGKILL (no clean shutdown, no DISCONNECT).
+    pub fn kill_edge(&mut self) {
+        if let Some(mut p) = self.edge.take() {
+            p.kill();
+        }
+    }
+
+    /// Stop the registry with SIGTERM (clean) and wait for it.
+    pub fn stop_registry(&mut self) {
+        if let Some(mut p) = self.registry.take() {
+            p.terminate(Duration::from_secs(15));
+        }
+    }
+
+    fn log_hint(&self, which: &str) -> String {
+        format!(
+            "{which} did not start; see {}",
+            self.root.join(format!("logs/{which}.log")).display()
+        )
+    }
+
+    /// Wait until the provider is online with all 8 capabilities online.
+    pub async fn wait_registered(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let url = format!(
+            "{}/api/v1/capabilities?provider_id={PROVIDER_ID}",
+            self.base_url
+        );
+        let http = reqwest::Client::new();
+        loop {
+            let got: Option<Value> =
+                match http.get(&url).bearer_auth(&self.admin_token).send().await {
+                    Ok(r) => r.json().await.ok(),
+                    Err(_) => None,
+                };
+            let ok = got.is_some_and(|v| {
+                let caps = v["capabilities"].as_array().cloned().unwrap_or_default();
+                caps.len() == caps::ALL.len()
+                    && caps
+                        .iter()
+                        .all(|c| c["status"] == "available" || c["status"] == "leased")
+            });
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(anyhow!(
+                    "provider {PROVIDER_ID} and its 8 capabilities were not online within {timeout:?}; see {}",
+                    self.root.join("logs").display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Keep the directory after the lab stops; returns its path.
+    pub fn keep(&mut self) -> PathBuf {
+        if let Some(d) = self.dir.take() {
+            return d.keep();
+        }
+        self.root.clone()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // Stop the edge first so it does not fight a vanished registry.
+        if let Some(mut e) = self.edge.take() {
+            e.terminate(Duration::from_secs(5));
+        }
+        if let Some(mut r) = self.registry.take() {
+            r.terminate(Duration::from_secs(5));
+        }
+        self.sim.terminate(Duration::from_secs(3));
+        if self.opts.keep {
+            let path = self.keep();
+            eprintln!("lab directory kept: {}", path.display());
+        }
+    }
+}
+
+/// A short random suffix.
+pub fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff)
+}
+
+/// The bench TOML: four simulated media capabilities and four real serial
+/// drivers on the simulator's ptys.
+pub fn edge_toml(
+    state_dir: &Path,
+    mqtt_host: &str,
+    mqtt_port: u16,
+    topic_prefix: &str,
+    http_port: u16,
+    token: &str,
+    devices: &BTreeMap<String, String>,
+) -> String {
+    let dev = |n: &str| devices.get(n).cloned().unwrap_or_default();
+    format!(
+        r#"# Generated by the Benchlink demo harness.
+state_dir = "{state}"
+
+[provider]
+provider_id = "{PROVIDER_ID}"
+node_id = "demo-bench-01"
+labels = ["demo", "sim"]
+owner_type = "team"
+owner_display_name = "Benchlink demo"
+
+[registry]
+mqtt_host = "{mqtt_host}"
+mqtt_port = {mqtt_port}
+topic_prefix = "{topic_prefix}"
+base_url = "http://127.0.0.1:{http_port}"
+token = "{token}"
+mqtt_keep_alive_seconds = 5
+heartbeat_interval_seconds = 1
+
+[outbox]
+disk_budget_mb = 256
+
+[[capabilities]]
+id = "{cam}"
+type = "camera"
+display_name = "Front camera (simulated)"
+tags = ["front"]
+[capabilities.driver]
+backend = "sim"
+resolution = "640x480"
+fps = 15
+
+[[capabilities]]
+id = "{mic}"
+type = "microphone"
+display_name = "Bench microphone (simulated)"
+[capabilities.driver]
+backend = "sim"
+
+[[capabilities]]
+id = "{spk}"
+type = "speaker"
+display_name = "Bench speaker (simulated)"
+[capabilities.driver]
+backend = "sim"
+
+[[capabilities]]
+id = "{screen}"
+type = "screen_capture"
+display_name = "DUT screen capture (simulated)"
+[capabilities.driver]
+backend = "sim"
+
+[[capabilities]]
+id = "{psu}"
+type = "programmable_power_supply"
+display_name = "DUT supply (Korad KA3005P on a pty)"
+preemptible = false
+tags = ["power"]
+[capabilities.driver]
+backend = "korad"
+port = "{korad}"
+max_voltage_v = 12.0
+max_current_a = 2.0
+command_gap_ms = 50
+settle_ms = 50
+
+[[capabilities]]
+id = "{relay}"
+type = "relay"
+display_name = "DUT relays (LCUS-4 on a pty)"
+preemptible = false
+[capabilities.driver]
+backend = "lcus"
+port = "{lcus}"
+channels = 4
+channel = 1
+
+[[capabilities]]
+id = "{robot}"
+type = "thumb_robot"
+display_name = "Thumb robot (GRBL on a pty)"
+tags = ["touch"]
+[capabilities.driver]
+backend = "grbl"
+port = "{grbl}"
+bounds_mm = {{ x_min = 0.0, x_max = 70.0, y_min = 0.0, y_max = 140.0 }}
+safe_z_mm = 10.0
+press_z_mm = 2.0
+feed_mm_per_min = 3000.0
+rapid_mm_per_min = 6000.0
+[capabilities.driver.buttons]
+power = {{ x_mm = 68.0, y_mm = 40.0 }}
+
+[[capabilities]]
+id = "{console}"
+type = "serial_port"
+display_name = "DUT serial console (pty)"
+tags = ["dut"]
+[capabilities.driver]
+backend = "serialport"
+port = "{dut}"
+baud_rate = 115200
+"#,
+        state = state_dir.display(),
+        cam = caps::CAMERA,
+        mic = caps::MICROPHONE,
+        spk = caps::SPEAKER,
+        screen = caps::SCREEN,
+        psu = caps::PSU,
+        relay = caps::RELAY,
+        robot = caps::ROBOT,
+        console = caps::CONSOLE,
+        korad = dev("korad"),
+        lcus = dev("lcus"),
+        grbl = dev("grbl"),
+        dut = dev("dut_console"),
+    )
+}
