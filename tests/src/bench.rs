@@ -69,7 +69,8 @@ pub struct LabOptions {
     pub heartbeat_interval_seconds: u32,
     /// Heartbeats missed before a provider counts as offline.
     pub offline_after_missed: u32,
-    /// Keep the directory (logs, databases, configs) after the lab stops.
+    /// Keep the directory (logs, databases, configs) after the lab stops
+    /// (default: when `BENCHLINK_KEEP_LAB` is set).
     pub keep: bool,
     /// Where to put the directory (default: the system temp dir).
     pub parent_dir: Option<PathBuf>,
@@ -83,7 +84,8 @@ impl Default for LabOptions {
             grace_period_seconds: 3,
             heartbeat_interval_seconds: 1,
             offline_after_missed: 5,
-            keep: false,
+            // For looking at a failed test's logs and databases.
+            keep: std::env::var_os("BENCHLINK_KEEP_LAB").is_some(),
             parent_dir: None,
         }
     }
@@ -92,7 +94,12 @@ impl Default for LabOptions {
 /// A `Command` for a workspace binary whose stderr goes to `log` and which
 /// dies with the thread that starts it (Linux `PR_SET_PDEATHSIG`).
 pub fn child_command(bin: &str, log: &Path) -> Result<Command> {
-    let mut cmd = Command::new(workspace_bin(bin));
+    program_command(&workspace_bin(bin), log)
+}
+
+/// [`child_command`] for any program (e.g. `mosquitto`).
+pub fn program_command(program: &Path, log: &Path) -> Result<Command> {
+    let mut cmd = Command::new(program);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -540,4 +547,65 @@ baud_rate = 115200
         grbl = dev("grbl"),
         dut = dev("dut_console"),
     )
+}
+
+/// A private Mosquitto on its own port, which a test can stop and start
+/// again (the shared one on 1883 must not be touched).
+pub struct Mosquitto {
+    pub port: u16,
+    conf: PathBuf,
+    log: PathBuf,
+    proc: Option<Proc>,
+}
+
+impl Mosquitto {
+    /// The `mosquitto` binary, when installed.
+    pub fn binary() -> Option<PathBuf> {
+        [
+            "/usr/sbin/mosquitto",
+            "/usr/bin/mosquitto",
+            "/usr/local/sbin/mosquitto",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    }
+
+    /// Write a config (127.0.0.1 on a free port, anonymous, no
+    /// persistence) into `dir` and start the broker.
+    pub fn start(dir: &Path) -> Result<Mosquitto> {
+        let port = free_port();
+        let conf = dir.join(format!("mosquitto-{port}.conf"));
+        std::fs::write(
+            &conf,
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
+        )?;
+        let mut m = Mosquitto {
+            port,
+            conf,
+            log: dir.join(format!("mosquitto-{port}.log")),
+            proc: None,
+        };
+        m.resume()?;
+        Ok(m)
+    }
+
+    /// Start the broker again on the same port.
+    pub fn resume(&mut self) -> Result<()> {
+        let bin = Self::binary().ok_or_else(|| anyhow!("mosquitto is not installed"))?;
+        let mut cmd = program_command(&bin, &self.log)?;
+        cmd.arg("-c").arg(&self.conf).stdout(Stdio::null());
+        self.proc = Some(Proc::start("mosquitto", cmd)?);
+        let addr = format!("127.0.0.1:{}", self.port);
+        crate::wait_for(Duration::from_secs(10), "mosquitto listening", || {
+            crate::reachable(&addr).then_some(())
+        })
+    }
+
+    /// Kill the broker (every client loses its connection at once).
+    pub fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
 }
