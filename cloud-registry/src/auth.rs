@@ -234,10 +234,17 @@ mod tests {
         let cli = Connection::open(&path).unwrap();
         let token = create_token_sync(&cli, Role::AuditAgent, "audit:led-01").unwrap();
         assert_eq!(auth.authenticate(&token), None, "not in the cache yet");
-        let p = auth.authenticate_fresh(&token).await.expect("found in the store");
+        let p = auth
+            .authenticate_fresh(&token)
+            .await
+            .expect("found in the store");
         assert_eq!(p.name, "audit:led-01");
         assert_eq!(p.role, Role::AuditAgent);
-        assert_eq!(auth.authenticate(&token), Some(p), "cached after the lookup");
+        assert_eq!(
+            auth.authenticate(&token),
+            Some(p),
+            "cached after the lookup"
+        );
         assert_eq!(auth.authenticate_fresh("blk_unknown").await, None);
     }
 }

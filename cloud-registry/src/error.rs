@@ -47,8 +47,12 @@ impl ApiError {
 
     /// 404 `not_found` for `kind` `id` (e.g. `lease`, `lease_123`).
     pub fn not_found(kind: &str, id: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{kind} `{id}` not found"))
-            .with_details(json!({ "kind": kind, "id": id }))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{kind} `{id}` not found"),
+        )
+        .with_details(json!({ "kind": kind, "id": id }))
     }
 
     /// 401 `unauthenticated`.
@@ -84,7 +88,13 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
     }
 }
 
@@ -106,9 +116,11 @@ impl IntoResponse for ApiError {
 impl From<ParseError> for ApiError {
     fn from(e: ParseError) -> Self {
         match &e {
-            ParseError::Syntax(m) => {
-                Self::new(StatusCode::BAD_REQUEST, "malformed_json", format!("malformed JSON: {m}"))
-            }
+            ParseError::Syntax(m) => Self::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("malformed JSON: {m}"),
+            ),
             ParseError::Field { field, .. } => Self::invalid_field(field, e.to_string()),
             ParseError::Invalid(v) => Self::invalid_field(&v.field, e.to_string()),
         }

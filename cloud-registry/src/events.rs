@@ -140,12 +140,18 @@ fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<CapabilityEvent> {
     let data: String = r.get(9)?;
     Ok(CapabilityEvent {
         event_id: r.get::<_, i64>(0)? as u64,
-        event_type: event_type
-            .parse()
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e)))?,
+        event_type: event_type.parse().map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e))
+        })?,
         occurred_at: chrono::DateTime::parse_from_rfc3339(&occurred_at)
             .map(|t| t.with_timezone(&Utc))
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e)))?,
+            .map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    2,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
+            })?,
         provider_id: r.get(3)?,
         capability_id: r.get(4)?,
         lease_id: r.get(5)?,
@@ -157,7 +163,11 @@ fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<CapabilityEvent> {
 }
 
 /// Events with `event_id > after`, oldest first, at most `limit`.
-pub fn since(conn: &Connection, after: u64, limit: usize) -> rusqlite::Result<Vec<CapabilityEvent>> {
+pub fn since(
+    conn: &Connection,
+    after: u64,
+    limit: usize,
+) -> rusqlite::Result<Vec<CapabilityEvent>> {
     let mut stmt = conn.prepare_cached(
         "SELECT event_id, event_type, occurred_at, provider_id, capability_id, lease_id,
                 session_id, artifact_id, audit_request_id, data
