@@ -1,0 +1,472 @@
+//! The daemon's command handling with simulated drivers and no broker
+//! (updates stay queued in the outbox, where the tests read them): bad
+//! commands, cancellation, non-interruptible actions, deadlines, lease
+//! revocation; and the systemd notify protocol of the real binary.
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use edge_agent::config::EdgeConfig;
+use edge_agent::daemon::Daemon;
+use edge_agent::link::envelope;
+use serde_json::{json, Value};
+use shared_protocol::mqtt::{Envelope, MessageType};
+
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A camera and a thumb robot, simulated; a broker that is not there.
+fn bench_config(dir: &Path) -> std::path::PathBuf {
+    let text = format!(
+        r#"state_dir = "{state}"
+[provider]
+provider_id = "prov-daemon-test"
+node_id = "test-node"
+[registry]
+mqtt_host = "127.0.0.1"
+mqtt_port = {port}
+base_url = "http://127.0.0.1:{port}"
+token = "t"
+
+[[capabilities]]
+id = "cam-01"
+type = "camera"
+[capabilities.driver]
+backend = "sim"
+resolution = "320x240"
+fps = 10
+
+[[capabilities]]
+id = "robot-01"
+type = "thumb_robot"
+preemptible = false
+[capabilities.driver]
+backend = "sim"
+bounds_mm = {{ x_min = 0.0, x_max = 70.0, y_min = 0.0, y_max = 140.0 }}
+safe_z_mm = 10.0
+press_z_mm = 2.0
+speedup = 20.0
+"#,
+        state = dir.join("state").display(),
+        port = closed_port(),
+    );
+    let path = dir.join("edge.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn start(dir: &Path) -> Daemon {
+    let cfg = EdgeConfig::load(&bench_config(dir)).expect("config");
+    Daemon::start(cfg).await.expect("daemon")
+}
+
+fn invoke(
+    session_id: &str,
+    lease_id: &str,
+    capability_id: &str,
+    action: &str,
+    params: Value,
+    timeout_ms: u32,
+) -> Envelope {
+    envelope(
+        MessageType::ActionInvoke,
+        &json!({
+            "session_id": session_id,
+            "lease_id": lease_id,
+            "capability_id": capability_id,
+            "action": action,
+            "params": params,
+            "timeout_ms": timeout_ms,
+        }),
+    )
+}
+
+/// Session updates queued so far for `session_id`, oldest first.
+async fn updates(daemon: &Daemon, session_id: &str) -> Vec<Value> {
+    let outbox = daemon.outbox().clone();
+    let queued = tokio::task::spawn_blocking(move || outbox.queued_updates(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    queued
+        .iter()
+        .filter_map(|q| Envelope::parse(&q.payload).ok())
+        .filter(|e| {
+            e.message_type == MessageType::SessionUpdate && e.body["session_id"] == session_id
+        })
+        .map(|e| e.body)
+        .collect()
+}
+
+/// Wait until `session_id` has a final update; returns all its updates.
+async fn final_updates(daemon: &Daemon, session_id: &str, timeout: Duration) -> Vec<Value> {
+    let until = Instant::now() + timeout;
+    loop {
+        let u = updates(daemon, session_id).await;
+        if u.iter()
+            .any(|b| !matches!(b["status"].as_str(), Some("running" | "pending")))
+        {
+            return u;
+        }
+        assert!(
+            Instant::now() < until,
+            "no final update for {session_id} within {timeout:?}: {u:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_running(daemon: &Daemon, session_id: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !updates(daemon, session_id)
+        .await
+        .iter()
+        .any(|b| b["status"] == "running")
+    {
+        assert!(Instant::now() < until, "{session_id} never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_the_capability_lacks_fails_without_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-unsupported",
+        "l-1",
+        "cam-01",
+        "tap",
+        json!({}),
+        5000,
+    ));
+    let u = final_updates(&daemon, "s-unsupported", Duration::from_secs(5)).await;
+    assert_eq!(u.len(), 1, "no running update: {u:?}");
+    assert_eq!(u[0]["status"], "failed");
+    let msg = u[0]["error_message"].as_str().unwrap();
+    assert!(
+        msg.contains("action `tap` is not supported by capability `cam-01` (camera)"),
+        "{msg}"
+    );
+    assert!(msg.contains("snapshot"), "lists what is supported: {msg}");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_capability_fails_and_names_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-unknown",
+        "l-1",
+        "cam-99",
+        "snapshot",
+        json!({}),
+        5000,
+    ));
+    let u = final_updates(&daemon, "s-unknown", Duration::from_secs(5)).await;
+    assert_eq!(u.len(), 1);
+    assert_eq!(u[0]["status"], "failed");
+    let msg = u[0]["error_message"].as_str().unwrap();
+    assert!(msg.contains("unknown capability `cam-99`"), "{msg}");
+    assert!(msg.contains("cam-01, robot-01"), "{msg}");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameters_the_driver_rejects_fail_the_session_and_nothing_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    // Outside the robot's bounds: refused before any motion.
+    daemon.submit(invoke(
+        "s-bounds",
+        "l-1",
+        "robot-01",
+        "tap",
+        json!({"x_mm": 500.0, "y_mm": 10.0}),
+        5000,
+    ));
+    let u = final_updates(&daemon, "s-bounds", Duration::from_secs(5)).await;
+    let last = u.last().unwrap();
+    assert_eq!(last["status"], "failed");
+    assert!(
+        last["error_message"].as_str().unwrap().contains("x_mm"),
+        "{last}"
+    );
+    assert!(last["artifacts"].as_array().unwrap().is_empty());
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_action_reports_its_artifacts_from_the_outbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-snap",
+        "l-1",
+        "cam-01",
+        "snapshot",
+        json!({}),
+        10_000,
+    ));
+    let u = final_updates(&daemon, "s-snap", Duration::from_secs(15)).await;
+    let statuses: Vec<&str> = u.iter().map(|b| b["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, vec!["running", "completed"]);
+    let art = &u[1]["artifacts"][0];
+    assert_eq!(art["artifact_type"], "image");
+    let id = art["artifact_id"].as_str().unwrap().to_string();
+    let outbox = daemon.outbox().clone();
+    let row = tokio::task::spawn_blocking(move || outbox.artifact(&id))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(art["checksum"], row.artifact.checksum.as_str());
+    assert_eq!(art["size_bytes"], row.artifact.size_bytes);
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn action_cancel_stops_an_interruptible_action_and_a_queued_one_never_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-clip",
+        "l-1",
+        "cam-01",
+        "record_clip",
+        json!({"duration_ms": 20000}),
+        60_000,
+    ));
+    daemon.submit(invoke(
+        "s-queued",
+        "l-1",
+        "cam-01",
+        "snapshot",
+        json!({}),
+        60_000,
+    ));
+    wait_running(&daemon, "s-clip").await;
+
+    daemon.submit(envelope(
+        MessageType::ActionCancel,
+        &json!({"session_id": "s-queued", "reason": "holder stopped"}),
+    ));
+    let q = final_updates(&daemon, "s-queued", Duration::from_secs(2)).await;
+    assert_eq!(q.len(), 1, "never started: {q:?}");
+    assert_eq!(q[0]["status"], "cancelled");
+    assert!(q[0]["error_message"]
+        .as_str()
+        .unwrap()
+        .contains("holder stopped"));
+
+    let asked = Instant::now();
+    daemon.submit(envelope(
+        MessageType::ActionCancel,
+        &json!({"session_id": "s-clip", "reason": "preempted at grace end"}),
+    ));
+    let u = final_updates(&daemon, "s-clip", Duration::from_secs(5)).await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "stopped long before the 20 s clip ended"
+    );
+    let last = u.last().unwrap();
+    assert_eq!(last["status"], "cancelled");
+    assert!(
+        last["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("preempted at grace end"),
+        "{last}"
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_interruptible_press_finishes_before_a_cancel_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-press",
+        "l-1",
+        "robot-01",
+        "long_press",
+        json!({"x_mm": 20.0, "y_mm": 40.0, "hold_ms": 1500}),
+        10_000,
+    ));
+    wait_running(&daemon, "s-press").await;
+    daemon.submit(envelope(
+        MessageType::ActionCancel,
+        &json!({"session_id": "s-press", "reason": "preempted"}),
+    ));
+    let u = final_updates(&daemon, "s-press", Duration::from_secs(10)).await;
+    assert_eq!(u.last().unwrap()["status"], "completed", "{u:?}");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_past_its_deadline_fails_as_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-slow",
+        "l-1",
+        "cam-01",
+        "record_clip",
+        json!({"duration_ms": 20000}),
+        1000,
+    ));
+    let started = Instant::now();
+    let u = final_updates(&daemon, "s-slow", Duration::from_secs(10)).await;
+    let last = u.last().unwrap();
+    assert_eq!(last["status"], "failed", "{last}");
+    assert!(
+        last["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("timed out"),
+        "{last}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(8));
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoked_cancels_the_sessions_of_that_lease_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-a",
+        "lease-a",
+        "cam-01",
+        "record_clip",
+        json!({"duration_ms": 20000}),
+        60_000,
+    ));
+    daemon.submit(invoke(
+        "s-b",
+        "lease-b",
+        "robot-01",
+        "tap",
+        json!({"x_mm": 10.0, "y_mm": 10.0}),
+        60_000,
+    ));
+    wait_running(&daemon, "s-a").await;
+    daemon.submit(envelope(
+        MessageType::LeaseRevoked,
+        &json!({"lease_id": "lease-a", "capability_id": "cam-01", "reason": "expired"}),
+    ));
+    let a = final_updates(&daemon, "s-a", Duration::from_secs(5)).await;
+    assert_eq!(a.last().unwrap()["status"], "cancelled");
+    assert!(a.last().unwrap()["error_message"]
+        .as_str()
+        .unwrap()
+        .contains("lease-a revoked"));
+    let b = final_updates(&daemon, "s-b", Duration::from_secs(10)).await;
+    assert_eq!(b.last().unwrap()["status"], "completed");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_what_is_running_and_keeps_the_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-long",
+        "l-1",
+        "cam-01",
+        "record_clip",
+        json!({"duration_ms": 20000}),
+        60_000,
+    ));
+    wait_running(&daemon, "s-long").await;
+    let outbox = daemon.outbox().clone();
+    let t = Instant::now();
+    daemon.shutdown().await;
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let queued = tokio::task::spawn_blocking(move || outbox.queued_updates(100))
+        .await
+        .unwrap()
+        .unwrap();
+    let last = queued
+        .iter()
+        .rev()
+        .filter_map(|q| Envelope::parse(&q.payload).ok())
+        .find(|e| e.body["session_id"] == "s-long")
+        .unwrap();
+    assert_eq!(last.body["status"], "cancelled");
+    assert!(last.body["error_message"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
+}
+
+#[test]
+fn the_binary_tells_systemd_ready_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = bench_config(dir.path());
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    // As systemd does: WATCHDOG_PID is the service's main pid (the shell's
+    // pid, which `exec` hands to edge-agent); a 1 s watchdog means pings
+    // every 500 ms.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("WATCHDOG_PID=$$ exec \"$0\" run --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_edge-agent"))
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut messages = Vec::new();
+    let mut buf = [0u8; 4096];
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut sent_term = false;
+    while Instant::now() < until {
+        if let Ok(n) = sock.recv(&mut buf) {
+            messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        let pings = messages.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+        if !sent_term && pings >= 3 {
+            // SAFETY: plain syscall on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            sent_term = true;
+        }
+        if messages.iter().any(|m| m.contains("STOPPING=1")) && child.try_wait().unwrap().is_some()
+        {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let status = child.wait().unwrap();
+    assert!(
+        messages.iter().any(|m| m.contains("READY=1")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 3,
+        "watchdog pings at half the interval: {messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("STATUS=2 capabilities")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("STOPPING=1")),
+        "{messages:?}"
+    );
+    assert_eq!(status.code(), Some(0));
+}
