@@ -89,6 +89,11 @@ fn chinese_constellation_name_selects_the_same_satellites_as_beidou() {
         json!({"constellation": "beidou"}),
     ));
     assert_eq!(names(&zh.entities), names(&en.entities));
+    let by_name = catalog().find(&query(
+        EarthDomain::Satellites,
+        json!({"name_contains": "北斗"}),
+    ));
+    assert_eq!(names(&by_name.entities), names(&en.entities));
 }
 
 #[test]
@@ -509,6 +514,36 @@ fn filters_schema_lists_exactly_the_filter_fields() {
     // Every serialized filter round-trips through the strict parser.
     let back: EntityFilters = serde_json::from_value(serialized).unwrap();
     assert_eq!(back, all);
+}
+
+#[test]
+fn tool_schema_accepts_the_seed_example_and_refuses_unknown_filters() {
+    let validator = jsonschema::validator_for(&EntityQuery::json_schema()).expect("valid schema");
+    let seed_example = json!({
+        "domain": "satellites",
+        "filters": {"constellation": "beidou"},
+        "limit": 500
+    });
+    assert!(validator.is_valid(&seed_example));
+    assert!(EntityQuery::from_tool_arguments(seed_example).is_ok());
+    for bad in [
+        json!({"domain": "satellites", "filters": {"planet": "mars"}}),
+        json!({"domain": "oceans"}),
+        json!({"domain": "satellites", "limit": 5001}),
+        json!({"domain": "compute_centers", "filters": {"site_type": "mainframe"}}),
+    ] {
+        assert!(!validator.is_valid(&bad), "schema accepted {bad}");
+        assert!(
+            EntityQuery::from_tool_arguments(bad.clone()).is_err(),
+            "parser accepted {bad}"
+        );
+    }
+}
+
+#[test]
+fn the_catalog_can_be_shared_between_threads() {
+    fn shared<T: Send + Sync + 'static>(_: &T) {}
+    shared(catalog());
 }
 
 #[test]

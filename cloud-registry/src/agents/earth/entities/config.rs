@@ -18,7 +18,9 @@ pub const DEFAULT_HTTP_TIMEOUT_MS: u64 = 10_000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum GeoJsonSource {
+    /// A local file, read at load.
     Path(PathBuf),
+    /// An `http`/`https` URL, fetched by `EntityCatalog::load_with_remote`.
     Url(String),
 }
 

@@ -468,9 +468,7 @@ fn alias_by_code(code: &str) -> Option<&'static CountryAlias> {
 }
 
 fn alias_by_name(normalized: &str) -> Option<&'static CountryAlias> {
-    ALIASES
-        .iter()
-        .find(|a| a.names.contains(&normalized))
+    ALIASES.iter().find(|a| a.names.contains(&normalized))
 }
 
 /// Where a record is, as far as its own fields say.

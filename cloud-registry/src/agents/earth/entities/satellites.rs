@@ -145,6 +145,18 @@ fn constellation_owner(c: Constellation) -> Option<(&'static str, &'static str)>
     })
 }
 
+fn chinese_name(c: Constellation) -> Option<&'static str> {
+    Some(match c {
+        Constellation::Beidou => "北斗",
+        Constellation::Gps => "gps 全球定位系统",
+        Constellation::Galileo => "伽利略",
+        Constellation::Glonass => "格洛纳斯",
+        Constellation::Starlink => "星链",
+        Constellation::Iridium => "铱星",
+        _ => return None,
+    })
+}
+
 fn is_line(line: &str, first: u8) -> bool {
     let b = line.as_bytes();
     b.len() >= 2 && b[0] == first && b[1] == b' '
@@ -281,6 +293,10 @@ fn build_record(
         );
     }
     c.prop("source", "tle");
+    // Chinese names, so `name_contains: "北斗"` finds BeiDou as well.
+    if let Some(zh) = constellation.and_then(chinese_name) {
+        c.add_search_text(zh);
+    }
     let mut operator_lc = String::new();
     if let Some((code, operator)) = constellation.and_then(constellation_owner) {
         c.place = Place::from_code(code);
