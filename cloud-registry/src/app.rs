@@ -29,7 +29,10 @@ use shared_protocol::capability::Capability;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::agents::earth::entities::{EntityCatalog, EntityError};
+use crate::agents::{self, AgentError, AgentService};
 use crate::api::{self, ApiState, MqttHealth};
+use crate::audit::{self, AuditService};
 use crate::auth::{self, Authenticator};
 use crate::broker::{BrokerError, EmbeddedBroker};
 use crate::config::{Config, MqttMode};
@@ -51,6 +54,8 @@ pub const MIGRATIONS: &[(&str, MigrateFn)] = &[
     ("store", sqlite::migrate),
     ("leases", leases::migrate),
     ("sessions", sessions::migrate),
+    ("audit", audit::migrate),
+    ("agents", agents::migrate),
 ];
 
 /// Run every migration in one transaction.
@@ -90,6 +95,10 @@ pub enum AppError {
     Lease(#[from] LeaseError),
     #[error("artifact store: {0}")]
     Blob(#[from] sessions::BlobError),
+    #[error("Earth entity data: {0}")]
+    Entities(#[from] EntityError),
+    #[error("agent runtime: {0}")]
+    Agents(#[from] AgentError),
     #[error("background task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -202,6 +211,10 @@ pub struct RunningRegistry {
     pub leases: Arc<LeaseEngine>,
     /// Actions, sessions and artifacts.
     pub sessions: Arc<Sessions>,
+    /// Audit tasks (seed 001 §8-§14).
+    pub audit: Arc<AuditService>,
+    /// Agent runtime and the Earth command (seed 000).
+    pub agents: Arc<AgentService>,
     pub bus: EventBus,
     pub db: Db,
     mqtt: MqttLink,
@@ -268,6 +281,13 @@ impl Registry {
             Arc::new(blobs),
             config.sessions.clone(),
         );
+        let audit = AuditService::new(db.clone(), bus.clone(), engine.clone(), config.audit.clone());
+        let earth = config.agents.earth_data();
+        let catalog = Arc::new(EntityCatalog::load_with_remote(&earth).await?);
+        let stats = catalog.stats();
+        tracing::info!(load_ms = stats.load_ms, counts = ?stats.counts, "Earth entity data loaded");
+        let agents =
+            Arc::new(AgentService::new(db.clone(), catalog, config.agents.clone()).await?);
         // Before MQTT starts, so no session update is missed.
         registry.add_hooks(sessions.clone());
         let synced = registry.sync_lease_engine().await?;
@@ -360,7 +380,9 @@ impl Registry {
             },
             shutdown: shutdown_rx.clone(),
         };
-        let features = sessions::api::router(sessions.clone());
+        let features = sessions::api::router(sessions.clone())
+            .merge(Router::new().nest("/api/v1", audit::router(audit.clone())))
+            .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())));
         let app = build_router(state, features, config.http.body_limit_bytes);
         let mut http_stop = shutdown_rx.clone();
         let http = tokio::spawn(async move {
@@ -377,6 +399,7 @@ impl Registry {
             registry.clone().run_liveness_monitor(shutdown_rx.clone()),
         )];
         background.extend(sessions.spawn_background(shutdown_rx.clone(), forward_after));
+        background.push(audit.spawn_sweeper(shutdown_rx.clone()));
         tracing::info!(%http_addr, %mqtt_addr, "registry ready");
         Ok(RunningRegistry {
             http_addr,
@@ -387,6 +410,8 @@ impl Registry {
             auth,
             leases: engine,
             sessions,
+            audit,
+            agents,
             bus,
             db,
             mqtt,

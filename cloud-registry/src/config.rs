@@ -46,6 +46,11 @@ pub struct Config {
     /// `max_artifact_bytes`, `default_timeout_ms`, `result_grace_ms`,
     /// `revoke_grace_ms`.
     pub sessions: crate::sessions::SessionsConfig,
+    /// `[audit]`: audit-task claiming (see `crate::audit::AuditConfig`).
+    pub audit: crate::audit::AuditConfig,
+    /// `[agents]`: agent runtime, model and speech gateways, Earth data
+    /// sources (see `crate::agents::AgentsConfig`).
+    pub agents: crate::agents::AgentsConfig,
     pub heartbeat: HeartbeatConfig,
     pub health: HealthConfig,
     pub log: LogConfig,
