@@ -193,6 +193,7 @@ async fn stopping_a_running_run_stops_it_and_stopping_a_finished_run_is_a_confli
         "the loop recorded nothing after the stop"
     );
 
+    fake.delay_chat(Duration::ZERO);
     let done = h.command("高亮所有北斗卫星").await;
     let (status, _) = h
         .post(

@@ -748,3 +748,123 @@ async fn apply_setting(ctx: &ToolContext, args: &Value) -> Result<ToolOutput, St
         Err(e) => Err(e.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::config::WebSearchConfig;
+    use crate::db::Db;
+    use shared_protocol::api::Role;
+
+    fn ctx(role: Role, mode: ToolMode, dir: &tempfile::TempDir) -> ToolContext {
+        let db = Db::open(&dir.path().join("t.db"), |c| {
+            crate::agents::store::migrate(c)
+        })
+        .unwrap();
+        ToolContext {
+            catalog: Arc::new(EntityCatalog::default()),
+            store: Store::new(db),
+            web: Arc::new(WebSearch::new(&WebSearchConfig::default())),
+            prompts: Arc::new(PromptRegistry::new(&Default::default()).unwrap()),
+            principal: Principal {
+                name: "t".into(),
+                role,
+            },
+            run_id: Some(1),
+            mode,
+        }
+    }
+
+    fn slow_registry(timeout_ms: u64) -> ToolRegistry {
+        let mut r = ToolRegistry::standard(Duration::from_millis(timeout_ms)).unwrap();
+        let schema = json!({"type": "object"});
+        r.register_blocking(
+            descriptor(
+                "test.slow_sync",
+                "sleeps",
+                schema.clone(),
+                schema.clone(),
+                "viewer",
+                SideEffectLevel::Read,
+            ),
+            None,
+            Arc::new(|_: &ToolContext, _| {
+                std::thread::sleep(Duration::from_millis(400));
+                Ok(ToolOutput::value(json!({})))
+            }),
+        )
+        .unwrap();
+        r.register_async(
+            descriptor(
+                "test.slow_async",
+                "sleeps",
+                schema.clone(),
+                schema,
+                "viewer",
+                SideEffectLevel::Read,
+            ),
+            None,
+            Arc::new(
+                |_: ToolContext, _| -> BoxFuture<'static, Result<ToolOutput, String>> {
+                    Box::pin(async {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        Ok(ToolOutput::value(json!({})))
+                    })
+                },
+            ),
+        )
+        .unwrap();
+        r
+    }
+
+    #[tokio::test]
+    async fn slow_tools_time_out_sync_and_async() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = slow_registry(50);
+        let c = ctx(Role::Viewer, ToolMode::Run, &dir);
+        for name in ["test.slow_sync", "test.slow_async"] {
+            let e = r.execute(&c, name, json!({})).await.unwrap_err();
+            assert_eq!(
+                e,
+                ToolError::TimedOut {
+                    tool: name.into(),
+                    ms: 50
+                }
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_name_the_tool_and_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = ToolRegistry::standard(Duration::from_secs(5)).unwrap();
+        let viewer = ctx(Role::Viewer, ToolMode::Run, &dir);
+        assert!(matches!(
+            r.execute(&viewer, "shell.exec", json!({})).await,
+            Err(ToolError::Unregistered { .. })
+        ));
+        assert!(matches!(
+            r.execute(&viewer, FIND_ENTITIES, json!({"domain": "weather"}))
+                .await,
+            Err(ToolError::InvalidArguments { .. })
+        ));
+        let e = r
+            .execute(&viewer, PROPOSE_CONFIG, json!({"proposal_type": "ai_prompt",
+                "target": {"prompt_key": "agents.roles.bgp"}, "changes": {"text": "x"}, "rationale": "r"}))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ToolError::Denied { .. }), "{e}");
+        let admin = ctx(Role::Admin, ToolMode::Run, &dir);
+        let e = r
+            .execute(
+                &admin,
+                APPLY_SETTING,
+                json!({"proposal_id": 1, "mode": "manual"}),
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("write tools run only"), "{e}");
+        let out = r.execute(&viewer, LIST_DOMAINS, json!({})).await.unwrap();
+        assert_eq!(out.value["domains"].as_array().unwrap().len(), 6);
+    }
+}

@@ -401,7 +401,7 @@ impl AgentService {
     ) -> Result<EarthCommandResponse, AgentError> {
         let lang = interp.lang;
         let started = Utc::now();
-        let Candidate { source, plan } = candidate;
+        let Candidate { source, mut plan } = candidate;
         let n_in = plan.actions.len();
         let vlimits = ValidationLimits {
             max_highlight: self.config.limits.max_highlight_entities,
@@ -412,11 +412,11 @@ impl AgentService {
             Lang::En => "Earth command results",
         };
         let catalog = std::sync::Arc::clone(&self.catalog);
-        let resolver_matched = plan.matched_entities.clone();
-        let actions = plan.actions.clone();
+        let resolver_matched = std::mem::take(&mut plan.matched_entities);
+        let actions = std::mem::take(&mut plan.actions);
         let (validated, matched) = tokio::task::spawn_blocking(move || {
             let v = validate::validate_actions(actions, &catalog, vlimits, fallback_title);
-            let matched = matched_for(&v.actions, &resolver_matched, &catalog);
+            let matched = matched_for(&v.actions, resolver_matched, &catalog);
             (v, matched)
         })
         .await
@@ -521,13 +521,29 @@ impl AgentService {
                 RunFinish {
                     status: RunStatus::Completed,
                     result_markdown: Some(md),
-                    result_json: Some(serde_json::to_value(&response).unwrap_or_default()),
+                    result_json: Some(stored_result(&response)),
                     error: run_error,
                 },
             )
             .await?;
         Ok(response)
     }
+}
+
+/// The response as stored in `result_json`: complete, except that matched
+/// entities keep only id, domain and name (their full records are one
+/// `earth.get_entity` away, and a 500-satellite answer would otherwise store
+/// every orbital element again).
+fn stored_result(response: &EarthCommandResponse) -> Value {
+    let mut v = serde_json::to_value(response).unwrap_or_default();
+    v["matched_entities"] = Value::Array(
+        response
+            .matched_entities
+            .iter()
+            .map(|e| json!({"entity_id": e.entity_id, "domain": e.domain, "name": e.name}))
+            .collect(),
+    );
+    v
 }
 
 /// The user message of an Earth command's model loop.
@@ -663,14 +679,14 @@ fn plan_from_find_output(out: &Value, lang: Lang, limits: PlanLimits) -> Option<
 /// when it made the plan, else looked up in the catalog.
 fn matched_for(
     actions: &[EarthAction],
-    resolver_matched: &[MatchedEntity],
+    resolver_matched: Vec<MatchedEntity>,
     catalog: &super::entities::EntityCatalog,
 ) -> Vec<MatchedEntity> {
     let mut out: Vec<MatchedEntity> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    let by_id: std::collections::HashMap<&str, &MatchedEntity> = resolver_matched
-        .iter()
-        .map(|e| (e.entity_id.as_str(), e))
+    let mut by_id: std::collections::HashMap<String, MatchedEntity> = resolver_matched
+        .into_iter()
+        .map(|e| (e.entity_id.clone(), e))
         .collect();
     for a in actions {
         let ids: Vec<&String> = match a {
@@ -688,8 +704,8 @@ fn matched_for(
             if !seen.insert(id.clone()) {
                 continue;
             }
-            if let Some(e) = by_id.get(id.as_str()) {
-                out.push((*e).clone());
+            if let Some(e) = by_id.remove(id.as_str()) {
+                out.push(e);
             } else if let Some(e) = catalog.get(id) {
                 out.push(e);
             }
