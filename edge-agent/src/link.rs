@@ -54,6 +54,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 const DEDUP_CAPACITY: usize = 4096;
 /// Commands waiting for the dispatcher.
 const COMMAND_QUEUE: usize = 1024;
+/// Largest MQTT packet sent or accepted, bytes.
+pub const MAX_PACKET_BYTES: usize = 8 << 20;
 /// Queued session updates read from the database per round.
 const DRAIN_BATCH: usize = 64;
 
@@ -163,7 +165,7 @@ impl Link {
             .set_credentials(cfg.provider_id.clone(), cfg.token.clone())
             .set_keep_alive(Duration::from_secs(u64::from(cfg.keep_alive_seconds)))
             .set_clean_session(true)
-            .set_max_packet_size(1 << 20, 1 << 20)
+            .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
             .set_last_will(LastWill::new(
                 status_topic,
                 offline.to_bytes(),
@@ -484,8 +486,16 @@ async fn poll_loop(mut ctx: PollCtx) {
                             tracing::debug!(message_id = %env.message_id, "mqtt: dropping a repeated command");
                             continue;
                         }
-                        if let Err(e) = ctx.commands_tx.try_send(env) {
-                            tracing::error!("mqtt: command queue full, command dropped: {e}");
+                        match ctx.commands_tx.try_send(env) {
+                            Ok(()) => {}
+                            Err(mpsc::error::TrySendError::Full(env)) => tracing::error!(
+                                message_id = %env.message_id,
+                                "mqtt: command queue full ({COMMAND_QUEUE}), command dropped"
+                            ),
+                            Err(mpsc::error::TrySendError::Closed(env)) => tracing::warn!(
+                                message_id = %env.message_id,
+                                "mqtt: command arrived while stopping; ignored"
+                            ),
                         }
                     }
                     Err(e) => tracing::warn!("mqtt: refusing a malformed command: {e}"),
@@ -689,18 +699,33 @@ impl Publisher {
         &mut self,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<(), PublishError> {
+        let mut after = 0;
         loop {
             let outbox = self.outbox.clone();
-            let batch = tokio::task::spawn_blocking(move || outbox.queued_updates(DRAIN_BATCH))
-                .await
-                .map_err(|e| PublishError::Outbox(e.to_string()))?
-                .map_err(|e| PublishError::Outbox(e.to_string()))?;
+            let batch = tokio::task::spawn_blocking(move || {
+                outbox.queued_updates_after(after, DRAIN_BATCH)
+            })
+            .await
+            .map_err(|e| PublishError::Outbox(e.to_string()))?
+            .map_err(|e| PublishError::Outbox(e.to_string()))?;
             if batch.is_empty() {
                 return Ok(());
             }
             for update in batch {
+                after = update.seq;
                 if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     return Ok(());
+                }
+                if update.payload.len() > MAX_PACKET_BYTES - 1024 {
+                    // The client would refuse it and drop the connection,
+                    // again on every retry: skip it, keep it queued.
+                    tracing::error!(
+                        message_id = %update.message_id,
+                        session_id = %update.session_id,
+                        size_bytes = update.payload.len(),
+                        "mqtt: a queued session update is larger than the MQTT packet limit; it stays in the outbox database, unsent"
+                    );
+                    continue;
                 }
                 self.publish_qos1(TopicKind::Results, false, update.payload)
                     .await?;

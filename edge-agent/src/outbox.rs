@@ -666,13 +666,22 @@ impl Outbox {
 
     /// Up to `limit` queued session updates, oldest first.
     pub fn queued_updates(&self, limit: usize) -> Result<Vec<QueuedUpdate>, OutboxError> {
+        self.queued_updates_after(0, limit)
+    }
+
+    /// Up to `limit` queued session updates with `seq > after`, oldest first.
+    pub fn queued_updates_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<QueuedUpdate>, OutboxError> {
         self.with_conn(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT seq, message_id, session_id, payload FROM pending_updates
-                 ORDER BY seq LIMIT ?1",
+                 WHERE seq > ?1 ORDER BY seq LIMIT ?2",
             )?;
             let rows = stmt
-                .query_map([limit as i64], |r| {
+                .query_map(params![after, limit as i64], |r| {
                     Ok(QueuedUpdate {
                         seq: r.get(0)?,
                         message_id: r.get(1)?,

@@ -62,6 +62,18 @@ impl Bench {
     /// an HTTP registry that is not there (uploads just wait), and a
     /// simulated camera when `camera` is set.
     fn write_config(&self, mqtt_port: u16, camera: bool) -> PathBuf {
+        let caps = if camera { CAMERA } else { "" };
+        self.write_config_with(mqtt_port, Some(1), caps)
+    }
+
+    /// The same with a chosen heartbeat period (None: the default) and
+    /// capability tables.
+    fn write_config_with(
+        &self,
+        mqtt_port: u16,
+        heartbeat_s: Option<u32>,
+        capabilities: &str,
+    ) -> PathBuf {
         let mut text = format!(
             r#"state_dir = "{state}"
 
@@ -75,31 +87,44 @@ mqtt_port = {mqtt_port}
 topic_prefix = "{prefix}"
 base_url = "http://127.0.0.1:{http_port}"
 token = "test-token"
-heartbeat_interval_seconds = 1
 mqtt_keep_alive_seconds = 5
+{heartbeat}
 "#,
             state = self.dir.path().join("state").display(),
             provider = self.provider_id,
             prefix = self.prefix,
             http_port = closed_port(),
+            heartbeat = heartbeat_s
+                .map(|s| format!("heartbeat_interval_seconds = {s}"))
+                .unwrap_or_default(),
         );
-        if camera {
-            text.push_str(
-                r#"
+        text.push_str(capabilities);
+        let path = self.dir.path().join("edge-agent.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+const CAMERA: &str = r#"
 [[capabilities]]
 id = "cam-test-01"
 type = "camera"
 [capabilities.driver]
 backend = "sim"
 resolution = "320x240"
-"#,
-            );
-        }
-        let path = self.dir.path().join("edge-agent.toml");
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
+"#;
+
+const ROBOT: &str = r#"
+[[capabilities]]
+id = "robot-test-01"
+type = "thumb_robot"
+preemptible = false
+[capabilities.driver]
+backend = "sim"
+bounds_mm = { x_min = 0.0, x_max = 70.0, y_min = 0.0, y_max = 140.0 }
+safe_z_mm = 10.0
+press_z_mm = 2.0
+"#;
 
 /// A port nothing listens on (bound, then released).
 fn closed_port() -> u16 {
@@ -396,6 +421,86 @@ async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats
         .await;
     assert!(retained.retain, "status is retained");
     assert_eq!(status_of(&retained), "online");
+    drop(agent);
+    obs.clear_retained(&bench.topic("status")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interruptible_actions() {
+    if !broker_available() {
+        return;
+    }
+    let bench = Bench::new();
+    let mut obs = Observer::connect(
+        &format!("obs-{}", bench.provider_id),
+        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
+    )
+    .await;
+    // Default period (10 s) until the registry answers.
+    let agent = Agent::start(&bench.write_config_with(1883, None, ROBOT));
+    obs.expect(WAIT, "register", |s| {
+        is(s, &bench.topic("register"), MessageType::Register)
+    })
+    .await;
+    let quiet = obs
+        .collect(Duration::from_secs(2), |s| {
+            is(s, &bench.topic("heartbeat"), MessageType::Heartbeat)
+        })
+        .await;
+    assert!(
+        quiet.is_empty(),
+        "no heartbeat within 2 s at the default 10 s period"
+    );
+
+    // The registry's answer sets 1 s.
+    let ack = envelope(
+        MessageType::RegisterAck,
+        &json!({"provider_id": bench.provider_id, "accepted": true,
+                "heartbeat_interval_seconds": 1, "registered": ["robot-test-01"]}),
+    );
+    obs.publish(&bench.topic("commands"), &ack).await;
+    let beats = obs
+        .collect(Duration::from_millis(3500), |s| {
+            is(s, &bench.topic("heartbeat"), MessageType::Heartbeat)
+        })
+        .await;
+    assert!(
+        beats.len() >= 2,
+        "heartbeats every second after register_ack, got {}",
+        beats.len()
+    );
+
+    // A long press (non-interruptible, seed 001 §6.4) shows in the next heartbeat.
+    let press = envelope(
+        MessageType::ActionInvoke,
+        &json!({"session_id": "sess-press-1", "lease_id": "lease-p", "capability_id": "robot-test-01",
+                "action": "long_press", "params": {"x_mm": 20.0, "y_mm": 30.0, "hold_ms": 4000},
+                "timeout_ms": 20000}),
+    );
+    obs.publish(&bench.topic("commands"), &press).await;
+    let hb = obs
+        .expect(
+            Duration::from_secs(5),
+            "a heartbeat with the running press",
+            |s| {
+                is(s, &bench.topic("heartbeat"), MessageType::Heartbeat)
+                    && s.env.body["running_sessions"]
+                        .as_array()
+                        .is_some_and(|r| !r.is_empty())
+            },
+        )
+        .await;
+    let running = &hb.env.body["running_sessions"][0];
+    assert_eq!(running["session_id"], "sess-press-1");
+    assert_eq!(running["lease_id"], "lease-p");
+    assert_eq!(running["action"], "long_press");
+    assert_eq!(running["non_interruptible"], true);
+    obs.expect(Duration::from_secs(15), "the press completing", |s| {
+        is(s, &bench.topic("results"), MessageType::SessionUpdate)
+            && s.env.body["session_id"] == "sess-press-1"
+            && s.env.body["status"] == "completed"
+    })
+    .await;
     drop(agent);
     obs.clear_retained(&bench.topic("status")).await;
 }
