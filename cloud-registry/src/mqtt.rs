@@ -211,7 +211,12 @@ impl MqttLink {
         if let Some(user) = &settings.username {
             opts.set_credentials(user, settings.password.clone().unwrap_or_default());
         }
-        let (client, eventloop) = AsyncClient::new(opts, 256);
+        let (client, mut eventloop) = AsyncClient::new(opts, 256);
+        // Commands and results are small messages answered at once: with
+        // Nagle's algorithm on, each can wait for a delayed ACK (~40 ms).
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        eventloop.set_network_options(net);
         let (stop_tx, stop_rx) = watch::channel(false);
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (in_tx, in_rx) = mpsc::channel::<Publish>(4096);

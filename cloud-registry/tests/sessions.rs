@@ -1113,3 +1113,66 @@ async fn artifacts_are_bound_by_their_own_size_limit_not_the_json_body_limit() {
     assert_error(&r, StatusCode::CONFLICT, "artifact_not_uploaded");
     b.reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_running_robot_press_holds_off_preemption_until_it_ends() {
+    let mut b = Bench::start().await;
+    let old = b.lease(&b.agent, AGENT, "robot-1", 50).await;
+    let press = b.invoke(
+        &b.agent,
+        &old,
+        json!({"action": "tap", "params": {"x_mm": 5, "y_mm": 5}, "wait_ms": 20000}),
+    );
+    let cmd = b.next_command().await;
+    b.report(&cmd, "running", json!({})).await;
+
+    // A safety stop wants the robot while the press is under way.
+    let api = b.api.clone();
+    let other = b.other_agent.clone();
+    let preempt = tokio::spawn(async move {
+        api.post(
+            "/api/v1/capability-leases/request?wait_seconds=15",
+            Some(&other),
+            &json!({
+                "capability_id": "robot-1",
+                "holder_type": "audit_agent",
+                "holder_ref": OTHER_AGENT,
+                "project_id": "proj_device_assistant",
+                "purpose": "safety stop",
+                "priority": 100,
+                "requested_duration_seconds": 60,
+                "preempt_if_needed": true,
+                "preempt_reason": "safety_stop"
+            }),
+        )
+        .await
+    });
+    // Longer than the 1 s grace period: the press window keeps the holder.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let (_, lease) = b
+        .api
+        .get(&format!("/api/v1/capability-leases/{old}"), Some(&b.agent))
+        .await;
+    assert_eq!(
+        lease["status"], "active",
+        "not preempted mid-press: {lease}"
+    );
+    assert!(b.events_of("lease_preempt_requested").await.is_empty());
+
+    // The press ends; now the preemption runs its course.
+    b.report(&cmd, "completed", json!({"result_summary": {"presses": 1}}))
+        .await;
+    let (status, session) = press.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(session["status"], "completed", "{session}");
+    let (s, new) = preempt.await.unwrap();
+    assert_eq!(s, StatusCode::CREATED, "{new}");
+    assert_eq!(new["status"], "granted");
+    let (_, lease) = b
+        .api
+        .get(&format!("/api/v1/capability-leases/{old}"), Some(&b.agent))
+        .await;
+    assert_eq!(lease["status"], "revoked", "{lease}");
+    assert_eq!(b.events_of("lease_preempt_requested").await.len(), 1);
+    b.reg.shutdown().await;
+}

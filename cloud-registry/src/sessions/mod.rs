@@ -56,8 +56,9 @@ pub mod blobs;
 pub mod error;
 pub mod store;
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -140,6 +141,10 @@ pub struct Sessions {
     blobs: Arc<dyn BlobStore>,
     commands: OnceLock<CommandSender>,
     cfg: SessionsConfig,
+    /// Per capability, the sessions of non-interruptible actions (seed 001
+    /// §6.4) sent and not yet ended: while there is one, the lease engine
+    /// holds revocation and preemption back.
+    windows: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 /// What an upload did, for the HTTP answer.
@@ -216,6 +221,7 @@ impl Sessions {
             blobs,
             commands: OnceLock::new(),
             cfg,
+            windows: Mutex::new(HashMap::new()),
         })
     }
 
@@ -246,8 +252,48 @@ impl Sessions {
         ]
     }
 
-    fn publish(&self, events: impl IntoIterator<Item = CapabilityEvent>) {
+    /// Hand committed events to the bus; a session that ended closes its
+    /// non-interruptible window.
+    async fn publish(&self, events: impl IntoIterator<Item = CapabilityEvent>) {
+        let events: Vec<CapabilityEvent> = events.into_iter().collect();
+        let mut closed = Vec::new();
+        for ev in &events {
+            if !matches!(
+                ev.event_type,
+                EventType::SessionCompleted | EventType::SessionFailed
+            ) {
+                continue;
+            }
+            let (Some(cap), Some(session)) = (&ev.capability_id, &ev.session_id) else {
+                continue;
+            };
+            let mut w = crate::leases::lock(&self.windows);
+            if let Some(set) = w.get_mut(cap) {
+                if set.remove(session) && set.is_empty() {
+                    w.remove(cap);
+                    closed.push(cap.clone());
+                }
+            }
+        }
         self.bus.publish(events);
+        for cap in closed {
+            self.leases.set_non_interruptible(&cap, false).await;
+        }
+    }
+
+    /// A non-interruptible action was sent: open the capability's window
+    /// in the lease engine at once, instead of at the provider's next
+    /// heartbeat.
+    async fn window_opened(&self, capability_id: &str, session_id: &str) {
+        let first = {
+            let mut w = crate::leases::lock(&self.windows);
+            let set = w.entry(capability_id.to_string()).or_default();
+            set.insert(session_id.to_string());
+            set.len() == 1
+        };
+        if first {
+            self.leases.set_non_interruptible(capability_id, true).await;
+        }
     }
 
     /// Run `action` on the capability of lease `lease_id` for `who` (see
@@ -367,7 +413,12 @@ impl Sessions {
             .db
             .write(move |c| store::insert_session(c, &stored))
             .await??;
-        self.publish([started]);
+        self.publish([started]).await;
+        // Before the command leaves: its end (which closes the window)
+        // cannot come before the window is open.
+        if req.action.non_interruptible_by_default() {
+            self.window_opened(&capability_id, &session_id).await;
+        }
         let command = ActionCommand {
             session_id: session_id.clone(),
             lease_id: lease_id.to_string(),
@@ -394,7 +445,7 @@ impl Sessions {
                 })
                 .await??;
             if let Some((_, ev)) = ended {
-                self.publish([ev]);
+                self.publish([ev]).await;
             }
             return Err(SessionError::ControlPlaneDown);
         }
@@ -635,7 +686,7 @@ impl Sessions {
                 first,
                 events,
             }) => {
-                self.publish(events);
+                self.publish(events).await;
                 if first {
                     tracing::info!(artifact_id, session_id = %artifact.session_id, size_bytes = size, "artifact uploaded");
                 }
@@ -688,6 +739,15 @@ impl Sessions {
     /// Apply one `session_update` from `provider_id`; refusals are logged
     /// (there is nobody to answer on MQTT).
     pub async fn apply_update(&self, provider_id: &str, update: SessionUpdate) {
+        if !update.status.is_final()
+            && update.artifacts.is_empty()
+            && update.result_summary.is_none()
+        {
+            // "Started running": nothing to store (the session has been
+            // `running` since it was sent).
+            tracing::debug!(provider_id, session_id = %update.session_id, "session running at the provider");
+            return;
+        }
         let lease_reason = if matches!(
             update.status,
             SessionStatus::Failed | SessionStatus::Cancelled
@@ -710,7 +770,7 @@ impl Sessions {
                 if let Some(s) = &out.session {
                     tracing::debug!(provider_id, %session_id, status = %s.status, "session update applied");
                 }
-                self.publish(out.events);
+                self.publish(out.events).await;
             }
             Ok(Err(UpdateRefused::Sqlite(e))) => {
                 tracing::error!(provider_id, %session_id, error = %e, "session update not stored")
@@ -766,7 +826,7 @@ impl Sessions {
                         "sessions of a lost provider ended (failed / incomplete_evidence)"
                     );
                 }
-                self.publish(events);
+                self.publish(events).await;
             }
             Ok(Err(e)) => {
                 tracing::error!(provider_id, error = %e, "cannot end the sessions of a lost provider")
@@ -791,7 +851,7 @@ impl Sessions {
                     for ev in &events {
                         tracing::warn!(session_id = ?ev.session_id, "session failed: no report from its provider before the deadline");
                     }
-                    self.publish(events);
+                    self.publish(events).await;
                 }
                 Ok(Err(e)) => tracing::error!(error = %e, "session deadline check failed"),
                 Err(e) => tracing::error!(error = %e, "session deadline check failed"),
