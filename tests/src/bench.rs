@@ -74,6 +74,11 @@ pub struct LabOptions {
     pub keep: bool,
     /// Where to put the directory (default: the system temp dir).
     pub parent_dir: Option<PathBuf>,
+    /// Extra simulated speakers `spk-bench-01`… (for load tests: one
+    /// capability, hence one runner thread, per concurrent caller).
+    pub extra_speakers: usize,
+    /// The outbox's `durability` (`fsync` when `None`).
+    pub outbox_durability: Option<String>,
 }
 
 impl Default for LabOptions {
@@ -87,6 +92,8 @@ impl Default for LabOptions {
             // For looking at a failed test's logs and databases.
             keep: std::env::var_os("BENCHLINK_KEEP_LAB").is_some(),
             parent_dir: None,
+            extra_speakers: 0,
+            outbox_durability: None,
         }
     }
 }
@@ -268,18 +275,25 @@ impl Lab {
 
         // Bench TOML.
         let edge_config = root.join("edge/edge-agent.toml");
-        std::fs::write(
-            &edge_config,
-            edge_toml(
-                &root.join("edge/state"),
-                &mqtt_host,
-                mqtt_port,
-                &opts.topic_prefix,
-                http_port,
-                &provider_token,
-                &devices,
-            ),
-        )?;
+        let mut toml = edge_toml(
+            &root.join("edge/state"),
+            &mqtt_host,
+            mqtt_port,
+            &opts.topic_prefix,
+            http_port,
+            &provider_token,
+            &devices,
+        );
+        if let Some(d) = &opts.outbox_durability {
+            toml = toml.replace("[outbox]\n", &format!("[outbox]\ndurability = \"{d}\"\n"));
+        }
+        for i in 1..=opts.extra_speakers {
+            toml.push_str(&format!(
+                "\n[[capabilities]]\nid = \"{}\"\ntype = \"speaker\"\n[capabilities.driver]\nbackend = \"sim\"\n",
+                bench_speaker(i)
+            ));
+        }
+        std::fs::write(&edge_config, toml)?;
 
         let mut lab = Lab {
             opts,
@@ -363,7 +377,7 @@ impl Lab {
                 };
             let ok = got.is_some_and(|v| {
                 let caps = v["capabilities"].as_array().cloned().unwrap_or_default();
-                caps.len() == caps::ALL.len()
+                caps.len() == caps::ALL.len() + self.opts.extra_speakers
                     && caps
                         .iter()
                         .all(|c| c["status"] == "available" || c["status"] == "leased")
@@ -405,6 +419,11 @@ impl Drop for Lab {
             eprintln!("lab directory kept: {}", path.display());
         }
     }
+}
+
+/// Id of the `i`-th extra speaker (1-based): `spk-bench-01`.
+pub fn bench_speaker(i: usize) -> String {
+    format!("spk-bench-{i:02}")
 }
 
 /// A short random suffix.
@@ -574,11 +593,19 @@ impl Mosquitto {
     /// Write a config (127.0.0.1 on a free port, anonymous, no
     /// persistence) into `dir` and start the broker.
     pub fn start(dir: &Path) -> Result<Mosquitto> {
+        Self::start_with(dir, "")
+    }
+
+    /// [`Mosquitto::start`] with more configuration lines (e.g.
+    /// `set_tcp_nodelay true`).
+    pub fn start_with(dir: &Path, extra_conf: &str) -> Result<Mosquitto> {
         let port = free_port();
         let conf = dir.join(format!("mosquitto-{port}.conf"));
         std::fs::write(
             &conf,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{extra_conf}\n"
+            ),
         )?;
         let mut m = Mosquitto {
             port,

@@ -1,0 +1,348 @@
+//! `action-bench`: how long an action takes end to end, next to what the
+//! MQTT broker alone costs, in the same run on the same broker.
+//!
+//! ```text
+//! cargo build --release --workspace --bins
+//! cargo run --release -p benchlink-e2e --bin action-bench [-- --requests 500]
+//! ```
+//!
+//! - *action round trip*: `POST /api/v1/capability-leases/{id}/actions`
+//!   (`set_volume` on a simulated speaker, `wait_ms` set) → registry →
+//!   `action_invoke` over MQTT → edge runner → simulated driver →
+//!   `session_update` over MQTT → registry → HTTP answer with the completed
+//!   session. Each concurrent caller holds its own lease on its own speaker
+//!   (one runner thread each), so callers do not queue behind each other at
+//!   the bench.
+//! - *bare MQTT round trip*: a QoS 1 publish to a topic that a second
+//!   client echoes back (QoS 1) to the first: the two MQTT hops an action
+//!   also makes, with nothing else.
+//!
+//! Both at 1 and at 20 concurrent callers; p50 and p99 in milliseconds. The
+//! target is an action p50 within 5× the bare MQTT p50.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use benchlink_e2e::bench::{bench_speaker, Broker, Lab, LabOptions, Mosquitto, HW_AGENT};
+use benchlink_e2e::client::Agent;
+use clap::Parser;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+/// Action round trip versus bare MQTT round trip.
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Args {
+    /// Measured requests per concurrency level (after a warm-up).
+    #[arg(long, default_value_t = 400)]
+    requests: usize,
+    /// Concurrency levels.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 20])]
+    concurrency: Vec<usize>,
+    /// Use this MQTT broker (HOST:PORT) instead of the embedded one.
+    #[arg(long)]
+    external_broker: Option<String>,
+    /// The edge outbox's durability: `fsync` (default) or `os`.
+    #[arg(long, default_value = "fsync")]
+    durability: String,
+    /// Start a private Mosquitto with `set_tcp_nodelay true` and use it.
+    #[arg(long, conflicts_with = "external_broker")]
+    private_mosquitto: bool,
+}
+
+/// p50 and p99 of `samples`, milliseconds.
+fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples[i.min(samples.len() - 1)].as_secs_f64() * 1000.0
+    };
+    (at(0.50), at(0.99))
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Instant>>>>;
+
+/// Two clients on the broker: `ping` publishes, `echo` sends each message
+/// back on another topic.
+struct BareMqtt {
+    ping: AsyncClient,
+    waiters: Waiters,
+    topic: String,
+}
+
+async fn connect(
+    port: u16,
+    client_id: &str,
+    user: &str,
+    password: &str,
+) -> Result<(AsyncClient, rumqttc::EventLoop)> {
+    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
+    opts.set_credentials(user, password)
+        .set_keep_alive(Duration::from_secs(10));
+    let (client, mut el) = AsyncClient::new(opts, 1024);
+    // Small control messages: no Nagle delay on the client's side.
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    el.set_network_options(net);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), el.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => return Ok((client, el)),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => bail!("MQTT connect as {client_id}: {e}"),
+            Err(_) => bail!("MQTT connect as {client_id}: no CONNACK in 5 s"),
+        }
+    }
+}
+
+impl BareMqtt {
+    async fn start(port: u16, prefix: &str, user: &str, password: &str) -> Result<Self> {
+        let ping_topic = format!("{prefix}/bench/ping");
+        let pong_topic = format!("{prefix}/bench/pong");
+        let (echo, mut echo_el) = connect(port, "bench-echo", user, password).await?;
+        let (ping, mut ping_el) = connect(port, "bench-ping", user, password).await?;
+        echo.subscribe(&ping_topic, QoS::AtLeastOnce).await?;
+        ping.subscribe(&pong_topic, QoS::AtLeastOnce).await?;
+        let echo2 = echo.clone();
+        let pong = pong_topic.clone();
+        tokio::spawn(async move {
+            while let Ok(ev) = echo_el.poll().await {
+                if let Event::Incoming(Packet::Publish(p)) = ev {
+                    let _ = echo2
+                        .publish(pong.clone(), QoS::AtLeastOnce, false, p.payload.to_vec())
+                        .await;
+                }
+            }
+        });
+        let waiters: Waiters = Arc::default();
+        let w = waiters.clone();
+        tokio::spawn(async move {
+            while let Ok(ev) = ping_el.poll().await {
+                if let Event::Incoming(Packet::Publish(p)) = ev {
+                    let got = Instant::now();
+                    let id = p
+                        .payload
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_be_bytes);
+                    if let Some(tx) = id.and_then(|id| w.lock().ok()?.remove(&id)) {
+                        let _ = tx.send(got);
+                    }
+                }
+            }
+        });
+        // Let both SUBACKs land.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(Self {
+            ping,
+            waiters,
+            topic: ping_topic,
+        })
+    }
+
+    /// One round trip with message number `id` (a 256-byte payload, about
+    /// the size of an action command).
+    async fn round_trip(&self, id: u64) -> Result<Duration> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .insert(id, tx);
+        let mut payload = id.to_be_bytes().to_vec();
+        payload.resize(256, b'x');
+        let start = Instant::now();
+        self.ping
+            .publish(&self.topic, QoS::AtLeastOnce, false, payload)
+            .await?;
+        let got = tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .context("echo within 10 s")??;
+        Ok(got - start)
+    }
+}
+
+async fn run_level<F, Fut>(callers: usize, requests: usize, call: F) -> Result<Vec<Duration>>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Duration>> + Send,
+{
+    let call = Arc::new(call);
+    let per = requests.div_ceil(callers);
+    let mut tasks = Vec::new();
+    for c in 0..callers {
+        let call = call.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::with_capacity(per);
+            for i in 0..per {
+                out.push(call(c, (c * per + i) as u64).await?);
+            }
+            Ok::<_, anyhow::Error>(out)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(all)
+}
+
+async fn bench(args: Args) -> Result<()> {
+    let max_callers = args.concurrency.iter().copied().max().unwrap_or(1);
+    let broker_dir = tempfile::tempdir()?;
+    let mut private = None;
+    if args.private_mosquitto {
+        private = Some(Mosquitto::start_with(
+            broker_dir.path(),
+            "set_tcp_nodelay true",
+        )?);
+    }
+    let broker = match &args.external_broker {
+        None if private.is_some() => Broker::External {
+            host: "127.0.0.1".into(),
+            port: private.as_ref().map(|m| m.port).unwrap_or(1883),
+        },
+        None => Broker::Embedded,
+        Some(hp) => {
+            let (h, p) = hp.rsplit_once(':').context("HOST:PORT")?;
+            Broker::External {
+                host: h.into(),
+                port: p.parse()?,
+            }
+        }
+    };
+    let prefix = format!("benchlink-bench-{}/v1", benchlink_e2e::bench::uuid_like());
+    println!(
+        "starting a lab with {max_callers} extra simulated speakers ({} broker, outbox durability {}) ...",
+        match (&args.external_broker, args.private_mosquitto) {
+            (Some(_), _) => "external",
+            (None, true) => "private Mosquitto (TCP_NODELAY)",
+            (None, false) => "embedded",
+        },
+        args.durability
+    );
+    let lab = Lab::start(LabOptions {
+        broker,
+        topic_prefix: prefix.clone(),
+        extra_speakers: max_callers,
+        outbox_durability: Some(args.durability.clone()),
+        ..Default::default()
+    })
+    .await?;
+    let agent = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let mut leases = Vec::new();
+    for i in 1..=max_callers {
+        let (s, l) = agent
+            .lease(
+                &bench_speaker(i),
+                60,
+                "action round-trip benchmark",
+                None,
+                5,
+            )
+            .await?;
+        if !s.is_success() {
+            bail!("lease of {}: {s}: {l}", bench_speaker(i));
+        }
+        leases.push(l["lease_id"].as_str().unwrap_or_default().to_string());
+    }
+    let leases = Arc::new(leases);
+    let mqtt = Arc::new(
+        BareMqtt::start(lab.mqtt_port, &prefix, "bootstrap-admin", &lab.admin_token).await?,
+    );
+
+    let action = {
+        let agent = agent.clone();
+        let leases = leases.clone();
+        move |caller: usize, _i: u64| {
+            let agent = agent.clone();
+            let lease = leases[caller].clone();
+            async move {
+                let start = Instant::now();
+                let (s, v) = agent
+                    .act(&lease, "set_volume", json!({"volume": 0.5}), 10_000)
+                    .await?;
+                let took = start.elapsed();
+                if !s.is_success() || v["status"] != "completed" {
+                    bail!("set_volume: {s}: {v}");
+                }
+                Ok(took)
+            }
+        }
+    };
+    let bare = {
+        let mqtt = mqtt.clone();
+        move |_caller: usize, i: u64| {
+            let mqtt = mqtt.clone();
+            async move { mqtt.round_trip(i).await }
+        }
+    };
+
+    // Warm-up: connections, prepared statements, page cache.
+    run_level(max_callers, max_callers * 5, action.clone()).await?;
+    run_level(max_callers, max_callers * 5, bare.clone()).await?;
+
+    println!(
+        "\n{:>11} {:>9} | {:>17} {:>9} | {:>17} {:>9} | {:>13}",
+        "concurrency",
+        "requests",
+        "bare MQTT p50 ms",
+        "p99 ms",
+        "action p50 ms",
+        "p99 ms",
+        "p50 ratio"
+    );
+    let mut id_base = 1_000_000u64;
+    for &c in &args.concurrency {
+        let offset = id_base;
+        id_base += 1_000_000;
+        let bare_c = bare.clone();
+        let mut b = run_level(c, args.requests, move |k, i| bare_c(k, offset + i)).await?;
+        let mut a = run_level(c, args.requests, action.clone()).await?;
+        let (b50, b99) = percentiles(&mut b);
+        let (a50, a99) = percentiles(&mut a);
+        println!(
+            "{:>11} {:>9} | {:>17.3} {:>9.3} | {:>17.3} {:>9.3} | {:>12.1}x",
+            c,
+            a.len(),
+            b50,
+            b99,
+            a50,
+            a99,
+            a50 / b50
+        );
+    }
+    println!("\ntarget: action p50 within 5x the bare MQTT p50");
+    drop(lab);
+    drop(private);
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("action-bench: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        tokio::select! {
+            r = bench(args) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("action-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
