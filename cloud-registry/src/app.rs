@@ -281,13 +281,17 @@ impl Registry {
             Arc::new(blobs),
             config.sessions.clone(),
         );
-        let audit = AuditService::new(db.clone(), bus.clone(), engine.clone(), config.audit.clone());
+        let audit = AuditService::new(
+            db.clone(),
+            bus.clone(),
+            engine.clone(),
+            config.audit.clone(),
+        );
         let earth = config.agents.earth_data();
         let catalog = Arc::new(EntityCatalog::load_with_remote(&earth).await?);
         let stats = catalog.stats();
         tracing::info!(load_ms = stats.load_ms, counts = ?stats.counts, "Earth entity data loaded");
-        let agents =
-            Arc::new(AgentService::new(db.clone(), catalog, config.agents.clone()).await?);
+        let agents = Arc::new(AgentService::new(db.clone(), catalog, config.agents.clone()).await?);
         // Before MQTT starts, so no session update is missed.
         registry.add_hooks(sessions.clone());
         let synced = registry.sync_lease_engine().await?;
