@@ -1,0 +1,193 @@
+//! What can go wrong with a lease operation, and how each failure is told
+//! to an HTTP client.
+
+use axum::http::StatusCode;
+use serde_json::json;
+use shared_protocol::lease::LeaseStatus;
+
+use crate::db::DbError;
+use crate::error::ApiError;
+
+/// Why the lease engine refused or could not do an operation. Every variant
+/// names the lease, capability or field it is about; variants about an
+/// existing lease carry its current status.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// No lease has this id. HTTP 404.
+    #[error("lease `{lease_id}` not found")]
+    NotFound { lease_id: String },
+
+    /// The lease belongs to another principal (only the holder may renew,
+    /// act or release; an admin may also release). HTTP 403.
+    #[error("lease `{lease_id}` is held by `{holder}`, not by `{principal}`")]
+    NotHolder {
+        lease_id: String,
+        /// The caller.
+        principal: String,
+        /// The principal holding the lease.
+        holder: String,
+    },
+
+    /// The lease's status does not allow `operation` (e.g. renewing during a
+    /// grace period, acting on a lease still `requested`, releasing a
+    /// revoked lease). HTTP 409 with `details.lease_status`.
+    #[error("lease `{lease_id}` is `{status}`: cannot {operation}")]
+    NotUsable {
+        lease_id: String,
+        status: LeaseStatus,
+        /// `renew`, `act`, `release`.
+        operation: &'static str,
+    },
+
+    /// The lease has expired (its TTL ran out without renewal). HTTP 409
+    /// with `details.lease_status = "expired"`.
+    #[error("lease `{lease_id}` has expired")]
+    Expired { lease_id: String },
+
+    /// The request names a capability the registry does not know. HTTP 404.
+    #[error("capability `{capability_id}` is not registered")]
+    UnknownCapability { capability_id: String },
+
+    /// Every capability the request could use belongs to an offline
+    /// provider. HTTP 503.
+    #[error("capability {} is offline (its provider is not connected)", .capability_ids.join(", "))]
+    CapabilityOffline { capability_ids: Vec<String> },
+
+    /// No registered capability matches the selector or requirement given
+    /// in `field`. HTTP 404.
+    #[error("no registered capability matches `{field}`: {selector}")]
+    NoMatchingCapability {
+        /// `capability_selector` or `requirements[i]`.
+        field: String,
+        /// The selector as JSON.
+        selector: String,
+    },
+
+    /// The request would have to wait and `limit` requests already do.
+    /// HTTP 503.
+    #[error("{limit} lease requests are already waiting; try again later")]
+    QueueFull { limit: usize },
+
+    /// A field breaks a rule (duration above the maximum, `holder_ref` not
+    /// the caller's, a mode the capability does not offer...). HTTP 422
+    /// naming the field.
+    #[error("{field}: {message}")]
+    InvalidRequest { field: String, message: String },
+
+    /// The engine is shut down, or recovering from a failed commit; nothing
+    /// was changed. HTTP 503.
+    #[error("the lease engine is unavailable: {message}")]
+    Unavailable { message: String },
+
+    /// Reading the lease store failed. HTTP 500.
+    #[error("lease store: {0}")]
+    Store(#[from] DbError),
+}
+
+impl LeaseError {
+    /// The current status of the lease the error is about, when it has one.
+    pub fn lease_status(&self) -> Option<LeaseStatus> {
+        match self {
+            LeaseError::NotUsable { status, .. } => Some(*status),
+            LeaseError::Expired { .. } => Some(LeaseStatus::Expired),
+            _ => None,
+        }
+    }
+
+    /// The refusal for `operation` on a lease that is in `status`:
+    /// [`LeaseError::Expired`] for `expired`, [`LeaseError::NotUsable`]
+    /// otherwise.
+    pub(crate) fn status(lease_id: &str, status: LeaseStatus, operation: &'static str) -> Self {
+        if status == LeaseStatus::Expired {
+            LeaseError::Expired {
+                lease_id: lease_id.to_string(),
+            }
+        } else {
+            LeaseError::NotUsable {
+                lease_id: lease_id.to_string(),
+                status,
+                operation,
+            }
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        LeaseError::InvalidRequest {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<rusqlite::Error> for LeaseError {
+    fn from(e: rusqlite::Error) -> Self {
+        LeaseError::Store(DbError::Sqlite(e))
+    }
+}
+
+impl From<shared_protocol::ValidationError> for LeaseError {
+    fn from(e: shared_protocol::ValidationError) -> Self {
+        LeaseError::InvalidRequest {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
+impl From<LeaseError> for ApiError {
+    /// 404 `not_found` (lease, capability) / `no_matching_capability`,
+    /// 403 `not_lease_holder`, 409 `lease_not_usable` / `lease_expired`
+    /// with `details.lease_status`, 422 `invalid_field` naming the field,
+    /// 503 `capability_offline` / `queue_full` / `unavailable`, 500 for a
+    /// store failure.
+    fn from(e: LeaseError) -> Self {
+        let message = e.to_string();
+        match e {
+            LeaseError::NotFound { lease_id } => ApiError::not_found("lease", &lease_id),
+            LeaseError::NotHolder {
+                lease_id,
+                principal,
+                holder: _,
+            } => ApiError::new(StatusCode::FORBIDDEN, "not_lease_holder", message)
+                .with_details(json!({ "lease_id": lease_id, "principal": principal })),
+            LeaseError::NotUsable {
+                lease_id,
+                status,
+                operation,
+            } => ApiError::conflict("lease_not_usable", message).with_details(json!({
+                "lease_id": lease_id,
+                "lease_status": status,
+                "operation": operation,
+            })),
+            LeaseError::Expired { lease_id } => ApiError::conflict("lease_expired", message)
+                .with_details(json!({
+                    "lease_id": lease_id,
+                    "lease_status": LeaseStatus::Expired,
+                })),
+            LeaseError::UnknownCapability { capability_id } => {
+                ApiError::not_found("capability", &capability_id)
+            }
+            LeaseError::CapabilityOffline { capability_ids } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capability_offline",
+                message,
+            )
+            .with_details(json!({ "capability_ids": capability_ids })),
+            LeaseError::NoMatchingCapability { field, selector } => {
+                let selector = serde_json::from_str::<serde_json::Value>(&selector)
+                    .unwrap_or(serde_json::Value::String(selector));
+                ApiError::new(StatusCode::NOT_FOUND, "no_matching_capability", message)
+                    .with_details(json!({ "field": field, "selector": selector }))
+            }
+            LeaseError::QueueFull { limit } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message)
+                    .with_details(json!({ "limit": limit }))
+            }
+            LeaseError::InvalidRequest { field, message } => {
+                ApiError::invalid_field(&field, format!("{field}: {message}"))
+            }
+            LeaseError::Unavailable { .. } => ApiError::unavailable(message),
+            LeaseError::Store(e) => ApiError::internal(e),
+        }
+    }
+}

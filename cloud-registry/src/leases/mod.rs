@@ -1,0 +1,1147 @@
+//! The lease engine (seed 001 §2.1 Lease Manager and Preemption Manager,
+//! §2.2.3, §5, §6): who may use which capability, until when, and who
+//! gives way to whom. It knows nothing of HTTP or MQTT; the API and the
+//! MQTT bridge call [`LeaseEngine`] and read the events it appends.
+//!
+//! # Model
+//! One in-memory model (the capability directory, the holders of each
+//! capability, the wait queue, the live leases) behind one mutex, and
+//! SQLite as its durable copy. The mutex is a `std::sync::Mutex` held only
+//! for the synchronous decision of one operation, never across an `.await`
+//! (cheaper than an async mutex or an actor round trip; waiting for the
+//! commit happens after it is released).
+//!
+//! # Durability
+//! Every transition writes the lease row (`capability_leases`) and its
+//! event row (`events`, the append-only audit log) in one transaction on
+//! the database's writer thread; only after that commit does the caller get
+//! its answer and are the events published on the [`EventBus`].
+//! Transitions queued while a commit is in flight are committed together in
+//! the next transaction (group commit, see `commit.rs`). SQLite runs in WAL
+//! mode with `synchronous=NORMAL`: an answered operation survives the
+//! registry being killed with SIGKILL; a power loss may lose the last
+//! commits but never leaves a lease row without its event or the reverse.
+//!
+//! # Time
+//! Expiry, grace periods and queue timeouts run on a monotonic clock
+//! ([`LeaseClock`], `tokio::time::Instant` in production); `expires_at`,
+//! `grace_until` on the wire are their wall-clock rendering, computed when
+//! the deadline is set. A background sweeper (every `sweep_interval_ms`,
+//! default 250 ms) expires leases, ends grace periods, times out waiting
+//! requests and grants what was freed; operations on a single lease also
+//! settle it first, so a lease past its deadline is never renewed or acted
+//! on even if the sweeper has not reached it yet.
+//!
+//! Across a restart each lease keeps its *wall-clock* deadline: the row
+//! stores `expires_at` / `grace_until` / the queue timeout as wall times,
+//! and [`LeaseEngine::start`] turns each back into a monotonic deadline
+//! ("now + (expires_at − wall now)"). The trade-off: time the registry was
+//! down counts against leases (a holder could not renew while it was down,
+//! and a lease past its `expires_at` expires at the first sweep), and a
+//! wall-clock step while the registry was down shifts the deadlines by the
+//! step. Storing the remaining duration instead would hand holders extra
+//! time equal to the outage, keeping hardware locked by holders that may
+//! have vanished with the registry; a lab prefers the deadline it was told.
+//!
+//! # Policy decisions
+//! - `mode` must be the capability's own `lease_mode` (absent: that mode);
+//!   an exclusive capability has at most one holder, a shared one any number
+//!   of holders in its shared mode.
+//! - A provider that is offline: requests naming only its capabilities are
+//!   refused with [`LeaseError::CapabilityOffline`] (nothing could run on
+//!   them); requests already waiting stay queued (until their
+//!   `queue_timeout_seconds`, if any) and are granted when it comes back;
+//!   existing leases stay until released or expired. Going offline also
+//!   closes the capability's non-interruptible window (no action can be
+//!   running through a disconnected provider as far as the registry can
+//!   tell; the next heartbeat reopens it if needed).
+//! - Expiry, like revocation, waits while the capability is inside a
+//!   non-interruptible window (seed 001 §6.4): a robot press is not cut by
+//!   a TTL either.
+//! - A request with `preempt_if_needed` whose `preempt_reason` is missing or
+//!   not on the whitelist is not refused: it waits without preempting.
+//! - A waiting request that started a preemption waits for that capability
+//!   while the grace period runs; if it is withdrawn or times out, the
+//!   preempted lease is still revoked at the end of its grace period (a
+//!   preemption cannot be taken back) and the capability goes to the next
+//!   waiter.
+//! - Withdrawing (releasing) one waiting lease of a group withdraws the whole
+//!   group; a queue timeout fails the whole group.
+//! - Queue timeout: the lease becomes `failed` with event `lease_expired`
+//!   and `reason: "queue_timeout"` (seed 001 §7 has no `lease_failed`).
+//! - `granted` → `active` (first action, [`LeaseEngine::authorize_action`])
+//!   is persisted without an event (§7 has none; the session records it).
+//!
+//! # Events
+//! `data` is the lease JSON ([`CapabilityLease`]) after the transition,
+//! plus `notice` ([`shared_protocol::lease::PreemptNotice`]) on
+//! `lease_preempt_requested` and `reason` on `lease_expired` (`ttl_elapsed`,
+//! `queue_timeout`), `lease_preempted` (`grace_period_ended`) and on
+//! `lease_release_requested` / `lease_released` when the holder gave one.
+//! Events caused by the engine itself carry actor `system`.
+
+mod clock;
+mod commit;
+mod error;
+mod lifecycle;
+mod model;
+mod preemption;
+mod queue;
+mod store;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shared_protocol::capability::{Capability, CapabilityStatus, CapabilityType, LeaseMode};
+use shared_protocol::lease::{
+    CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest, LeaseStatus,
+};
+use shared_protocol::Validate;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+pub use clock::{LeaseClock, ManualClock, SystemClock};
+pub use error::LeaseError;
+pub use store::migrate;
+
+use crate::auth::Principal;
+use crate::db::Db;
+use crate::events::EventBus;
+use clock::Now;
+use commit::{Counters, View};
+use model::{unavailable, State, Tx, Want};
+use queue::{Admission, NewMember};
+
+/// Most leases one group request may ask for.
+pub const MAX_GROUP_MEMBERS: usize = 32;
+
+/// Lease engine settings (the `[leases]` table of the registry's
+/// configuration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseConfig {
+    /// Longest lease a request or renewal may ask for, seconds (3600).
+    pub max_duration_seconds: u32,
+    /// Grace period a preempted holder gets, seconds (10).
+    pub default_grace_period_seconds: u32,
+    /// `preempt_reason` values that allow preemption (seed 001 §6.2).
+    pub preempt_reason_whitelist: Vec<String>,
+    /// How often the sweeper runs, milliseconds (250).
+    pub sweep_interval_ms: u64,
+    /// Most requests that may wait at once (a group counts once); more are
+    /// refused with [`LeaseError::QueueFull`] (10 000).
+    pub max_queue_len: usize,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            max_duration_seconds: 3600,
+            default_grace_period_seconds: 10,
+            preempt_reason_whitelist: [
+                "safety_stop",
+                "human_operator_override",
+                "chief_audit",
+                "hardware_audit_deadline",
+            ]
+            .map(String::from)
+            .to_vec(),
+            sweep_interval_ms: 250,
+            max_queue_len: 10_000,
+        }
+    }
+}
+
+/// What the engine needs to know about one capability (from registration,
+/// provider status and heartbeats).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapabilityInfo {
+    /// e.g. `cam-front-01`.
+    pub capability_id: String,
+    /// The provider exposing it (for [`LeaseEngine::set_provider_online`]
+    /// and the events' `provider_id`).
+    pub provider_id: String,
+    /// For `capability_selector.node_id`.
+    pub node_id: String,
+    /// For selectors and requirements.
+    pub capability_type: CapabilityType,
+    /// For selector `tags` and requirement `preferred_node_tags`.
+    pub tags: Vec<String>,
+    /// How it may be shared; a lease always holds it in this mode.
+    pub lease_mode: LeaseMode,
+    /// Seed 001 §6.2 condition 1.
+    pub preemptible: bool,
+    /// Never preempted (§6.2 condition 2).
+    pub safety_locked: bool,
+    /// 0..=100; informational (every request carries its own priority).
+    pub default_priority: u8,
+    /// Whether its provider is online; offline capabilities are not granted.
+    pub online: bool,
+    /// Inside a non-interruptible window (seed 001 §6.4, from heartbeats):
+    /// no preemption starts and no revocation or expiry happens meanwhile.
+    pub non_interruptible: bool,
+}
+
+impl CapabilityInfo {
+    /// The engine's view of a stored capability. `online`: its provider's
+    /// status (a capability in `maintenance` is treated as offline).
+    pub fn from_capability(c: &Capability, online: bool) -> Self {
+        Self {
+            capability_id: c.capability_id.clone(),
+            provider_id: c.provider_id.clone(),
+            node_id: c.node_id.clone(),
+            capability_type: c.capability_type,
+            tags: c.tags.clone(),
+            lease_mode: c.lease_mode,
+            preemptible: c.preemptible,
+            safety_locked: c.safety_locked,
+            default_priority: c.default_priority,
+            online: online && c.status != CapabilityStatus::Maintenance,
+            non_interruptible: false,
+        }
+    }
+}
+
+/// Which leases [`LeaseEngine::list`] returns; every given field must match.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LeaseFilter {
+    /// Leases on this capability.
+    pub capability_id: Option<String>,
+    /// The holding principal's name.
+    pub principal: Option<String>,
+    /// Leases in exactly this status.
+    pub status: Option<LeaseStatus>,
+    /// The leases of one group request.
+    pub lease_group_id: Option<String>,
+    /// Only leases in a holding status (`granted`, `active`,
+    /// `renew_pending`, `preempt_requested`, `grace_period`).
+    pub active_only: bool,
+    /// At most this many, newest first.
+    pub limit: Option<usize>,
+}
+
+/// Lock a mutex, ignoring poisoning (no code panics while holding these
+/// locks; if one ever did, the model is still the best information there
+/// is).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `holder_ref` must name the caller: its principal name, or a sub-holder
+/// of it (`<principal>:<thread>`, `<principal>/<thread>`). Admins may give
+/// any holder_ref.
+fn check_holder_ref(holder: &Principal, holder_ref: &str) -> Result<(), LeaseError> {
+    let own = holder_ref == holder.name
+        || holder_ref
+            .strip_prefix(holder.name.as_str())
+            .is_some_and(|rest| rest.starts_with(':') || rest.starts_with('/'));
+    if own || holder.is_admin() {
+        Ok(())
+    } else {
+        Err(LeaseError::invalid(
+            "holder_ref",
+            format!(
+                "`{holder_ref}` is not the caller `{}` (use `{}` or `{}:<sub-holder>`)",
+                holder.name, holder.name, holder.name
+            ),
+        ))
+    }
+}
+
+type Commit = Option<oneshot::Receiver<Result<(), String>>>;
+
+async fn committed(rx: Commit) -> Result<(), LeaseError> {
+    match rx {
+        None => Ok(()),
+        Some(rx) => match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(LeaseError::Unavailable { message }),
+            Err(_) => Err(LeaseError::Unavailable {
+                message: "the lease committer stopped".to_string(),
+            }),
+        },
+    }
+}
+
+/// The lease engine. Create with [`LeaseEngine::start`]; share the `Arc`.
+pub struct LeaseEngine {
+    cfg: LeaseConfig,
+    db: Db,
+    clock: Arc<dyn LeaseClock>,
+    pub(crate) state: Mutex<State>,
+    view: Arc<Mutex<View>>,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    counters: Arc<Counters>,
+}
+
+/// What the group committer has done since the engine started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitStats {
+    /// SQLite transactions committed.
+    pub commits: u64,
+    /// Operations (requests, releases, sweeps...) they carried.
+    pub operations: u64,
+    /// Lease rows written (after coalescing several changes of one lease).
+    pub rows: u64,
+    /// Events appended.
+    pub events: u64,
+    /// Time the writer thread spent in these transactions, microseconds.
+    pub writer_busy_us: u64,
+}
+
+impl LeaseEngine {
+    /// Create the table if needed, load every persisted live lease (each
+    /// keeps its wall-clock deadline, see the module doc), and start the
+    /// committer and the sweeper tasks on the current runtime.
+    ///
+    /// The capability directory starts empty: the registry must
+    /// [`upsert_capability`](Self::upsert_capability) every known capability
+    /// after start (leases on capabilities not yet upserted keep holding
+    /// them; nothing is granted on them until then).
+    ///
+    /// Errors: [`LeaseError::Store`] when the table cannot be created or a
+    /// row cannot be read; [`LeaseError::InvalidRequest`] for a zero
+    /// `sweep_interval_ms`.
+    pub async fn start(db: Db, bus: EventBus, cfg: LeaseConfig) -> Result<Arc<Self>, LeaseError> {
+        Self::start_with_clock(db, bus, cfg, Arc::new(SystemClock)).await
+    }
+
+    /// [`start`](Self::start) with another clock (tests, simulations).
+    pub async fn start_with_clock(
+        db: Db,
+        bus: EventBus,
+        cfg: LeaseConfig,
+        clock: Arc<dyn LeaseClock>,
+    ) -> Result<Arc<Self>, LeaseError> {
+        if cfg.sweep_interval_ms == 0 {
+            return Err(LeaseError::invalid(
+                "sweep_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        db.write(|c| store::migrate(c)).await??;
+        let (rows, next_seq) = db.read(|c| store::load_live(c)).await??;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let mut state = State::new(sender);
+        state.load(rows.clone(), next_seq, &Now::read(&*clock));
+        let mut view = View::default();
+        view.load(&rows);
+        let (stop, stop_rx) = watch::channel(false);
+        let engine = Arc::new(Self {
+            cfg,
+            db: db.clone(),
+            clock,
+            state: Mutex::new(state),
+            view: Arc::new(Mutex::new(view)),
+            stop,
+            tasks: Mutex::new(Vec::new()),
+            counters: Arc::new(Counters::default()),
+        });
+        tracing::info!(
+            live_leases = rows.len(),
+            "lease engine started with persisted leases"
+        );
+        let committer = tokio::spawn(commit::run(
+            receiver,
+            db,
+            bus,
+            engine.view.clone(),
+            Arc::downgrade(&engine),
+            engine.counters.clone(),
+        ));
+        let sweeper = tokio::spawn(sweeper(
+            Arc::downgrade(&engine),
+            stop_rx,
+            Duration::from_millis(engine.cfg.sweep_interval_ms),
+        ));
+        lock(&engine.tasks).extend([committer, sweeper]);
+        Ok(engine)
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.cfg
+    }
+
+    fn now(&self) -> Now {
+        Now::read(&*self.clock)
+    }
+
+    fn ready(st: &State) -> Result<(), LeaseError> {
+        match unavailable(st) {
+            Some(why) => Err(LeaseError::Unavailable {
+                message: why.to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Queue `tx` for commit (nothing to wait for when it is empty).
+    fn submit(st: &mut State, tx: Tx) -> Result<Commit, LeaseError> {
+        if tx.is_empty() {
+            return Ok(None);
+        }
+        let sender = st.sender.as_ref().ok_or_else(|| LeaseError::Unavailable {
+            message: "shut down".to_string(),
+        })?;
+        let (done, rx) = oneshot::channel();
+        if sender
+            .send(model::Piece {
+                tx,
+                done: Some(done),
+            })
+            .is_err()
+        {
+            st.available = false;
+            return Err(LeaseError::Unavailable {
+                message: "the lease committer stopped".to_string(),
+            });
+        }
+        Ok(Some(rx))
+    }
+
+    fn check_duration(&self, seconds: u32) -> Result<(), LeaseError> {
+        if seconds > self.cfg.max_duration_seconds {
+            return Err(LeaseError::invalid(
+                "requested_duration_seconds",
+                format!(
+                    "{seconds} s is above the registry's maximum lease of {} s",
+                    self.cfg.max_duration_seconds
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ask for a lease on one capability (`capability_id`, or a free
+    /// capability matching `capability_selector`). Answers after the
+    /// commit with the lease `granted`, or `requested` when it has to wait
+    /// (possibly after starting a preemption for it); use
+    /// [`wait_granted`](Self::wait_granted) to wait for the grant. While a
+    /// selector request waits, its `capability_id` is empty; the grant sets
+    /// it.
+    ///
+    /// `queue_timeout_seconds`: a waiting request becomes `failed` after
+    /// that long (0: at the next sweep unless granted at once).
+    ///
+    /// Events: `lease_requested`, then `lease_granted` when granted at once,
+    /// and `lease_preempt_requested` for a holder it preempts.
+    ///
+    /// Errors: `InvalidRequest` (a field out of range, duration above
+    /// `max_duration_seconds`, `holder_ref` not the caller's, `mode` not the
+    /// capability's), `UnknownCapability`, `NoMatchingCapability`,
+    /// `CapabilityOffline`, `QueueFull`, `Unavailable`.
+    pub async fn request(
+        &self,
+        holder: &Principal,
+        req: LeaseRequest,
+    ) -> Result<CapabilityLease, LeaseError> {
+        req.validate()?;
+        self.check_duration(req.requested_duration_seconds)?;
+        check_holder_ref(holder, &req.holder_ref)?;
+        let (lease, rx) = {
+            let mut st = lock(&self.state);
+            Self::ready(&st)?;
+            let now = self.now();
+            let member = resolve_single(&st, &req)?;
+            let mut tx = Tx::default();
+            let ids = st.admit(
+                &mut tx,
+                &now,
+                &self.cfg,
+                Admission {
+                    principal: holder.name.clone(),
+                    holder_type: req.holder_type,
+                    holder_ref: req.holder_ref,
+                    project_id: req.project_id,
+                    purpose: req.purpose,
+                    priority: req.priority,
+                    requested_duration_seconds: req.requested_duration_seconds,
+                    evidence_required: req.evidence_required,
+                    preempt_if_needed: req.preempt_if_needed,
+                    preempt_reason: req.preempt_reason,
+                    queue_timeout_seconds: req.queue_timeout_seconds,
+                    lease_group_id: None,
+                    members: vec![member],
+                },
+            )?;
+            let lease = ids.first().and_then(|id| st.snapshot(id));
+            (lease, Self::submit(&mut st, tx)?)
+        };
+        committed(rx).await?;
+        lease.ok_or_else(|| LeaseError::Unavailable {
+            message: "the new lease vanished before it was answered".to_string(),
+        })
+    }
+
+    /// Ask for several capabilities at once (an audit task's
+    /// `capability_requirements`, seed 001 §13): every lease is granted in
+    /// the same commit, or all wait together; the group never holds part of
+    /// its capabilities while waiting for the rest. Each lease gets the
+    /// same `lease_group_id`.
+    ///
+    /// A requirement with `preempt_if_needed` lets the group preempt (with
+    /// the group's `preempt_reason`). Requirements pick distinct
+    /// capabilities greedily in order (preferred tags first).
+    ///
+    /// Errors: as [`request`](Self::request); `InvalidRequest` for a
+    /// repeated capability id, more than [`MAX_GROUP_MEMBERS`] members, or a
+    /// requirement's `min_duration_seconds` above the requested duration.
+    pub async fn request_group(
+        &self,
+        holder: &Principal,
+        req: LeaseGroupRequest,
+    ) -> Result<LeaseGroup, LeaseError> {
+        req.validate()?;
+        self.check_duration(req.requested_duration_seconds)?;
+        check_holder_ref(holder, &req.holder_ref)?;
+        let count = req.capability_ids.len() + req.requirements.len();
+        if count > MAX_GROUP_MEMBERS {
+            return Err(LeaseError::invalid(
+                "capability_ids",
+                format!("{count} capabilities asked; at most {MAX_GROUP_MEMBERS} per group"),
+            ));
+        }
+        let group_id = format!("lgrp_{}", uuid::Uuid::new_v4().simple());
+        let (leases, rx) = {
+            let mut st = lock(&self.state);
+            Self::ready(&st)?;
+            let now = self.now();
+            let members = resolve_group(&st, &req)?;
+            let preempt_if_needed =
+                req.preempt_if_needed || req.requirements.iter().any(|r| r.preempt_if_needed);
+            let mut tx = Tx::default();
+            let ids = st.admit(
+                &mut tx,
+                &now,
+                &self.cfg,
+                Admission {
+                    principal: holder.name.clone(),
+                    holder_type: req.holder_type,
+                    holder_ref: req.holder_ref,
+                    project_id: req.project_id,
+                    purpose: req.purpose,
+                    priority: req.priority,
+                    requested_duration_seconds: req.requested_duration_seconds,
+                    evidence_required: req.evidence_required,
+                    preempt_if_needed,
+                    preempt_reason: req.preempt_reason,
+                    queue_timeout_seconds: req.queue_timeout_seconds,
+                    lease_group_id: Some(group_id.clone()),
+                    members,
+                },
+            )?;
+            let leases: Vec<CapabilityLease> =
+                ids.iter().filter_map(|id| st.snapshot(id)).collect();
+            (leases, Self::submit(&mut st, tx)?)
+        };
+        committed(rx).await?;
+        let status = leases
+            .first()
+            .map(|l| l.status)
+            .unwrap_or(LeaseStatus::Requested);
+        Ok(LeaseGroup {
+            lease_group_id: group_id,
+            status,
+            leases,
+        })
+    }
+
+    /// Wait until lease `lease_id` leaves `requested` (granted, or failed /
+    /// withdrawn) and return it as committed; after `timeout` return it as
+    /// it is then (still `requested`).
+    ///
+    /// Errors: `NotFound`.
+    pub async fn wait_granted(
+        &self,
+        lease_id: &str,
+        timeout: Duration,
+    ) -> Result<CapabilityLease, LeaseError> {
+        let rx = {
+            let mut view = lock(&self.view);
+            match view.leases.get(lease_id) {
+                Some(l) if l.status != LeaseStatus::Requested => return Ok(l.clone()),
+                Some(_) => {
+                    let (tx, rx) = oneshot::channel();
+                    let ws = view.waiters.entry(lease_id.to_string()).or_default();
+                    ws.retain(|w| !w.is_closed());
+                    ws.push(tx);
+                    Some(rx)
+                }
+                None => None,
+            }
+        };
+        if let Some(rx) = rx {
+            if let Ok(Ok(lease)) = tokio::time::timeout(timeout, rx).await {
+                return Ok(lease);
+            }
+        }
+        self.get(lease_id)
+            .await
+            .ok_or_else(|| LeaseError::NotFound {
+                lease_id: lease_id.to_string(),
+            })
+    }
+
+    /// A lease that is not live (final, or unknown): the answer for
+    /// `operation` on it.
+    async fn not_live(
+        &self,
+        holder: &Principal,
+        lease_id: &str,
+        operation: &'static str,
+        admin_may: bool,
+    ) -> Result<CapabilityLease, LeaseError> {
+        let lease = {
+            let st = lock(&self.state);
+            st.recent_final.get(lease_id).cloned()
+        };
+        let lease = match lease {
+            Some(l) => l,
+            None => {
+                let id = lease_id.to_string();
+                self.db
+                    .read(move |c| store::load_one(c, &id))
+                    .await??
+                    .ok_or_else(|| LeaseError::NotFound {
+                        lease_id: lease_id.to_string(),
+                    })?
+            }
+        };
+        check_holder(holder, &lease, admin_may)?;
+        if operation == "release" && lease.status == LeaseStatus::Released {
+            return Ok(lease);
+        }
+        Err(LeaseError::status(lease_id, lease.status, operation))
+    }
+
+    /// Run `op` on live lease `lease_id` after checking the caller holds it
+    /// and settling a passed deadline; `None` when the lease is not live.
+    async fn on_live<T: Send>(
+        &self,
+        holder: &Principal,
+        lease_id: &str,
+        operation: &'static str,
+        admin_may: bool,
+        op: impl FnOnce(&mut State, &mut Tx, &Now) -> Result<T, LeaseError>,
+    ) -> Option<Result<T, LeaseError>> {
+        let (result, rx) = {
+            let mut st = lock(&self.state);
+            if let Err(e) = Self::ready(&st) {
+                return Some(Err(e));
+            }
+            let lease = st.leases.get(lease_id)?;
+            if let Err(e) = check_holder(holder, &lease.lease, admin_may) {
+                return Some(Err(e));
+            }
+            let now = self.now();
+            let mut tx = Tx::default();
+            st.settle(&mut tx, &now, &self.cfg, lease_id);
+            let result = if st.leases.contains_key(lease_id) {
+                op(&mut st, &mut tx, &now)
+            } else {
+                let status = st
+                    .snapshot(lease_id)
+                    .map(|l| l.status)
+                    .unwrap_or(LeaseStatus::Expired);
+                Err(LeaseError::status(lease_id, status, operation))
+            };
+            match Self::submit(&mut st, tx) {
+                Ok(rx) => (result, rx),
+                Err(e) => return Some(Err(e)),
+            }
+        };
+        if let Err(e) = committed(rx).await {
+            return Some(Err(e));
+        }
+        Some(result)
+    }
+
+    /// Extend a held lease: new `expires_at` = now + the requested duration
+    /// (default: the duration first requested), at most
+    /// `max_duration_seconds`. Only the holding principal may renew.
+    /// Event: `lease_renewed`.
+    ///
+    /// Errors: `NotFound`, `NotHolder`, `Expired` (nothing changes),
+    /// `NotUsable` for `requested`, `preempt_requested`, `grace_period`
+    /// (renewal is refused during a grace period), `released`, `revoked`,
+    /// `failed`; `InvalidRequest` for a duration above the maximum.
+    pub async fn renew(
+        &self,
+        holder: &Principal,
+        lease_id: &str,
+        req: LeaseRenewRequest,
+    ) -> Result<CapabilityLease, LeaseError> {
+        req.validate()?;
+        if let Some(d) = req.requested_duration_seconds {
+            self.check_duration(d)?;
+        }
+        let cfg = self.cfg.clone();
+        let actor = holder.name.clone();
+        let done = self
+            .on_live(holder, lease_id, "renew", false, |st, tx, now| {
+                st.renew(
+                    tx,
+                    now,
+                    &cfg,
+                    lease_id,
+                    &actor,
+                    req.requested_duration_seconds,
+                )
+            })
+            .await;
+        match done {
+            Some(r) => r,
+            None => self.not_live(holder, lease_id, "renew", false).await,
+        }
+    }
+
+    /// Give a lease back (the holder, or an admin). A held lease becomes
+    /// `released` and its capability goes to the next waiter in the same
+    /// commit (during a grace period: to the preempting request at once).
+    /// A waiting request is withdrawn (`released`) with its whole group.
+    /// Releasing an already released lease answers it again (idempotent).
+    /// Events: `lease_release_requested`, `lease_released` (with `reason`).
+    ///
+    /// Errors: `NotFound`, `NotHolder`, `Expired`, `NotUsable` (`revoked`,
+    /// `failed`).
+    pub async fn release(
+        &self,
+        holder: &Principal,
+        lease_id: &str,
+        reason: Option<String>,
+    ) -> Result<CapabilityLease, LeaseError> {
+        let cfg = self.cfg.clone();
+        let actor = holder.name.clone();
+        let done = self
+            .on_live(holder, lease_id, "release", true, |st, tx, now| {
+                st.release(tx, now, &cfg, lease_id, &actor, reason.as_deref())
+                    .ok_or_else(|| LeaseError::NotFound {
+                        lease_id: lease_id.to_string(),
+                    })
+            })
+            .await;
+        match done {
+            Some(r) => r,
+            None => self.not_live(holder, lease_id, "release", true).await,
+        }
+    }
+
+    /// Check that `holder` may run an action on `capability_id` under
+    /// `lease_id` now: the caller holds the lease, it covers that
+    /// capability, and it is in a holding status (`granted`, `active`,
+    /// `renew_pending`, or finishing up in `preempt_requested` /
+    /// `grace_period`). The first action moves `granted` to `active`.
+    ///
+    /// Errors: `NotFound`, `NotHolder`, `Expired`, `NotUsable` (`requested`
+    /// or final), `InvalidRequest` (field `capability_id`) when the lease
+    /// covers another capability.
+    pub async fn authorize_action(
+        &self,
+        holder: &Principal,
+        lease_id: &str,
+        capability_id: &str,
+    ) -> Result<CapabilityLease, LeaseError> {
+        let done = self
+            .on_live(holder, lease_id, "act", false, |st, tx, _| {
+                st.authorize(tx, lease_id, capability_id)
+            })
+            .await;
+        match done {
+            Some(r) => r,
+            None => self.not_live(holder, lease_id, "act", false).await,
+        }
+    }
+
+    /// A lease as last committed (live leases from memory, others from the
+    /// table). `None` when unknown or the store cannot be read.
+    pub async fn get(&self, lease_id: &str) -> Option<CapabilityLease> {
+        if let Some(l) = lock(&self.view).leases.get(lease_id) {
+            return Some(l.clone());
+        }
+        let id = lease_id.to_string();
+        match self.db.read(move |c| store::load_one(c, &id)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                tracing::error!(lease_id, error = %e, "cannot read lease");
+                None
+            }
+            Err(e) => {
+                tracing::error!(lease_id, error = %e, "cannot read lease");
+                None
+            }
+        }
+    }
+
+    /// Committed leases matching `filter`, newest first (empty when the
+    /// store cannot be read; the error is logged).
+    pub async fn list(&self, filter: LeaseFilter) -> Vec<CapabilityLease> {
+        match self.try_list(filter).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list leases");
+                Vec::new()
+            }
+        }
+    }
+
+    /// [`list`](Self::list) that reports a store failure.
+    pub async fn try_list(&self, filter: LeaseFilter) -> Result<Vec<CapabilityLease>, LeaseError> {
+        Ok(self.db.read(move |c| store::list(c, &filter)).await??)
+    }
+
+    /// Ids of capabilities with at least one committed lease in a holding
+    /// status.
+    pub async fn held_capabilities(&self) -> HashSet<String> {
+        lock(&self.view)
+            .leases
+            .values()
+            .filter(|l| l.status.holds_capability())
+            .map(|l| l.capability_id.clone())
+            .collect()
+    }
+
+    /// Number of leases ever stored in each status, every status listed
+    /// (for metrics).
+    pub async fn counts_by_status(&self) -> Result<Vec<(LeaseStatus, u64)>, LeaseError> {
+        Ok(self.db.read(|c| store::counts_by_status(c)).await??)
+    }
+
+    /// Group-commit counters since start.
+    pub fn commit_stats(&self) -> CommitStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &self.counters;
+        CommitStats {
+            commits: c.commits.load(Relaxed),
+            operations: c.operations.load(Relaxed),
+            rows: c.rows.load(Relaxed),
+            events: c.events.load(Relaxed),
+            writer_busy_us: c.writer_busy_us.load(Relaxed),
+        }
+    }
+
+    /// Number of waiting requests (a group counts once).
+    pub fn queue_len(&self) -> usize {
+        lock(&self.state).queue_len()
+    }
+
+    /// Apply a change of the model made by `change` (which returns the
+    /// capabilities that changed), then sweep and grant; waits for the
+    /// commit. Errors are logged: directory updates come from providers and
+    /// have nobody to answer to.
+    async fn directory_change(
+        &self,
+        what: &str,
+        change: impl FnOnce(&mut State) -> HashSet<String>,
+    ) {
+        let rx = {
+            let mut st = lock(&self.state);
+            let dirty = change(&mut st);
+            if Self::ready(&st).is_err() {
+                return;
+            }
+            let now = self.now();
+            let mut tx = Tx::default();
+            st.sweep(&mut tx, &now, &self.cfg, dirty);
+            Self::submit(&mut st, tx)
+        };
+        let result = match rx {
+            Ok(rx) => committed(rx).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::error!(change = what, error = %e, "lease engine could not apply a directory change");
+        }
+    }
+
+    /// Register or update a capability (registration, re-registration,
+    /// status). Waiting selector and requirement requests that it matches
+    /// may be granted on it.
+    ///
+    /// An open non-interruptible window stays open across an upsert (a
+    /// re-registration does not know about running actions); only
+    /// [`set_non_interruptible`](Self::set_non_interruptible) or the
+    /// provider going offline closes it.
+    pub async fn upsert_capability(&self, mut info: CapabilityInfo) {
+        self.directory_change("upsert_capability", |st| {
+            let id = info.capability_id.clone();
+            if st.dir.get(&id).is_some_and(|old| old.non_interruptible) {
+                info.non_interruptible = true;
+            }
+            st.dir.insert(id.clone(), info);
+            st.refresh_candidates();
+            HashSet::from([id])
+        })
+        .await
+    }
+
+    /// A provider went online or offline: its capabilities become grantable
+    /// or not (see the module doc for what offline means for leases).
+    pub async fn set_provider_online(&self, provider_id: &str, online: bool) {
+        self.directory_change("set_provider_online", |st| {
+            let mut changed = HashSet::new();
+            for info in st.dir.values_mut().filter(|i| i.provider_id == provider_id) {
+                info.online = online;
+                if !online {
+                    info.non_interruptible = false;
+                }
+                changed.insert(info.capability_id.clone());
+            }
+            changed
+        })
+        .await
+    }
+
+    /// A capability entered (`true`) or left (`false`) a non-interruptible
+    /// window (seed 001 §6.4). Leaving it lets a revocation or expiry that
+    /// was held back happen at once, and a preemption that it blocked
+    /// start.
+    pub async fn set_non_interruptible(&self, capability_id: &str, active: bool) {
+        self.directory_change("set_non_interruptible", |st| {
+            match st.dir.get_mut(capability_id) {
+                Some(info) => info.non_interruptible = active,
+                None => tracing::debug!(capability_id, "window change for an unknown capability"),
+            }
+            HashSet::from([capability_id.to_string()])
+        })
+        .await
+    }
+
+    /// Run one sweep now (expiries, grace ends, queue timeouts, grants) and
+    /// wait for its commit. The sweeper task does this every
+    /// `sweep_interval_ms`; tests with a [`ManualClock`] call it after
+    /// advancing the clock.
+    pub async fn sweep_now(&self) {
+        self.directory_change("sweep", |_| HashSet::new()).await
+    }
+
+    /// Reload the model from the table (after a failed commit), keep the
+    /// directory, and accept operations again.
+    async fn reload(&self) -> Result<(), LeaseError> {
+        let (rows, next_seq) = self.db.read(|c| store::load_live(c)).await??;
+        lock(&self.view).load(&rows);
+        let mut st = lock(&self.state);
+        let now = self.now();
+        st.load(rows, next_seq, &now);
+        st.refresh_candidates();
+        st.available = true;
+        let mut tx = Tx::default();
+        let all = st.all_capabilities();
+        st.sweep(&mut tx, &now, &self.cfg, all);
+        // Nobody waits for this one; its result shows in the model.
+        let _ = Self::submit(&mut st, tx);
+        tracing::warn!("lease model reloaded from the store after a failed commit");
+        Ok(())
+    }
+
+    /// Stop the sweeper, let the committer write everything queued, and
+    /// wait for both. Operations after this answer `Unavailable`.
+    pub async fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        lock(&self.state).sender = None;
+        let tasks = std::mem::take(&mut *lock(&self.tasks));
+        for t in tasks {
+            if let Err(e) = t.await {
+                tracing::error!(error = %e, "lease engine task ended badly");
+            }
+        }
+    }
+}
+
+fn check_holder(
+    holder: &Principal,
+    lease: &CapabilityLease,
+    admin_may: bool,
+) -> Result<(), LeaseError> {
+    if lease.principal == holder.name || (admin_may && holder.is_admin()) {
+        Ok(())
+    } else {
+        Err(LeaseError::NotHolder {
+            lease_id: lease.lease_id.clone(),
+            principal: holder.name.clone(),
+            holder: lease.principal.clone(),
+        })
+    }
+}
+
+/// The one lease of a single request.
+fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseError> {
+    if let Some(id) = &req.capability_id {
+        let info = st
+            .dir
+            .get(id)
+            .ok_or_else(|| LeaseError::UnknownCapability {
+                capability_id: id.clone(),
+            })?;
+        let mode = match req.mode {
+            Some(m) if m != info.lease_mode => {
+                return Err(LeaseError::invalid(
+                    "mode",
+                    format!(
+                        "capability `{id}` is leased `{}`; `{m}` is not offered",
+                        info.lease_mode
+                    ),
+                ))
+            }
+            Some(m) => m,
+            None => info.lease_mode,
+        };
+        if !info.online {
+            return Err(LeaseError::CapabilityOffline {
+                capability_ids: vec![id.clone()],
+            });
+        }
+        return Ok(NewMember {
+            want: Want::Capability {
+                capability_id: id.clone(),
+                mode,
+            },
+            candidates: vec![id.clone()],
+            capability_id: id.clone(),
+            mode,
+        });
+    }
+    let Some(selector) = &req.capability_selector else {
+        return Err(LeaseError::invalid(
+            "capability_id",
+            "one of capability_id or capability_selector is required",
+        ));
+    };
+    let want = Want::Selector {
+        selector: selector.clone(),
+        mode: req.mode,
+    };
+    let candidates = want.candidates(&st.dir);
+    let member = matched(
+        "capability_selector",
+        &serde_json::json!(selector),
+        st,
+        want,
+        candidates,
+    )?;
+    Ok(member)
+}
+
+/// A member for a selector or requirement, refused when nothing matches
+/// or everything matching is offline.
+fn matched(
+    field: &str,
+    selector: &serde_json::Value,
+    st: &State,
+    want: Want,
+    candidates: Vec<String>,
+) -> Result<NewMember, LeaseError> {
+    if candidates.is_empty() {
+        return Err(LeaseError::NoMatchingCapability {
+            field: field.to_string(),
+            selector: selector.to_string(),
+        });
+    }
+    if !candidates
+        .iter()
+        .any(|c| st.dir.get(c).is_some_and(|i| i.online))
+    {
+        return Err(LeaseError::CapabilityOffline {
+            capability_ids: candidates,
+        });
+    }
+    let mode = want
+        .mode()
+        .or_else(|| st.dir.get(&candidates[0]).map(|i| i.lease_mode))
+        .unwrap_or(LeaseMode::Exclusive);
+    Ok(NewMember {
+        want,
+        candidates,
+        capability_id: String::new(),
+        mode,
+    })
+}
+
+/// The leases of a group request, capability ids first, then requirements.
+fn resolve_group(st: &State, req: &LeaseGroupRequest) -> Result<Vec<NewMember>, LeaseError> {
+    let mut members = Vec::new();
+    let mut seen = HashSet::new();
+    for (i, id) in req.capability_ids.iter().enumerate() {
+        if !seen.insert(id.as_str()) {
+            return Err(LeaseError::invalid(
+                format!("capability_ids[{i}]"),
+                format!("`{id}` appears twice"),
+            ));
+        }
+        let info = st
+            .dir
+            .get(id)
+            .ok_or_else(|| LeaseError::UnknownCapability {
+                capability_id: id.clone(),
+            })?;
+        if !info.online {
+            return Err(LeaseError::CapabilityOffline {
+                capability_ids: vec![id.clone()],
+            });
+        }
+        members.push(NewMember {
+            want: Want::Capability {
+                capability_id: id.clone(),
+                mode: info.lease_mode,
+            },
+            candidates: vec![id.clone()],
+            capability_id: id.clone(),
+            mode: info.lease_mode,
+        });
+    }
+    for (i, r) in req.requirements.iter().enumerate() {
+        let field = format!("requirements[{i}]");
+        if let Some(min) = r.min_duration_seconds {
+            if min > req.requested_duration_seconds {
+                return Err(LeaseError::invalid(
+                    format!("{field}.min_duration_seconds"),
+                    format!(
+                        "{min} s is more than the requested_duration_seconds of {} s",
+                        req.requested_duration_seconds
+                    ),
+                ));
+            }
+        }
+        let want = Want::Requirement {
+            requirement: r.clone(),
+        };
+        let candidates = want.candidates(&st.dir);
+        members.push(matched(
+            &field,
+            &serde_json::json!(r),
+            st,
+            want,
+            candidates,
+        )?);
+    }
+    Ok(members)
+}
+
+/// The sweeper task: one sweep per interval until the engine is dropped or
+/// shut down.
+async fn sweeper(
+    engine: std::sync::Weak<LeaseEngine>,
+    mut stop: watch::Receiver<bool>,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    break;
+                }
+            }
+        }
+        let Some(engine) = engine.upgrade() else {
+            break;
+        };
+        engine.sweep_now().await;
+    }
+}

@@ -1,0 +1,1498 @@
+//! The lease engine against a real SQLite file: exclusivity under
+//! concurrency (checked on the audit log), preemption's five conditions,
+//! grace periods, non-interruptible windows, queue order and timeouts,
+//! groups, expiry, restart after a crash, and who may touch a lease.
+//!
+//! Tests that depend on time use a `ManualClock` and `sweep_now`, so no
+//! test sleeps through a TTL or a grace period.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloud_registry::auth::Principal;
+use cloud_registry::db::Db;
+use cloud_registry::error::ApiError;
+use cloud_registry::events::{self, EventBus};
+use cloud_registry::leases::{
+    self, CapabilityInfo, LeaseConfig, LeaseEngine, LeaseError, LeaseFilter, ManualClock,
+};
+use shared_protocol::api::Role;
+use shared_protocol::capability::{
+    CapabilityRequirement, CapabilitySelector, CapabilityType, LeaseMode, RequirementMode,
+};
+use shared_protocol::event::{CapabilityEvent, EventType};
+use shared_protocol::lease::{
+    CapabilityLease, HolderType, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest, LeaseStatus,
+    PreemptNotice,
+};
+
+const LONG_SWEEP_MS: u64 = 3_600_000;
+
+async fn open_db(path: &Path) -> Db {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        Db::open(&path, |c| {
+            events::migrate(c)?;
+            leases::migrate(c)
+        })
+    })
+    .await
+    .expect("open task")
+    .expect("open database")
+}
+
+struct Lab {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    db: Db,
+    bus: EventBus,
+    engine: Arc<LeaseEngine>,
+    clock: Arc<ManualClock>,
+}
+
+impl Lab {
+    /// An engine on a fresh file with a manual clock; the sweeper only runs
+    /// when a test calls `sweep_now`.
+    async fn manual(cfg: LeaseConfig) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("registry.sqlite");
+        let clock = Arc::new(ManualClock::new());
+        let db = open_db(&path).await;
+        let bus = EventBus::new(db.clone());
+        let engine = LeaseEngine::start_with_clock(
+            db.clone(),
+            bus.clone(),
+            LeaseConfig {
+                sweep_interval_ms: LONG_SWEEP_MS,
+                ..cfg
+            },
+            clock.clone(),
+        )
+        .await
+        .expect("start engine");
+        Self {
+            _dir: dir,
+            path,
+            db,
+            bus,
+            engine,
+            clock,
+        }
+    }
+
+    async fn advance(&self, seconds: u64) {
+        self.clock.advance(Duration::from_secs(seconds));
+        self.engine.sweep_now().await;
+    }
+
+    async fn events(&self) -> Vec<CapabilityEvent> {
+        self.bus.replay(0, 1_000_000).await.expect("replay events")
+    }
+
+    async fn events_of(&self, t: EventType) -> Vec<CapabilityEvent> {
+        self.events()
+            .await
+            .into_iter()
+            .filter(|e| e.event_type == t)
+            .collect()
+    }
+
+    async fn status(&self, lease_id: &str) -> LeaseStatus {
+        self.engine
+            .get(lease_id)
+            .await
+            .expect("lease exists")
+            .status
+    }
+}
+
+fn who(name: &str) -> Principal {
+    Principal {
+        name: name.to_string(),
+        role: Role::AuditAgent,
+    }
+}
+
+fn admin() -> Principal {
+    Principal {
+        name: "lab-admin".to_string(),
+        role: Role::Admin,
+    }
+}
+
+fn camera(id: &str) -> CapabilityInfo {
+    CapabilityInfo {
+        capability_id: id.to_string(),
+        provider_id: "bench-a".to_string(),
+        node_id: "node-a".to_string(),
+        capability_type: CapabilityType::Camera,
+        tags: vec!["lab".to_string()],
+        lease_mode: LeaseMode::Exclusive,
+        preemptible: true,
+        safety_locked: false,
+        default_priority: 50,
+        online: true,
+        non_interruptible: false,
+    }
+}
+
+fn ask(holder: &str, capability_id: &str, priority: u8, seconds: u32) -> LeaseRequest {
+    LeaseRequest {
+        capability_id: Some(capability_id.to_string()),
+        capability_selector: None,
+        holder_type: HolderType::AuditAgent,
+        holder_ref: holder.to_string(),
+        project_id: "proj_device_assistant".to_string(),
+        purpose: "verify LED and screen".to_string(),
+        priority,
+        requested_duration_seconds: seconds,
+        evidence_required: true,
+        preempt_if_needed: false,
+        preempt_reason: None,
+        mode: None,
+        queue_timeout_seconds: None,
+    }
+}
+
+fn preempting(mut r: LeaseRequest, reason: &str) -> LeaseRequest {
+    r.preempt_if_needed = true;
+    r.preempt_reason = Some(reason.to_string());
+    r
+}
+
+fn group(holder: &str, ids: &[&str], seconds: u32) -> LeaseGroupRequest {
+    LeaseGroupRequest {
+        capability_ids: ids.iter().map(|s| s.to_string()).collect(),
+        requirements: Vec::new(),
+        holder_type: HolderType::AuditAgent,
+        holder_ref: holder.to_string(),
+        project_id: "proj_device_assistant".to_string(),
+        purpose: "joint camera and serial check".to_string(),
+        priority: 50,
+        requested_duration_seconds: seconds,
+        evidence_required: false,
+        preempt_if_needed: false,
+        preempt_reason: None,
+        queue_timeout_seconds: None,
+    }
+}
+
+/// Replay the audit log and return, per capability, the largest number of
+/// leases holding it at the same time.
+fn max_simultaneous_holders(events: &[CapabilityEvent]) -> HashMap<String, usize> {
+    let mut holding: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut max: HashMap<String, usize> = HashMap::new();
+    for ev in events {
+        let (Some(cap), Some(lease)) = (&ev.capability_id, &ev.lease_id) else {
+            continue;
+        };
+        let set = holding.entry(cap.clone()).or_default();
+        match ev.event_type {
+            EventType::LeaseGranted => {
+                set.insert(lease.clone());
+            }
+            EventType::LeaseReleased | EventType::LeaseExpired | EventType::LeasePreempted => {
+                set.remove(lease);
+            }
+            _ => {}
+        }
+        let m = max.entry(cap.clone()).or_default();
+        *m = (*m).max(set.len());
+    }
+    max
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_concurrent_requesters_never_hold_one_exclusive_capability_together() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = open_db(&dir.path().join("registry.sqlite")).await;
+    let bus = EventBus::new(db.clone());
+    let engine = LeaseEngine::start(
+        db,
+        bus.clone(),
+        LeaseConfig {
+            sweep_interval_ms: 50,
+            ..LeaseConfig::default()
+        },
+    )
+    .await
+    .expect("start");
+    engine.upsert_capability(camera("cam-front-01")).await;
+
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let me = who(&format!("audit:worker-{i:03}"));
+            let first = engine
+                .request(&me, ask(&me.name, "cam-front-01", 50, 120))
+                .await
+                .expect("request accepted");
+            assert!(
+                matches!(first.status, LeaseStatus::Granted | LeaseStatus::Requested),
+                "a fresh request is granted or queued, got {}",
+                first.status
+            );
+            let lease = engine
+                .wait_granted(&first.lease_id, Duration::from_secs(120))
+                .await
+                .expect("lease known");
+            assert_eq!(lease.status, LeaseStatus::Granted, "worker {i} was granted");
+            assert_eq!(lease.capability_id, "cam-front-01");
+            let acting = engine
+                .authorize_action(&me, &lease.lease_id, "cam-front-01")
+                .await
+                .expect("holder may act");
+            assert_eq!(acting.status, LeaseStatus::Active);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let released = engine
+                .release(&me, &lease.lease_id, Some("done".to_string()))
+                .await
+                .expect("holder may release");
+            assert_eq!(released.status, LeaseStatus::Released);
+            lease.lease_id
+        }));
+    }
+    let mut ids = HashSet::new();
+    for t in tasks {
+        ids.insert(t.await.expect("worker task"));
+    }
+    assert_eq!(ids.len(), 200, "every worker got its own lease");
+
+    let log = bus.replay(0, 1_000_000).await.expect("replay");
+    let max = max_simultaneous_holders(&log);
+    assert_eq!(
+        max.get("cam-front-01"),
+        Some(&1),
+        "audit log shows at most one holder at a time"
+    );
+    let granted = log
+        .iter()
+        .filter(|e| e.event_type == EventType::LeaseGranted)
+        .count();
+    let released = log
+        .iter()
+        .filter(|e| e.event_type == EventType::LeaseReleased)
+        .count();
+    assert_eq!((granted, released), (200, 200));
+    let still_held = engine
+        .list(LeaseFilter {
+            capability_id: Some("cam-front-01".to_string()),
+            active_only: true,
+            ..LeaseFilter::default()
+        })
+        .await;
+    assert!(
+        still_held.is_empty(),
+        "nothing left holding: {still_held:?}"
+    );
+    engine.shutdown().await;
+}
+
+/// One row of the §6.2 table: the capability, the holder, the request.
+struct PreemptionCase {
+    scenario: &'static str,
+    preemptible: bool,
+    safety_locked: bool,
+    holder_priority: u8,
+    new_priority: u8,
+    preempt_if_needed: bool,
+    reason: &'static str,
+    in_window: bool,
+}
+
+const ALL_HOLD: PreemptionCase = PreemptionCase {
+    scenario: "all five conditions hold",
+    preemptible: true,
+    safety_locked: false,
+    holder_priority: 50,
+    new_priority: 90,
+    preempt_if_needed: true,
+    reason: "human_operator_override",
+    in_window: false,
+};
+
+/// Run a case: returns (holder lease, newcomer lease) after the request.
+async fn run_case(lab: &Lab, case: &PreemptionCase) -> (CapabilityLease, CapabilityLease) {
+    lab.engine
+        .upsert_capability(CapabilityInfo {
+            preemptible: case.preemptible,
+            safety_locked: case.safety_locked,
+            ..camera("robot-01")
+        })
+        .await;
+    let holder = lab
+        .engine
+        .request(
+            &who("worker-a"),
+            ask("worker-a", "robot-01", case.holder_priority, 600),
+        )
+        .await
+        .expect("holder request");
+    assert_eq!(holder.status, LeaseStatus::Granted);
+    if case.in_window {
+        lab.engine.set_non_interruptible("robot-01", true).await;
+    }
+    let mut req = ask("operator-b", "robot-01", case.new_priority, 60);
+    req.preempt_if_needed = case.preempt_if_needed;
+    req.preempt_reason = Some(case.reason.to_string());
+    let newcomer = lab
+        .engine
+        .request(&who("operator-b"), req)
+        .await
+        .expect("newcomer request");
+    (holder, newcomer)
+}
+
+#[tokio::test]
+async fn preemption_with_all_five_conditions_starts_a_grace_period() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    let (holder, newcomer) = run_case(&lab, &ALL_HOLD).await;
+    assert_eq!(newcomer.status, LeaseStatus::Requested);
+    let held = lab
+        .engine
+        .get(&holder.lease_id)
+        .await
+        .expect("holder lease");
+    assert_eq!(held.status, LeaseStatus::GracePeriod);
+    assert_eq!(
+        held.preempted_by.as_deref(),
+        Some(newcomer.lease_id.as_str())
+    );
+    assert_eq!(
+        held.preempt_reason.as_deref(),
+        Some("human_operator_override")
+    );
+    let grace_until = held.grace_until.expect("grace_until set");
+    let grace_ms = (grace_until - lab.clock_wall()).num_milliseconds();
+    assert!(
+        (9_999..=10_000).contains(&grace_ms),
+        "default grace period is 10 s, got {grace_ms} ms"
+    );
+
+    let notices = lab.events_of(EventType::LeasePreemptRequested).await;
+    assert_eq!(notices.len(), 1);
+    let notice: PreemptNotice =
+        serde_json::from_value(notices[0].data["notice"].clone()).expect("notice in data");
+    assert_eq!(notice.lease_id, holder.lease_id);
+    assert_eq!(notice.preempting_lease_id, newcomer.lease_id);
+    assert_eq!(notice.capability_id, "robot-01");
+    assert_eq!(notice.grace_until, grace_until);
+    assert_eq!(notices[0].provider_id.as_deref(), Some("bench-a"));
+}
+
+impl Lab {
+    fn clock_wall(&self) -> shared_protocol::Timestamp {
+        use cloud_registry::leases::LeaseClock;
+        self.clock.wall()
+    }
+}
+
+#[tokio::test]
+async fn preemption_is_blocked_when_any_one_of_the_five_conditions_fails() {
+    let cases = [
+        PreemptionCase {
+            scenario: "capability not preemptible",
+            preemptible: false,
+            ..ALL_HOLD
+        },
+        PreemptionCase {
+            scenario: "capability safety_locked",
+            safety_locked: true,
+            ..ALL_HOLD
+        },
+        PreemptionCase {
+            scenario: "new priority only equal to the holder's",
+            new_priority: 50,
+            ..ALL_HOLD
+        },
+        PreemptionCase {
+            scenario: "preempt_reason not on the whitelist",
+            reason: "i_am_in_a_hurry",
+            ..ALL_HOLD
+        },
+        PreemptionCase {
+            scenario: "preempt_if_needed not set",
+            preempt_if_needed: false,
+            ..ALL_HOLD
+        },
+        PreemptionCase {
+            scenario: "holder inside a non-interruptible window",
+            in_window: true,
+            ..ALL_HOLD
+        },
+    ];
+    for case in &cases {
+        let lab = Lab::manual(LeaseConfig::default()).await;
+        let (holder, newcomer) = run_case(&lab, case).await;
+        assert_eq!(
+            newcomer.status,
+            LeaseStatus::Requested,
+            "{}: the newcomer waits",
+            case.scenario
+        );
+        assert_eq!(
+            lab.status(&holder.lease_id).await,
+            LeaseStatus::Granted,
+            "{}: the holder keeps its lease",
+            case.scenario
+        );
+        assert!(
+            lab.events_of(EventType::LeasePreemptRequested)
+                .await
+                .is_empty(),
+            "{}: no preemption was requested",
+            case.scenario
+        );
+        // Well past any grace period: still nothing revoked.
+        lab.advance(30).await;
+        assert_eq!(
+            lab.status(&holder.lease_id).await,
+            LeaseStatus::Granted,
+            "{}: the holder still holds after 30 s",
+            case.scenario
+        );
+        assert_eq!(
+            lab.status(&newcomer.lease_id).await,
+            LeaseStatus::Requested,
+            "{}: the newcomer still waits after 30 s",
+            case.scenario
+        );
+    }
+}
+
+#[tokio::test]
+async fn grace_period_end_revokes_the_holder_and_grants_the_preemptor() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    let (holder, newcomer) = run_case(&lab, &ALL_HOLD).await;
+    lab.advance(9).await;
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::GracePeriod);
+    assert_eq!(lab.status(&newcomer.lease_id).await, LeaseStatus::Requested);
+
+    lab.advance(2).await;
+    let old = lab.engine.get(&holder.lease_id).await.expect("old lease");
+    assert_eq!(old.status, LeaseStatus::Revoked);
+    assert!(old.ended_at.is_some());
+    let new = lab
+        .engine
+        .wait_granted(&newcomer.lease_id, Duration::from_secs(5))
+        .await
+        .expect("new lease");
+    assert_eq!(new.status, LeaseStatus::Granted);
+    let preempted = lab.events_of(EventType::LeasePreempted).await;
+    assert_eq!(preempted.len(), 1);
+    assert_eq!(
+        preempted[0].lease_id.as_deref(),
+        Some(holder.lease_id.as_str())
+    );
+    assert_eq!(preempted[0].data["status"], "revoked");
+    assert_eq!(
+        max_simultaneous_holders(&lab.events().await).get("robot-01"),
+        Some(&1)
+    );
+}
+
+#[tokio::test]
+async fn early_release_during_grace_period_hands_the_capability_over_at_once() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    let (holder, newcomer) = run_case(&lab, &ALL_HOLD).await;
+    lab.clock.advance(Duration::from_secs(2));
+    let released = lab
+        .engine
+        .release(&who("worker-a"), &holder.lease_id, Some("yielding".into()))
+        .await
+        .expect("release in grace");
+    assert_eq!(released.status, LeaseStatus::Released);
+    // No sweep, no clock movement: the preemptor already holds it.
+    assert_eq!(lab.status(&newcomer.lease_id).await, LeaseStatus::Granted);
+    assert!(lab.events_of(EventType::LeasePreempted).await.is_empty());
+}
+
+#[tokio::test]
+async fn renewing_during_a_grace_period_is_refused() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    let (holder, _) = run_case(&lab, &ALL_HOLD).await;
+    let err = lab
+        .engine
+        .renew(
+            &who("worker-a"),
+            &holder.lease_id,
+            LeaseRenewRequest::default(),
+        )
+        .await
+        .expect_err("renew in grace");
+    assert_eq!(err.lease_status(), Some(LeaseStatus::GracePeriod), "{err}");
+    assert!(lab.events_of(EventType::LeaseRenewed).await.is_empty());
+}
+
+#[tokio::test]
+async fn non_interruptible_window_delays_revocation_until_it_closes() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    let (holder, newcomer) = run_case(&lab, &ALL_HOLD).await;
+    // The holder starts a press after the preemption request.
+    lab.engine.set_non_interruptible("robot-01", true).await;
+    lab.advance(15).await;
+    assert_eq!(
+        lab.status(&holder.lease_id).await,
+        LeaseStatus::GracePeriod,
+        "grace ended inside the window: not revoked yet"
+    );
+    assert_eq!(lab.status(&newcomer.lease_id).await, LeaseStatus::Requested);
+
+    // A re-registration of the capability does not close the window.
+    lab.engine.upsert_capability(camera("robot-01")).await;
+    lab.advance(1).await;
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::GracePeriod);
+
+    lab.engine.set_non_interruptible("robot-01", false).await;
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::Revoked);
+    assert_eq!(lab.status(&newcomer.lease_id).await, LeaseStatus::Granted);
+}
+
+#[tokio::test]
+async fn a_preemption_held_back_by_a_window_starts_when_the_window_closes() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    let case = PreemptionCase {
+        scenario: "holder inside a non-interruptible window",
+        in_window: true,
+        ..ALL_HOLD
+    };
+    let (holder, newcomer) = run_case(&lab, &case).await;
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::Granted);
+    lab.engine.set_non_interruptible("robot-01", false).await;
+    let held = lab.engine.get(&holder.lease_id).await.expect("holder");
+    assert_eq!(held.status, LeaseStatus::GracePeriod, "{}", case.scenario);
+    assert_eq!(
+        held.preempted_by.as_deref(),
+        Some(newcomer.lease_id.as_str())
+    );
+}
+
+#[tokio::test]
+async fn safety_locked_capability_is_never_preempted_even_for_a_safety_stop() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    let mut psu = camera("psu-01");
+    psu.capability_type = CapabilityType::ProgrammablePowerSupply;
+    psu.safety_locked = true;
+    lab.engine.upsert_capability(psu).await;
+    let holder = lab
+        .engine
+        .request(&who("flasher"), ask("flasher", "psu-01", 20, 600))
+        .await
+        .expect("holder");
+    for round in 0..3 {
+        let r = lab
+            .engine
+            .request(
+                &who("safety"),
+                preempting(ask("safety", "psu-01", 100, 60), "safety_stop"),
+            )
+            .await
+            .expect("safety request");
+        assert_eq!(r.status, LeaseStatus::Requested, "round {round}");
+        lab.advance(20).await;
+    }
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::Granted);
+    assert!(lab
+        .events_of(EventType::LeasePreemptRequested)
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn queue_grants_by_priority_then_by_age() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let first = lab
+        .engine
+        .request(&who("h"), ask("h", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    let mut waiting = Vec::new();
+    for (name, prio) in [
+        ("a50", 50),
+        ("b70", 70),
+        ("c50", 50),
+        ("d70", 70),
+        ("e20", 20),
+    ] {
+        let l = lab
+            .engine
+            .request(&who(name), ask(name, "cam-01", prio, 600))
+            .await
+            .expect("queued");
+        assert_eq!(l.status, LeaseStatus::Requested);
+        waiting.push((name, l.lease_id));
+    }
+    let id_of = |n: &str| {
+        waiting
+            .iter()
+            .find(|(w, _)| *w == n)
+            .map(|(_, id)| id.clone())
+            .expect("known")
+    };
+    let mut order = Vec::new();
+    let (mut holder_name, mut holder_id) = ("h".to_string(), first.lease_id);
+    for _ in 0..waiting.len() {
+        lab.engine
+            .release(&who(&holder_name), &holder_id, None)
+            .await
+            .expect("release");
+        let mut granted = None;
+        for (name, id) in &waiting {
+            if lab.status(id).await == LeaseStatus::Granted {
+                granted = Some((name.to_string(), id.clone()));
+            }
+        }
+        let (name, id) = granted.expect("someone was granted");
+        order.push(name.clone());
+        holder_name = name;
+        holder_id = id;
+    }
+    assert_eq!(order, ["b70", "d70", "a50", "c50", "e20"]);
+    assert_eq!(lab.status(&id_of("e20")).await, LeaseStatus::Granted);
+}
+
+#[tokio::test]
+async fn queue_timeout_fails_the_waiting_request() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine
+        .request(&who("h"), ask("h", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    let mut req = ask("w", "cam-01", 50, 60);
+    req.queue_timeout_seconds = Some(5);
+    let waiting = lab.engine.request(&who("w"), req).await.expect("queued");
+    assert_eq!(waiting.status, LeaseStatus::Requested);
+    lab.advance(4).await;
+    assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Requested);
+    lab.advance(2).await;
+    let failed = lab
+        .engine
+        .wait_granted(&waiting.lease_id, Duration::from_secs(1))
+        .await
+        .expect("lease");
+    assert_eq!(failed.status, LeaseStatus::Failed);
+    let ev = lab.events_of(EventType::LeaseExpired).await;
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].data["reason"], "queue_timeout");
+    assert_eq!(ev[0].data["status"], "failed");
+    assert_eq!(lab.engine.queue_len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_asking_for_the_same_capabilities_in_opposite_orders_both_complete() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let mut serial = camera("serial-01");
+    serial.capability_type = CapabilityType::SerialPort;
+    lab.engine.upsert_capability(serial).await;
+
+    let run = |name: &'static str, order: [&'static str; 2]| {
+        let engine = lab.engine.clone();
+        tokio::spawn(async move {
+            let me = who(name);
+            for _ in 0..40 {
+                let g = engine
+                    .request_group(&me, group(name, &order, 60))
+                    .await
+                    .expect("group request");
+                assert_eq!(g.leases.len(), 2);
+                assert!(g.leases.iter().all(|l| l.status == g.status));
+                for l in &g.leases {
+                    let l = engine
+                        .wait_granted(&l.lease_id, Duration::from_secs(10))
+                        .await
+                        .expect("lease");
+                    assert_eq!(l.status, LeaseStatus::Granted, "{name} got its group");
+                }
+                for l in &g.leases {
+                    engine
+                        .release(&me, &l.lease_id, None)
+                        .await
+                        .expect("release");
+                }
+            }
+        })
+    };
+    let a = run("group-a", ["cam-01", "serial-01"]);
+    let b = run("group-b", ["serial-01", "cam-01"]);
+    tokio::time::timeout(Duration::from_secs(60), async {
+        a.await.expect("group a");
+        b.await.expect("group b");
+    })
+    .await
+    .expect("both groups finish: no deadlock");
+    let max = max_simultaneous_holders(&lab.events().await);
+    assert_eq!(max.get("cam-01"), Some(&1));
+    assert_eq!(max.get("serial-01"), Some(&1));
+}
+
+#[tokio::test]
+async fn a_group_waits_as_a_whole_and_holds_nothing_meanwhile() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    let holder = lab
+        .engine
+        .request(&who("h"), ask("h", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    let g = lab
+        .engine
+        .request_group(&who("g"), group("g", &["cam-01", "cam-02"], 60))
+        .await
+        .expect("group");
+    assert_eq!(g.status, LeaseStatus::Requested);
+    assert!(g.leases.iter().all(|l| l.status == LeaseStatus::Requested));
+    let on_cam2 = lab
+        .engine
+        .list(LeaseFilter {
+            capability_id: Some("cam-02".into()),
+            active_only: true,
+            ..LeaseFilter::default()
+        })
+        .await;
+    assert!(
+        on_cam2.is_empty(),
+        "the waiting group holds no part: {on_cam2:?}"
+    );
+    // A later request of the same priority does not overtake the group on
+    // the capability the group waits for.
+    let later = lab
+        .engine
+        .request(&who("later"), ask("later", "cam-02", 50, 60))
+        .await
+        .expect("later");
+    assert_eq!(later.status, LeaseStatus::Requested);
+
+    lab.engine
+        .release(&who("h"), &holder.lease_id, None)
+        .await
+        .expect("release");
+    let mut granted_at = HashSet::new();
+    for l in &g.leases {
+        let l = lab.engine.get(&l.lease_id).await.expect("member");
+        assert_eq!(l.status, LeaseStatus::Granted);
+        granted_at.insert(l.granted_at);
+    }
+    assert_eq!(
+        granted_at.len(),
+        1,
+        "both members granted in one transition"
+    );
+    assert_eq!(lab.status(&later.lease_id).await, LeaseStatus::Requested);
+}
+
+#[tokio::test]
+async fn a_lease_whose_holder_vanishes_expires_after_its_ttl_and_the_next_waiter_gets_it() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let gone = lab
+        .engine
+        .request(&who("gone"), ask("gone", "cam-01", 50, 30))
+        .await
+        .expect("holder");
+    let next = lab
+        .engine
+        .request(&who("next"), ask("next", "cam-01", 50, 30))
+        .await
+        .expect("waiter");
+    assert_eq!(next.status, LeaseStatus::Requested);
+    lab.advance(29).await;
+    assert_eq!(lab.status(&gone.lease_id).await, LeaseStatus::Granted);
+    lab.advance(2).await;
+    assert_eq!(lab.status(&gone.lease_id).await, LeaseStatus::Expired);
+    assert_eq!(lab.status(&next.lease_id).await, LeaseStatus::Granted);
+    let expired = lab.events_of(EventType::LeaseExpired).await;
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].lease_id.as_deref(), Some(gone.lease_id.as_str()));
+    assert_eq!(expired[0].data["reason"], "ttl_elapsed");
+}
+
+#[tokio::test]
+async fn after_a_crash_every_lease_keeps_its_remaining_time_and_the_queue_survives() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    let short = lab
+        .engine
+        .request(&who("a"), ask("a", "cam-01", 50, 60))
+        .await
+        .expect("a");
+    let long = lab
+        .engine
+        .request(&who("d"), ask("d", "cam-02", 50, 300))
+        .await
+        .expect("d");
+    let high = lab
+        .engine
+        .request(&who("b"), ask("b", "cam-01", 70, 60))
+        .await
+        .expect("b queued");
+    let low = lab
+        .engine
+        .request(&who("c"), ask("c", "cam-01", 30, 60))
+        .await
+        .expect("c queued");
+    let mut g = group("g", &["cam-01", "cam-02"], 60);
+    g.priority = 20;
+    let waiting_group = lab
+        .engine
+        .request_group(&who("g"), g)
+        .await
+        .expect("group queued");
+    assert_eq!(waiting_group.status, LeaseStatus::Requested);
+    lab.clock.advance(Duration::from_secs(10));
+    let crash_wall = lab.clock_wall();
+
+    // Crash: no shutdown, just drop everything and reopen the file.
+    let path = lab.path.clone();
+    let Lab {
+        engine, bus, _dir, ..
+    } = lab;
+    drop(engine);
+    drop(bus);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The registry comes back 5 s (wall clock) later.
+    let clock = Arc::new(ManualClock::starting_at(
+        crash_wall + chrono::TimeDelta::seconds(5),
+    ));
+    let db = open_db(&path).await;
+    let bus = EventBus::new(db.clone());
+    let engine = LeaseEngine::start_with_clock(
+        db,
+        bus.clone(),
+        LeaseConfig {
+            sweep_interval_ms: LONG_SWEEP_MS,
+            ..LeaseConfig::default()
+        },
+        clock.clone(),
+    )
+    .await
+    .expect("restart");
+    engine.upsert_capability(camera("cam-01")).await;
+    engine.upsert_capability(camera("cam-02")).await;
+
+    let a = engine.get(&short.lease_id).await.expect("a kept");
+    assert_eq!(a.status, LeaseStatus::Granted);
+    assert_eq!(a.expires_at, short.expires_at, "same deadline on the wire");
+    let d = engine.get(&long.lease_id).await.expect("d kept");
+    assert_eq!(d.expires_at, long.expires_at);
+    assert_eq!(
+        engine.get(&high.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Requested)
+    );
+    assert_eq!(
+        engine.get(&low.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Requested)
+    );
+    assert_eq!(engine.queue_len(), 3);
+    for l in &waiting_group.leases {
+        let kept = engine.get(&l.lease_id).await.expect("group member kept");
+        assert_eq!(kept.status, LeaseStatus::Requested);
+        assert_eq!(kept.lease_group_id, waiting_group.leases[0].lease_group_id);
+    }
+
+    // 60 s lease, 10 s used before the crash, 5 s down: 45 s left.
+    clock.advance(Duration::from_secs(44));
+    engine.sweep_now().await;
+    assert_eq!(
+        engine.get(&short.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Granted)
+    );
+    clock.advance(Duration::from_secs(2));
+    engine.sweep_now().await;
+    assert_eq!(
+        engine.get(&short.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Expired)
+    );
+    // The queue kept its order: the higher priority waiter is next.
+    assert_eq!(
+        engine.get(&high.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Granted)
+    );
+    assert_eq!(
+        engine.get(&low.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Requested)
+    );
+    assert_eq!(
+        engine.get(&long.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Granted)
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn another_principal_cannot_renew_or_release_but_an_admin_may_release() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let lease = lab
+        .engine
+        .request(&who("alice"), ask("alice", "cam-01", 50, 60))
+        .await
+        .expect("alice");
+    let bob = who("bob");
+    let renew = lab
+        .engine
+        .renew(&bob, &lease.lease_id, LeaseRenewRequest::default())
+        .await;
+    assert!(
+        matches!(renew, Err(LeaseError::NotHolder { .. })),
+        "{renew:?}"
+    );
+    let release = lab.engine.release(&bob, &lease.lease_id, None).await;
+    assert!(
+        matches!(release, Err(LeaseError::NotHolder { .. })),
+        "{release:?}"
+    );
+    let act = lab
+        .engine
+        .authorize_action(&bob, &lease.lease_id, "cam-01")
+        .await;
+    assert!(matches!(act, Err(LeaseError::NotHolder { .. })), "{act:?}");
+    assert_eq!(lab.status(&lease.lease_id).await, LeaseStatus::Granted);
+
+    let by_admin = lab
+        .engine
+        .release(&admin(), &lease.lease_id, Some("bench maintenance".into()))
+        .await
+        .expect("admin release");
+    assert_eq!(by_admin.status, LeaseStatus::Released);
+    let ev = lab.events_of(EventType::LeaseReleased).await;
+    assert_eq!(ev[0].data["reason"], "bench maintenance");
+}
+
+#[tokio::test]
+async fn renewing_an_expired_lease_is_refused_and_appends_no_event() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let lease = lab
+        .engine
+        .request(&who("alice"), ask("alice", "cam-01", 50, 5))
+        .await
+        .expect("alice");
+    lab.advance(6).await;
+    let before_events = lab.events().await.len();
+    let before = lab.engine.get(&lease.lease_id).await.expect("lease");
+    assert_eq!(before.status, LeaseStatus::Expired);
+
+    let err = lab
+        .engine
+        .renew(&who("alice"), &lease.lease_id, LeaseRenewRequest::default())
+        .await
+        .expect_err("renewing an expired lease");
+    assert!(matches!(err, LeaseError::Expired { .. }), "{err:?}");
+    assert_eq!(err.lease_status(), Some(LeaseStatus::Expired));
+    let api: ApiError = err.into();
+    assert_eq!(api.status.as_u16(), 409);
+    assert_eq!(api.details["lease_status"], "expired");
+
+    assert_eq!(lab.events().await.len(), before_events, "no event appended");
+    assert_eq!(lab.engine.get(&lease.lease_id).await, Some(before));
+}
+
+#[tokio::test]
+async fn renewal_extends_expiry_up_to_the_maximum_duration() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let lease = lab
+        .engine
+        .request(&who("alice"), ask("alice", "cam-01", 50, 30))
+        .await
+        .expect("alice");
+    lab.advance(20).await;
+    let renewed = lab
+        .engine
+        .renew(
+            &who("alice"),
+            &lease.lease_id,
+            LeaseRenewRequest {
+                requested_duration_seconds: Some(120),
+            },
+        )
+        .await
+        .expect("renew");
+    let left_ms = (renewed.expires_at.expect("expires_at") - lab.clock_wall()).num_milliseconds();
+    assert!((119_999..=120_000).contains(&left_ms), "{left_ms} ms left");
+    lab.advance(100).await;
+    assert_eq!(lab.status(&lease.lease_id).await, LeaseStatus::Granted);
+
+    let too_long = lab
+        .engine
+        .renew(
+            &who("alice"),
+            &lease.lease_id,
+            LeaseRenewRequest {
+                requested_duration_seconds: Some(7200),
+            },
+        )
+        .await;
+    match too_long {
+        Err(LeaseError::InvalidRequest { field, .. }) => {
+            assert_eq!(field, "requested_duration_seconds")
+        }
+        other => panic!("expected InvalidRequest, got {other:?}"),
+    }
+    assert_eq!(lab.events_of(EventType::LeaseRenewed).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_selector_request_gets_a_free_matching_capability() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine
+        .upsert_capability(CapabilityInfo {
+            tags: vec!["lab".into(), "device-station-a".into()],
+            ..camera("cam-02")
+        })
+        .await;
+    lab.engine
+        .request(&who("h"), ask("h", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    let mut req = ask("s", "unused", 50, 60);
+    req.capability_id = None;
+    req.capability_selector = Some(CapabilitySelector {
+        capability_type: CapabilityType::Camera,
+        tags: vec!["lab".into()],
+        provider_id: None,
+        node_id: None,
+    });
+    let got = lab
+        .engine
+        .request(&who("s"), req.clone())
+        .await
+        .expect("selector");
+    assert_eq!(got.status, LeaseStatus::Granted);
+    assert_eq!(got.capability_id, "cam-02");
+
+    // Both busy now: a third selector request waits on the set and takes
+    // whichever frees first.
+    req.holder_ref = "t".into();
+    let waiting = lab.engine.request(&who("t"), req).await.expect("queued");
+    assert_eq!(waiting.status, LeaseStatus::Requested);
+    lab.engine
+        .release(&who("s"), &got.lease_id, None)
+        .await
+        .expect("release");
+    let l = lab.engine.get(&waiting.lease_id).await.expect("lease");
+    assert_eq!(
+        (l.status, l.capability_id.as_str()),
+        (LeaseStatus::Granted, "cam-02")
+    );
+
+    let mut none = ask("s", "unused", 50, 60);
+    none.capability_id = None;
+    none.capability_selector = Some(CapabilitySelector {
+        capability_type: CapabilityType::Speaker,
+        tags: Vec::new(),
+        provider_id: None,
+        node_id: None,
+    });
+    let err = lab
+        .engine
+        .request(&who("s"), none)
+        .await
+        .expect_err("no speaker");
+    assert!(
+        matches!(err, LeaseError::NoMatchingCapability { .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_group_requirement_prefers_tagged_capabilities() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine
+        .upsert_capability(CapabilityInfo {
+            tags: vec!["lab".into(), "device-station-a".into()],
+            ..camera("cam-09")
+        })
+        .await;
+    let mut req = group("g", &[], 120);
+    req.requirements = vec![CapabilityRequirement {
+        capability_type: CapabilityType::Camera,
+        mode: RequirementMode::Exclusive,
+        min_duration_seconds: Some(90),
+        preferred_node_tags: vec!["device-station-a".into()],
+        fallback_allowed: true,
+        preempt_if_needed: false,
+        purpose: None,
+    }];
+    let g = lab
+        .engine
+        .request_group(&who("g"), req.clone())
+        .await
+        .expect("group");
+    assert_eq!(g.status, LeaseStatus::Granted);
+    assert_eq!(g.leases[0].capability_id, "cam-09");
+
+    req.requirements[0].min_duration_seconds = Some(600);
+    match lab.engine.request_group(&who("g"), req).await {
+        Err(LeaseError::InvalidRequest { field, .. }) => {
+            assert_eq!(field, "requirements[0].min_duration_seconds")
+        }
+        other => panic!("expected InvalidRequest, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_shared_capability_has_many_readers_and_refuses_an_exclusive_mode() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine
+        .upsert_capability(CapabilityInfo {
+            lease_mode: LeaseMode::SharedRead,
+            ..camera("cam-feed")
+        })
+        .await;
+    for reader in ["r1", "r2", "r3"] {
+        let l = lab
+            .engine
+            .request(&who(reader), ask(reader, "cam-feed", 50, 60))
+            .await
+            .expect("reader");
+        assert_eq!(l.status, LeaseStatus::Granted, "{reader}");
+        assert_eq!(l.mode, LeaseMode::SharedRead);
+    }
+    let mut exclusive = ask("w", "cam-feed", 50, 60);
+    exclusive.mode = Some(LeaseMode::Exclusive);
+    match lab.engine.request(&who("w"), exclusive).await {
+        Err(LeaseError::InvalidRequest { field, .. }) => assert_eq!(field, "mode"),
+        other => panic!("expected InvalidRequest on mode, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_offline_provider_is_refused_new_requests_and_serves_waiters_when_back() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let holder = lab
+        .engine
+        .request(&who("h"), ask("h", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    let waiter = lab
+        .engine
+        .request(&who("w"), ask("w", "cam-01", 50, 60))
+        .await
+        .expect("waiter");
+    lab.engine.set_provider_online("bench-a", false).await;
+    let err = lab
+        .engine
+        .request(&who("x"), ask("x", "cam-01", 50, 60))
+        .await
+        .expect_err("offline");
+    assert!(
+        matches!(err, LeaseError::CapabilityOffline { .. }),
+        "{err:?}"
+    );
+    assert_eq!(ApiError::from(err).status.as_u16(), 503);
+
+    // The holder leaves while the provider is away: nobody is granted.
+    lab.engine
+        .release(&who("h"), &holder.lease_id, None)
+        .await
+        .expect("release");
+    assert_eq!(lab.status(&waiter.lease_id).await, LeaseStatus::Requested);
+    lab.engine.set_provider_online("bench-a", true).await;
+    assert_eq!(lab.status(&waiter.lease_id).await, LeaseStatus::Granted);
+}
+
+#[tokio::test]
+async fn request_checks_holder_ref_duration_and_capability() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let cases: [(&str, LeaseRequest, &str); 3] = [
+        (
+            "holder_ref of someone else",
+            ask("mallory", "cam-01", 50, 60),
+            "holder_ref",
+        ),
+        (
+            "duration above the maximum",
+            ask("alice", "cam-01", 50, 3601),
+            "requested_duration_seconds",
+        ),
+        (
+            "priority above 100",
+            ask("alice", "cam-01", 101, 60),
+            "priority",
+        ),
+    ];
+    for (scenario, req, field) in cases {
+        match lab.engine.request(&who("alice"), req).await {
+            Err(LeaseError::InvalidRequest { field: f, .. }) => assert_eq!(f, field, "{scenario}"),
+            other => panic!("{scenario}: expected InvalidRequest, got {other:?}"),
+        }
+    }
+    let sub = lab
+        .engine
+        .request(&who("alice"), ask("alice:thread-abc", "cam-01", 50, 60))
+        .await
+        .expect("a sub-holder of the caller is fine");
+    assert_eq!(sub.principal, "alice");
+    let unknown = lab
+        .engine
+        .request(&who("alice"), ask("alice", "cam-99", 50, 60))
+        .await;
+    assert!(
+        matches!(unknown, Err(LeaseError::UnknownCapability { .. })),
+        "{unknown:?}"
+    );
+    assert!(lab
+        .events()
+        .await
+        .iter()
+        .all(|e| e.lease_id.as_deref() == Some(sub.lease_id.as_str())));
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_without_changing_anything() {
+    let lab = Lab::manual(LeaseConfig {
+        max_queue_len: 1,
+        ..LeaseConfig::default()
+    })
+    .await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    lab.engine
+        .request(&who("h"), ask("h", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    lab.engine
+        .request(&who("w1"), ask("w1", "cam-01", 50, 60))
+        .await
+        .expect("first waiter");
+    let before = lab.events().await.len();
+    let full = lab
+        .engine
+        .request(&who("w2"), ask("w2", "cam-01", 50, 60))
+        .await;
+    assert!(
+        matches!(full, Err(LeaseError::QueueFull { limit: 1 })),
+        "{full:?}"
+    );
+    assert_eq!(lab.events().await.len(), before);
+    // A request that is granted at once needs no queue room.
+    let free = lab
+        .engine
+        .request(&who("w3"), ask("w3", "cam-02", 50, 60))
+        .await
+        .expect("free capability");
+    assert_eq!(free.status, LeaseStatus::Granted);
+}
+
+#[tokio::test]
+async fn acting_moves_granted_to_active_and_checks_the_capability() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let lease = lab
+        .engine
+        .request(&who("alice"), ask("alice", "cam-01", 50, 60))
+        .await
+        .expect("alice");
+    let wrong = lab
+        .engine
+        .authorize_action(&who("alice"), &lease.lease_id, "cam-02")
+        .await;
+    assert!(
+        matches!(&wrong, Err(LeaseError::InvalidRequest { field, .. }) if field == "capability_id"),
+        "{wrong:?}"
+    );
+    let ok = lab
+        .engine
+        .authorize_action(&who("alice"), &lease.lease_id, "cam-01")
+        .await
+        .expect("act");
+    assert_eq!(ok.status, LeaseStatus::Active);
+    assert_eq!(lab.status(&lease.lease_id).await, LeaseStatus::Active);
+
+    lab.engine
+        .release(&who("alice"), &lease.lease_id, None)
+        .await
+        .expect("release");
+    let after = lab
+        .engine
+        .authorize_action(&who("alice"), &lease.lease_id, "cam-01")
+        .await
+        .expect_err("released lease");
+    assert_eq!(after.lease_status(), Some(LeaseStatus::Released));
+    let again = lab
+        .engine
+        .release(&who("alice"), &lease.lease_id, None)
+        .await
+        .expect("release is idempotent");
+    assert_eq!(again.status, LeaseStatus::Released);
+    assert_eq!(lab.events_of(EventType::LeaseReleased).await.len(), 1);
+}
+
+#[tokio::test]
+async fn lease_errors_map_to_http_statuses() {
+    let cases: Vec<(LeaseError, u16)> = vec![
+        (
+            LeaseError::NotFound {
+                lease_id: "l".into(),
+            },
+            404,
+        ),
+        (
+            LeaseError::NotHolder {
+                lease_id: "l".into(),
+                principal: "b".into(),
+                holder: "a".into(),
+            },
+            403,
+        ),
+        (
+            LeaseError::NotUsable {
+                lease_id: "l".into(),
+                status: LeaseStatus::Revoked,
+                operation: "renew",
+            },
+            409,
+        ),
+        (
+            LeaseError::UnknownCapability {
+                capability_id: "c".into(),
+            },
+            404,
+        ),
+        (
+            LeaseError::CapabilityOffline {
+                capability_ids: vec!["c".into()],
+            },
+            503,
+        ),
+        (LeaseError::QueueFull { limit: 3 }, 503),
+        (
+            LeaseError::InvalidRequest {
+                field: "priority".into(),
+                message: "0 to 100".into(),
+            },
+            422,
+        ),
+    ];
+    for (err, status) in cases {
+        let text = err.to_string();
+        let api = ApiError::from(err);
+        assert_eq!(api.status.as_u16(), status, "{text}");
+        if status == 409 {
+            assert_eq!(api.details["lease_status"], "revoked");
+        }
+        if status == 422 {
+            assert_eq!(api.details["field"], "priority");
+        }
+    }
+}
+
+#[tokio::test]
+async fn withdrawing_one_waiting_group_member_withdraws_the_whole_group() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    let holder = lab
+        .engine
+        .request(&who("h"), ask("h", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    let g = lab
+        .engine
+        .request_group(&who("g"), group("g", &["cam-01", "cam-02"], 60))
+        .await
+        .expect("group");
+    let withdrawn = lab
+        .engine
+        .release(
+            &who("g"),
+            &g.leases[1].lease_id,
+            Some("plan changed".into()),
+        )
+        .await
+        .expect("withdraw");
+    assert_eq!(withdrawn.status, LeaseStatus::Released);
+    for l in &g.leases {
+        assert_eq!(lab.status(&l.lease_id).await, LeaseStatus::Released);
+    }
+    assert_eq!(lab.engine.queue_len(), 0);
+    lab.engine
+        .release(&who("h"), &holder.lease_id, None)
+        .await
+        .expect("release");
+    assert!(lab
+        .engine
+        .list(LeaseFilter {
+            active_only: true,
+            ..LeaseFilter::default()
+        })
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_commit_changes_nothing_and_the_engine_recovers() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    let holder = lab
+        .engine
+        .request(&who("a"), ask("a", "cam-01", 50, 600))
+        .await
+        .expect("holder");
+    // The disk "fails" for one lease row: its whole transaction rolls back.
+    lab.db
+        .write(|c| {
+            c.execute_batch(
+                "CREATE TRIGGER disk_failure BEFORE INSERT ON capability_leases
+                 WHEN NEW.purpose = 'doomed'
+                 BEGIN SELECT RAISE(ABORT, 'simulated I/O error'); END;",
+            )
+        })
+        .await
+        .expect("db thread")
+        .expect("trigger");
+    let events_before = lab.events().await.len();
+    let mut doomed = ask("b", "cam-02", 50, 60);
+    doomed.purpose = "doomed".into();
+    let err = lab
+        .engine
+        .request(&who("b"), doomed)
+        .await
+        .expect_err("commit fails");
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
+    assert_eq!(
+        lab.events().await.len(),
+        events_before,
+        "no event of the failed transition"
+    );
+
+    // The engine reloads its model from the table and serves again; the
+    // failed grant never happened, so cam-02 is free.
+    let mut granted = None;
+    for _ in 0..100 {
+        match lab
+            .engine
+            .request(&who("c"), ask("c", "cam-02", 50, 60))
+            .await
+        {
+            Ok(l) => {
+                granted = Some(l);
+                break;
+            }
+            Err(LeaseError::Unavailable { .. }) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    let granted = granted.expect("engine recovered");
+    assert_eq!(granted.status, LeaseStatus::Granted);
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::Granted);
+    let all = lab.engine.list(LeaseFilter::default()).await;
+    assert_eq!(all.len(), 2, "only the two committed leases exist: {all:?}");
+}
