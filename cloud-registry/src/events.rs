@@ -103,23 +103,25 @@ pub fn append(conn: &Connection, ev: NewEvent) -> rusqlite::Result<CapabilityEve
         .event_type
         .ok_or_else(|| rusqlite::Error::InvalidParameterName("event_type".into()))?;
     let now = Utc::now();
-    conn.execute(
+    // Cached: this runs for every state change, on the writer thread.
+    let mut stmt = conn.prepare_cached(
         "INSERT INTO events (event_type, occurred_at, actor, provider_id, capability_id,
              lease_id, session_id, artifact_id, audit_request_id, data)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-        params![
-            event_type.as_str(),
-            now.to_rfc3339(),
-            ev.actor,
-            ev.provider_id,
-            ev.capability_id,
-            ev.lease_id,
-            ev.session_id,
-            ev.artifact_id,
-            ev.audit_request_id,
-            ev.data.to_string(),
-        ],
     )?;
+    stmt.execute(params![
+        event_type.as_str(),
+        now.to_rfc3339(),
+        ev.actor,
+        ev.provider_id,
+        ev.capability_id,
+        ev.lease_id,
+        ev.session_id,
+        ev.artifact_id,
+        ev.audit_request_id,
+        ev.data.to_string(),
+    ])?;
+    drop(stmt);
     Ok(CapabilityEvent {
         event_id: conn.last_insert_rowid() as u64,
         event_type,
