@@ -13,4 +13,10 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null; then
   fi
 fi
 cargo build --workspace --bins
-cargo test --workspace --all-targets "$@"
+# With arguments (e.g. `-p edge-agent`, a test name), they replace the
+# default selection of every crate and target.
+if (($#)); then
+  cargo test --no-fail-fast "$@"
+else
+  cargo test --workspace --all-targets --no-fail-fast
+fi

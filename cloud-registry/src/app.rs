@@ -95,12 +95,49 @@ pub enum AppError {
     Lease(#[from] LeaseError),
     #[error("artifact store: {0}")]
     Blob(#[from] sessions::BlobError),
+    #[error("store {0} is in use by another registry process (one registry per store file)")]
+    StoreInUse(PathBuf),
     #[error("Earth entity data: {0}")]
     Entities(#[from] EntityError),
     #[error("agent runtime: {0}")]
     Agents(#[from] AgentError),
     #[error("background task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+}
+
+/// Take an exclusive advisory lock on `{store}.lock`, so a second registry
+/// on the same SQLite file refuses to start instead of granting the same
+/// exclusive capability a second time. The lock ends with the process,
+/// also when it is killed.
+///
+/// Errors: the lock file cannot be created, or another process holds it.
+pub fn lock_store(store: &Path) -> Result<std::fs::File, AppError> {
+    let mut name = store.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    if let Some(dir) = lock_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| AppError::Io {
+            what: format!("create directory for {}", lock_path.display()),
+            source,
+        })?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| AppError::Io {
+            what: format!("open {}", lock_path.display()),
+            source,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(AppError::StoreInUse(store.to_path_buf())),
+        Err(std::fs::TryLockError::Error(source)) => Err(AppError::Io {
+            what: format!("lock {}", lock_path.display()),
+            source,
+        }),
+    }
 }
 
 /// Open the SQLite file and run every migration.
@@ -218,6 +255,8 @@ pub struct RunningRegistry {
     pub bus: EventBus,
     pub db: Db,
     mqtt: MqttLink,
+    /// Held for the registry's life: one registry per store file.
+    _store_lock: std::fs::File,
     shutdown_tx: watch::Sender<bool>,
     http: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -242,6 +281,7 @@ impl Registry {
             what: "HTTP listener address".into(),
             source,
         })?;
+        let store_lock = lock_store(&config.store.path)?;
         let path = config.store.path.clone();
         let db = tokio::task::spawn_blocking(move || open_db(&path)).await??;
         let auth = Authenticator::load(db.clone()).await?;
@@ -419,6 +459,7 @@ impl Registry {
             bus,
             db,
             mqtt,
+            _store_lock: store_lock,
             shutdown_tx,
             http,
             background,

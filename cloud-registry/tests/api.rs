@@ -1344,3 +1344,43 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
     .await;
     reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_second_registry_on_the_same_store_refuses_to_start() {
+    let dir = TempDir::new().unwrap();
+    let first = start(test_config(&dir)).await;
+    let second = cloud_registry::app::Registry::start(test_config(&dir)).await;
+    match second {
+        Err(cloud_registry::app::AppError::StoreInUse(path)) => {
+            assert_eq!(path, dir.path().join("registry.sqlite3"))
+        }
+        Err(other) => panic!("expected StoreInUse, got {other}"),
+        Ok(_) => panic!("a second registry started on a store in use"),
+    }
+    // Once the first is stopped, the store can be opened again.
+    first.shutdown().await;
+    let again = start(test_config(&dir)).await;
+    again.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_provider_token_cannot_read_the_event_stream() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let admin = reg.admin_token.clone().unwrap();
+    let provider = reg
+        .auth
+        .create_token(Role::Provider, "provider-a")
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let url = format!("{}/api/v1/capability-events/stream", reg.base_url());
+    let refused = http.get(&url).bearer_auth(&provider).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "forbidden");
+    let allowed = http.get(&url).bearer_auth(&admin).send().await.unwrap();
+    assert_eq!(allowed.status(), StatusCode::OK);
+    drop(allowed);
+    reg.shutdown().await;
+}

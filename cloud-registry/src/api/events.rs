@@ -43,6 +43,7 @@ use super::{parse_list, ApiQuery, ApiState};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::follow::{EventFollower, Followed};
+use shared_protocol::api::Role;
 
 pub(super) fn routes() -> axum::Router<ApiState> {
     Router::new().route("/capability-events/stream", get(stream))
@@ -95,10 +96,19 @@ fn sse_event(ev: &CapabilityEvent) -> Event {
 
 async fn stream(
     State(st): State<ApiState>,
-    _who: Principal,
+    who: Principal,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<StreamQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    // The stream names lease holders and audit work: providers (which talk
+    // MQTT and only ever see their own commands) may not read it.
+    who.require(&[
+        Role::Viewer,
+        Role::Operator,
+        Role::AuditAgent,
+        Role::Admin,
+        Role::SuperAdmin,
+    ])?;
     let last_event_id = match headers.get("last-event-id") {
         Some(v) => Some(
             v.to_str()
@@ -122,9 +132,21 @@ async fn stream(
     // Subscribe first, then find where the log ends: nothing committed in
     // between can be missed.
     let mut follower = EventFollower::new(st.bus.clone(), 0);
+    let log_end = st.db.read(|c| crate::events::last_id(c)).await??;
+    // An id past the end of the log (a client that saw a store that was
+    // since restored from a backup) would otherwise wait for ids that are
+    // never written: resume from the end instead.
     let after = match last_event_id.or(q.after) {
+        Some(n) if n > log_end => {
+            tracing::warn!(
+                requested = n,
+                log_end,
+                "SSE resume id past the end of the log; resuming from the end"
+            );
+            log_end
+        }
         Some(n) => n,
-        None => st.db.read(|c| crate::events::last_id(c)).await??,
+        None => log_end,
     };
     follower.skip_to(after);
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);

@@ -248,13 +248,16 @@ fn idle_rss(sim_config: &Path, work: &Path, idle: Duration) -> Result<Rss> {
             &format!("state_dir = \"{}\"", work.join("rss-state").display()),
         )
         .replace("provider-sim-01", &format!("provider-rss-{}", &tag[..8]))
-        .replace("\"benchlink/v1\"", &format!("\"benchlink-bench/{tag}\""));
+        .replace("\"benchlink/v1\"", &format!("\"benchlink-bench/{tag}\""))
+        // Measured against the local Mosquitto, not a registry's broker.
+        .replace("mqtt_port = 18830", "mqtt_port = 1883");
     let config = work.join("edge-agent.sim.toml");
     std::fs::write(&config, text)?;
     let mut child = Command::new(&exe)
         .args(["run", "--config"])
         .arg(&config)
         .env("RUST_LOG", "warn")
+        .env("BENCHLINK_TOKEN", "outbox-bench")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
