@@ -10,6 +10,9 @@
 //!
 //! Logs go to stderr (`RUST_LOG`, default `info,rumqttd=warn`; JSON lines
 //! with `[log] json = true`).
+//!
+//! Output into a closed pipe (`cloud-registry check-config ... | head -1`)
+//! is not an error: the command ends quietly with its usual exit status.
 
 use std::path::PathBuf;
 
@@ -115,11 +118,28 @@ async fn serve(config: PathBuf, token_file: Option<PathBuf>) -> anyhow::Result<(
     let running = Registry::start(cfg)
         .await
         .context("starting the registry")?;
-    println!("{}", running.ready_line());
+    // Nobody reading the ready line is no reason to stop serving.
+    if let Err(e) = print_out(&running.ready_line()) {
+        tracing::warn!(error = %e, "cannot write the ready line to stdout");
+    }
     shutdown_signal().await;
     tracing::info!("shutdown signal received");
     running.shutdown().await;
     Ok(())
+}
+
+/// Write `line` and a newline to stdout and flush. A reader that went away
+/// (`| head -1`) is not an error: the rest of the output is not wanted.
+fn print_out(line: &str) -> std::io::Result<()> {
+    write_quietly(&mut std::io::stdout().lock(), &format!("{line}\n"))
+}
+
+/// Write `text` to `w` and flush, treating a closed pipe as success.
+fn write_quietly(w: &mut impl std::io::Write, text: &str) -> std::io::Result<()> {
+    match w.write_all(text.as_bytes()).and_then(|()| w.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -146,13 +166,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = Config::load(&config)?;
             shared_protocol::validate::check_id("name", &name)?;
             let token = app::create_token_offline(&cfg, role, &name)?;
-            println!("{token}");
-            Ok(())
+            print_out(&token).context("writing the token to stdout")
         }
         Command::CheckConfig { config } => {
             Config::load(&config)?;
-            println!("{} is valid", config.display());
-            Ok(())
+            print_out(&format!("{} is valid", config.display())).context("writing to stdout")
         }
     }
 }

@@ -10,9 +10,14 @@
 //! `{"event":"ready","provider_id":…,"boot_id":…,"capabilities":[…],"outbox_dir":…}`.
 //!
 //! Logs go to stderr through `tracing` (`RUST_LOG` sets the filter, default
-//! `info`); under systemd (`$JOURNAL_STREAM` set) without timestamps or
-//! colours, since journald adds its own.
+//! `info`); under systemd (`$JOURNAL_STREAM` set) without timestamps, since
+//! journald adds its own. Colours only when stderr is a terminal and
+//! `NO_COLOR` is unset or empty.
+//!
+//! Output into a closed pipe (`edge-agent devices | head -1`) ends the
+//! command quietly with its usual exit status.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -63,13 +68,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Colours in log lines: only on a terminal, and never with `NO_COLOR` set
+/// to a non-empty value (<https://no-color.org>).
+fn log_ansi(stream_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stream_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    use std::io::IsTerminal;
+    let ansi = log_ansi(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     if std::env::var_os("JOURNAL_STREAM").is_some() {
         builder.without_time().init();
@@ -90,7 +105,9 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    println!(
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{}: OK: provider `{}` (node `{}`), broker {}:{}, registry {}, {} capabilities:",
         path.display(),
         cfg.provider.provider_id,
@@ -101,58 +118,83 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         cfg.capabilities.len()
     );
     for c in &cfg.capabilities {
-        println!(
+        let _ = writeln!(
+            out,
             "  {:<24} {:<26} backend {}",
             c.id, c.capability_type, c.driver.backend
         );
     }
-    println!(
+    let _ = writeln!(
+        out,
         "  outbox {} (db {}), budget {} MiB, durability {:?}",
         cfg.outbox.dir.display(),
         cfg.outbox.db.display(),
         cfg.outbox.disk_budget_bytes / (1024 * 1024),
         cfg.outbox.durability
     );
-    ExitCode::SUCCESS
+    emit(&out, ExitCode::SUCCESS)
+}
+
+/// Write `text` to `w` and flush. A reader that went away (`| head -1`) is
+/// not an error: the rest of the output is simply not wanted.
+fn write_quietly(w: &mut impl std::io::Write, text: &str) -> std::io::Result<()> {
+    match w.write_all(text.as_bytes()).and_then(|()| w.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
+/// Print `text` on stdout and exit with `status`; exit 1 when stdout fails
+/// for another reason than a closed pipe (e.g. a full disk).
+fn emit(text: &str, status: ExitCode) -> ExitCode {
+    match write_quietly(&mut std::io::stdout().lock(), text) {
+        Ok(()) => status,
+        Err(e) => {
+            eprintln!("edge-agent: cannot write to stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn print_devices(json: bool) -> ExitCode {
     let report = devices::discover();
     if json {
         match serde_json::to_string_pretty(&report) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => emit(&format!("{s}\n"), ExitCode::SUCCESS),
             Err(e) => {
                 eprintln!("cannot encode the device report: {e}");
-                return ExitCode::FAILURE;
+                ExitCode::FAILURE
             }
         }
     } else {
-        print_device_table(&report);
+        emit(&device_table(&report), ExitCode::SUCCESS)
     }
-    ExitCode::SUCCESS
 }
 
-fn print_device_table(r: &DeviceReport) {
-    println!("CAMERAS");
+/// The human-readable device report of `edge-agent devices`.
+fn device_table(r: &DeviceReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "CAMERAS");
     if r.cameras.is_empty() {
-        println!("  (none)");
+        let _ = writeln!(out, "  (none)");
     }
     for c in &r.cameras {
         let id = c.by_id.first().map(String::as_str).unwrap_or(&c.path);
-        println!("  {:<3} {:<40} {}", c.index, c.name, id);
+        let _ = writeln!(out, "  {:<3} {:<40} {}", c.index, c.name, id);
         for m in &c.formats {
-            println!(
+            let _ = writeln!(
+                out,
                 "        {} {}x{} @ {} fps",
                 m.format, m.width, m.height, m.fps
             );
         }
         if let Some(e) = &c.formats_error {
-            println!("        formats unavailable: {e}");
+            let _ = writeln!(out, "        formats unavailable: {e}");
         }
     }
-    println!("AUDIO ({})", r.audio_host);
+    let _ = writeln!(out, "AUDIO ({})", r.audio_host);
     if r.audio_inputs.is_empty() && r.audio_outputs.is_empty() {
-        println!("  (none)");
+        let _ = writeln!(out, "  (none)");
     }
     for (dir, list) in [("in ", &r.audio_inputs), ("out", &r.audio_outputs)] {
         for d in list {
@@ -161,7 +203,8 @@ fn print_device_table(r: &DeviceReport) {
                 .as_ref()
                 .map(|c| format!("{} ch {} Hz {}", c.channels, c.sample_rate, c.sample_format))
                 .unwrap_or_default();
-            println!(
+            let _ = writeln!(
+                out,
                 "  {dir} {}{:<40} {:<30} {cfg}",
                 if d.is_default { "*" } else { " " },
                 d.id,
@@ -169,9 +212,9 @@ fn print_device_table(r: &DeviceReport) {
             );
         }
     }
-    println!("SERIAL PORTS");
+    let _ = writeln!(out, "SERIAL PORTS");
     if r.serial_ports.is_empty() {
-        println!("  (none)");
+        let _ = writeln!(out, "  (none)");
     }
     for p in &r.serial_ports {
         let usb = p
@@ -179,14 +222,15 @@ fn print_device_table(r: &DeviceReport) {
             .as_ref()
             .map(|u| format!("{}:{} {}", u.vid, u.pid, u.product.as_deref().unwrap_or("")))
             .unwrap_or_default();
-        println!("  {:<16} {:<8} {usb}", p.port_name, p.port_type);
+        let _ = writeln!(out, "  {:<16} {:<8} {usb}", p.port_name, p.port_type);
         for link in &p.by_id {
-            println!("        {link}");
+            let _ = writeln!(out, "        {link}");
         }
     }
     for e in &r.errors {
-        println!("! {e}");
+        let _ = writeln!(out, "! {e}");
     }
+    out
 }
 
 fn run(path: &std::path::Path) -> ExitCode {
@@ -228,17 +272,18 @@ fn run(path: &std::path::Path) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        // One JSON line on stdout for scripts and test harnesses.
-        println!(
-            "{}",
-            serde_json::json!({
-                "event": "ready",
-                "provider_id": daemon.provider_id(),
-                "boot_id": daemon.boot_id(),
-                "capabilities": daemon.capability_ids(),
-                "outbox_dir": daemon.outbox().dir(),
-            })
-        );
+        // One JSON line on stdout for scripts and test harnesses; nobody
+        // reading it is no reason to stop.
+        let ready = serde_json::json!({
+            "event": "ready",
+            "provider_id": daemon.provider_id(),
+            "boot_id": daemon.boot_id(),
+            "capabilities": daemon.capability_ids(),
+            "outbox_dir": daemon.outbox().dir(),
+        });
+        if let Err(e) = write_quietly(&mut std::io::stdout().lock(), &format!("{ready}\n")) {
+            tracing::warn!(error = %e, "cannot write the ready line to stdout");
+        }
         daemon.run_until(shutdown.recv()).await;
         ExitCode::SUCCESS
     })
@@ -265,5 +310,37 @@ impl ShutdownSignal {
             _ = self.term.recv() => tracing::info!("SIGTERM"),
             _ = self.int.recv() => tracing::info!("SIGINT"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_into_a_closed_pipe_is_not_an_error() {
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        drop(reader);
+        // Rust ignores SIGPIPE, so the write fails with EPIPE, as it does
+        // for `edge-agent devices | head -1`.
+        write_quietly(&mut writer, "CAMERAS\n  (none)\n").expect("quiet on a closed pipe");
+    }
+
+    #[test]
+    fn other_output_errors_are_reported() {
+        let mut full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let err = write_quietly(&mut full, "x\n").unwrap_err();
+        assert_ne!(err.kind(), std::io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(log_ansi(true, None));
+        assert!(log_ansi(true, Some("".into())));
+        assert!(!log_ansi(true, Some("1".into())));
+        assert!(!log_ansi(false, None));
     }
 }
