@@ -114,17 +114,106 @@ impl IntoResponse for ApiError {
 }
 
 impl From<ParseError> for ApiError {
+    /// Malformed JSON is 400 `malformed_json`; a body that is not a JSON
+    /// object (`[]`, `"x"`, `42`, `null`) is 400 `invalid_request`
+    /// "request body must be a JSON object"; a bad field is 422
+    /// `invalid_field` with `details.field`. Messages speak of JSON
+    /// (object, array, string, integer), never of the server's type names.
     fn from(e: ParseError) -> Self {
-        match &e {
+        match e {
             ParseError::Syntax(m) => Self::new(
                 StatusCode::BAD_REQUEST,
                 "malformed_json",
                 format!("malformed JSON: {m}"),
             ),
-            ParseError::Field { field, .. } => Self::invalid_field(field, e.to_string()),
-            ParseError::Invalid(v) => Self::invalid_field(&v.field, e.to_string()),
+            ParseError::Field { field, message } => {
+                let message = plain_json_message(&message);
+                if field.is_empty() && message.starts_with("invalid type:") {
+                    let expected = message
+                        .split_once(", expected ")
+                        .map_or("a JSON object", |(_, e)| e);
+                    let message = if expected == "a JSON object" {
+                        "request body must be a JSON object".to_string()
+                    } else {
+                        format!("request body must be {expected}")
+                    };
+                    return Self::bad_request(message).with_details(json!({ "field": "" }));
+                }
+                let text = if field.is_empty() {
+                    message
+                } else {
+                    format!("invalid field `{field}`: {message}")
+                };
+                Self::invalid_field(&field, text)
+            }
+            ParseError::Invalid(v) => Self::invalid_field(&v.field, v.to_string()),
         }
     }
+}
+
+/// Rewrite a serde error message so it describes JSON instead of naming
+/// Rust types: `invalid type: sequence, expected struct LeaseRequest`
+/// becomes `invalid type: array, expected a JSON object`, `expected u8`
+/// becomes `expected an integer from 0 to 255`.
+pub fn plain_json_message(message: &str) -> String {
+    use std::sync::LazyLock;
+    static RULES: LazyLock<Vec<(regex::Regex, &'static str)>> = LazyLock::new(|| {
+        [
+            // What was found.
+            (r"invalid type: sequence", "invalid type: array"),
+            (r"invalid type: map", "invalid type: object"),
+            (r"invalid type: unit value", "invalid type: null"),
+            // serde lets a struct be written as an array of its fields.
+            (
+                r"invalid length \d+, expected (?:struct|tuple struct) \w+ with \d+ elements?",
+                "invalid type: array, expected a JSON object",
+            ),
+            // What was expected.
+            (
+                r"data did not match any variant of untagged enum \w+",
+                "does not match any accepted form",
+            ),
+            (
+                r"(?:internally|adjacently) tagged enum \w+",
+                "a JSON object",
+            ),
+            (r"\benum \w+", "one of the allowed values"),
+            (r"\b(?:tuple struct|tuple variant) [\w:]+", "a JSON array"),
+            (r"\bunit (?:struct|variant) [\w:]+", "null"),
+            (r"\b(?:struct variant |struct )[\w:]+", "a JSON object"),
+            (r"expected a sequence", "expected a JSON array"),
+            (r"expected a map", "expected a JSON object"),
+            (r"expected u8\b", "expected an integer from 0 to 255"),
+            (r"expected u16\b", "expected an integer from 0 to 65535"),
+            (
+                r"expected u32\b",
+                "expected an integer from 0 to 4294967295",
+            ),
+            (
+                r"expected (?:u64|u128|usize)\b",
+                "expected a non-negative integer",
+            ),
+            (r"expected i8\b", "expected an integer from -128 to 127"),
+            (
+                r"expected i16\b",
+                "expected an integer from -32768 to 32767",
+            ),
+            (r"expected (?:i32|i64|i128|isize)\b", "expected an integer"),
+            (r"expected (?:f32|f64)\b", "expected a number"),
+            (r"expected a borrowed string", "expected a string"),
+            (r"expected char\b", "expected a single character"),
+        ]
+        .into_iter()
+        .map(|(re, to)| (regex::Regex::new(re).expect("valid pattern"), to))
+        .collect()
+    });
+    let mut out = message.to_string();
+    for (re, to) in RULES.iter() {
+        if re.is_match(&out) {
+            out = re.replace_all(&out, *to).into_owned();
+        }
+    }
+    out
 }
 
 impl From<JsonRejection> for ApiError {
@@ -137,7 +226,7 @@ impl From<JsonRejection> for ApiError {
         } else {
             "malformed_json"
         };
-        Self::new(status, code, e.body_text())
+        Self::new(status, code, plain_json_message(&e.body_text()))
     }
 }
 
@@ -155,3 +244,69 @@ impl From<rusqlite::Error> for ApiError {
 
 /// Result type of handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serde_messages_are_rewritten_in_json_terms() {
+        for (from, to) in [
+            (
+                "invalid type: sequence, expected struct LeaseRequest",
+                "invalid type: array, expected a JSON object",
+            ),
+            (
+                "invalid type: map, expected a sequence",
+                "invalid type: object, expected a JSON array",
+            ),
+            (
+                "invalid length 2, expected struct Capability with 9 elements",
+                "invalid type: array, expected a JSON object",
+            ),
+            (
+                "invalid value: integer `300`, expected u8",
+                "invalid value: integer `300`, expected an integer from 0 to 255",
+            ),
+            (
+                "invalid type: string \"x\", expected internally tagged enum Action",
+                "invalid type: string \"x\", expected a JSON object",
+            ),
+            (
+                "data did not match any variant of untagged enum Selector",
+                "does not match any accepted form",
+            ),
+            (
+                "invalid type: integer `1`, expected enum Role",
+                "invalid type: integer `1`, expected one of the allowed values",
+            ),
+            (
+                "unknown variant `toaster`, expected one of `camera`, `relay`",
+                "unknown variant `toaster`, expected one of `camera`, `relay`",
+            ),
+        ] {
+            assert_eq!(plain_json_message(from), to);
+        }
+    }
+
+    #[test]
+    fn a_top_level_type_error_is_a_400_about_the_body() {
+        let e = ApiError::from(ParseError::Field {
+            field: String::new(),
+            message: "invalid type: integer `42`, expected struct TokenCreateRequest".into(),
+        });
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.code, "invalid_request");
+        assert_eq!(e.message, "request body must be a JSON object");
+        let e = ApiError::from(ParseError::Field {
+            field: "capabilities[1]".into(),
+            message: "invalid type: string \"x\", expected struct CapabilityRegistration".into(),
+        });
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            e.message,
+            "invalid field `capabilities[1]`: invalid type: string \"x\", expected a JSON object"
+        );
+        assert_eq!(e.details, json!({"field": "capabilities[1]"}));
+    }
+}

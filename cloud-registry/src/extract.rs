@@ -4,15 +4,36 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use shared_protocol::Validate;
 
 use crate::error::ApiError;
 
 /// A JSON body parsed with [`shared_protocol::parse_json`]: malformed JSON is
-/// 400 `malformed_json`, a bad field is 422 `invalid_field` with
-/// `details.field`, a body over the router's limit is 413 `body_too_large`.
+/// 400 `malformed_json`, a body that is not a JSON object is 400
+/// `invalid_request`, a bad field is 422 `invalid_field` with
+/// `details.field`, a body over the router's limit is 413 `body_too_large`,
+/// a `Content-Type` other than JSON (see [`is_json_content_type`]) is 415
+/// `unsupported_media_type`.
 pub struct ValidJson<T>(pub T);
+
+/// True when `headers` declare a JSON body: the media type of
+/// `Content-Type` is `application/json` in any letter case, with or without
+/// parameters (`application/json; charset=utf-8`), or a structured
+/// `+json` type such as `application/merge-patch+json`.
+pub fn is_json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let media_type = value.split(';').next().unwrap_or("").trim();
+    let Some((kind, subtype)) = media_type.split_once('/') else {
+        return false;
+    };
+    let subtype = subtype.to_ascii_lowercase();
+    kind.trim().eq_ignore_ascii_case("application")
+        && (subtype == "json" || (subtype.len() > 5 && subtype.ends_with("+json")))
+}
 
 impl<S, T> FromRequest<S> for ValidJson<T>
 where
@@ -22,13 +43,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let is_json = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.starts_with("application/json"))
-            .unwrap_or(false);
-        if !is_json {
+        if !is_json_content_type(req.headers()) {
             return Err(ApiError::new(
                 axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -43,6 +58,66 @@ where
                 ApiError::bad_request(e.body_text())
             }
         })?;
-        Ok(ValidJson(shared_protocol::parse_json(&bytes)?))
+        Ok(ValidJson(parse_object(&bytes)?))
+    }
+}
+
+/// Parse a request body that must be a JSON object into `T` with
+/// [`shared_protocol::parse_json`]. A well-formed body that is not an
+/// object (`[]`, `"x"`, `42`, `null`) is 400 `invalid_request` "request
+/// body must be a JSON object" (serde would otherwise accept an array of
+/// the fields, or answer with its own type names); other errors as
+/// [`ApiError`]'s `From<ParseError>`.
+pub fn parse_object<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        // Malformed JSON keeps its own answer.
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map_err(|e| ApiError::from(shared_protocol::ParseError::Syntax(e.to_string())))?;
+        return Err(not_an_object());
+    }
+    Ok(shared_protocol::parse_json(bytes)?)
+}
+
+/// 400 `invalid_request`: the body is JSON but not an object.
+pub fn not_an_object() -> ApiError {
+    ApiError::bad_request("request body must be a JSON object")
+        .with_details(serde_json::json!({ "field": "" }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, value.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn json_content_types_match_in_any_case_and_with_parameters() {
+        for ok in [
+            "application/json",
+            "APPLICATION/JSON",
+            "Application/Json",
+            "application/json; charset=utf-8",
+            "application/json;charset=UTF-8",
+            " application/json ",
+            "application/merge-patch+json",
+        ] {
+            assert!(is_json_content_type(&with(ok)), "{ok}");
+        }
+        for bad in [
+            "text/plain",
+            "application/jsonx",
+            "application/x-www-form-urlencoded",
+            "application/+json",
+            "json",
+            "",
+        ] {
+            assert!(!is_json_content_type(&with(bad)), "{bad}");
+        }
+        assert!(!is_json_content_type(&HeaderMap::new()));
     }
 }

@@ -1,0 +1,221 @@
+//! What a client sees when its request is slightly off: content types in
+//! other letter cases or with parameters, bodies of the wrong JSON shape,
+//! and text fields past their size limits. Every refusal is
+//! `{"error": {"code", "message", "details"}}` and speaks of JSON, not of
+//! the server's internal type names.
+
+mod common;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use shared_protocol::api::Role;
+use tempfile::TempDir;
+
+/// POST `body` with an explicit `Content-Type`.
+async fn post_with_type(
+    api: &Api,
+    path: &str,
+    token: &str,
+    content_type: &str,
+    body: String,
+) -> (StatusCode, Value) {
+    let resp = api
+        .http
+        .post(format!("{}{path}", api.base))
+        .bearer_auth(token)
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .expect("POST sent");
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The error envelope has exactly `code`, `message` and `details`.
+fn assert_envelope(got: &(StatusCode, Value)) {
+    let error = got.1["error"].as_object().expect("an error object");
+    let mut keys: Vec<&str> = error.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["code", "details", "message"], "{}", got.1);
+}
+
+/// No Rust type or serde vocabulary in a message meant for a client.
+fn assert_plain(message: &str) {
+    for word in [
+        "struct",
+        "enum ",
+        "sequence",
+        "LeaseRequest",
+        "Capability",
+        " u8",
+        " u32",
+        "Rust",
+    ] {
+        assert!(
+            !message.contains(word),
+            "`{word}` in a client message: {message}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn json_content_type_matches_in_any_letter_case_and_with_parameters() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
+    let body = provider_body("p1").to_string();
+    let path = "/api/v1/capability-providers/register";
+
+    for content_type in [
+        "APPLICATION/JSON",
+        "application/json; charset=utf-8",
+        "Application/Json;Charset=UTF-8",
+        "application/json",
+    ] {
+        let r = post_with_type(&api, path, &p1, content_type, body.clone()).await;
+        assert_eq!(r.0, StatusCode::OK, "{content_type}: {}", r.1);
+        assert_eq!(r.1["accepted"], true, "{content_type}: {}", r.1);
+    }
+    for content_type in [
+        "text/plain",
+        "application/jsonp",
+        "application/x-www-form-urlencoded",
+    ] {
+        let r = post_with_type(&api, path, &p1, content_type, body.clone()).await;
+        assert_error(
+            &r,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        );
+        assert_envelope(&r);
+    }
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_an_object_is_a_plain_400() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+
+    for (path, body) in [
+        ("/api/v1/capability-leases/request", "[]"),
+        ("/api/v1/capability-leases/request", "\"x\""),
+        ("/api/v1/capability-leases/request", "42"),
+        ("/api/v1/capability-leases/request", "null"),
+        ("/api/v1/capability-leases/request", "true"),
+        ("/api/v1/capability-providers/register", "[1, 2]"),
+        ("/api/v1/auth/tokens", "\"viewer\""),
+    ] {
+        let r = api.post_raw(path, Some(&admin), body.into()).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_envelope(&r);
+        assert_eq!(
+            r.1["error"]["message"], "request body must be a JSON object",
+            "{path} {body}: {}",
+            r.1
+        );
+    }
+    // Truncated JSON is still `malformed_json`.
+    let r = api
+        .post_raw(
+            "/api/v1/capability-leases/request",
+            Some(&admin),
+            "{\"a\":".into(),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "malformed_json");
+    assert_envelope(&r);
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn field_errors_keep_their_path_but_name_no_server_types() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
+    let admin = reg.admin_token.clone().unwrap();
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some(&p1),
+            &provider_body("p1"),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+
+    // An unknown enum value: the path and the allowed values.
+    let mut bad = capabilities_body("p1", "");
+    bad["capabilities"][1]["capability_type"] = json!("toaster");
+    let r = api
+        .post("/api/v1/capabilities/register", Some(&p1), &bad)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_envelope(&r);
+    assert_eq!(
+        r.1["error"]["details"]["field"],
+        "capabilities[1].capability_type"
+    );
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("capabilities[1].capability_type"),
+        "{message}"
+    );
+    assert!(message.contains("unknown variant `toaster`"), "{message}");
+    assert_plain(message);
+
+    // A list element of the wrong shape.
+    let mut bad = capabilities_body("p1", "");
+    bad["capabilities"][1] = json!("thumb");
+    let r = api
+        .post("/api/v1/capabilities/register", Some(&p1), &bad)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "capabilities[1]");
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(message.contains("expected a JSON object"), "{message}");
+    assert_plain(message);
+
+    // A list where an array is wanted, and a number out of its range.
+    let mut bad = capabilities_body("p1", "");
+    bad["capabilities"] = json!({"a": 1});
+    let r = api
+        .post("/api/v1/capabilities/register", Some(&p1), &bad)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(message.contains("expected a JSON array"), "{message}");
+    assert!(message.contains("invalid type: object"), "{message}");
+    assert_plain(message);
+
+    let lease = json!({
+        "capability_id": "cam-front-01",
+        "holder_type": "audit_agent",
+        "holder_ref": "audit:a",
+        "project_id": "p",
+        "purpose": "x",
+        "priority": 300,
+        "requested_duration_seconds": 60
+    });
+    let r = api
+        .post("/api/v1/capability-leases/request", Some(&admin), &lease)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "priority");
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("expected an integer from 0 to 255"),
+        "{message}"
+    );
+    assert_plain(message);
+    reg.shutdown().await;
+}
