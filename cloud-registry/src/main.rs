@@ -9,7 +9,9 @@
 //! - `cloud-registry check-config --config FILE` parses the file and exits.
 //!
 //! Logs go to stderr (`RUST_LOG`, default `info,rumqttd=warn`; JSON lines
-//! with `[log] json = true`).
+//! with `[log] json = true`). Text logs are coloured only when stderr is a
+//! terminal and `NO_COLOR` is unset or empty, so journald and log files get
+//! plain text.
 //!
 //! Output into a closed pipe (`cloud-registry check-config ... | head -1`)
 //! is not an error: the command ends quietly with its usual exit status.
@@ -73,11 +75,23 @@ enum TokenCommand {
     },
 }
 
+/// Colours in log lines: only on a terminal, and never with `NO_COLOR` set
+/// to a non-empty value (<https://no-color.org>).
+fn log_ansi(stream_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stream_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_logging(json: bool) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn"));
+    let ansi = log_ansi(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
@@ -172,5 +186,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Config::load(&config)?;
             print_out(&format!("{} is valid", config.display())).context("writing to stdout")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(log_ansi(true, None));
+        assert!(log_ansi(true, Some("".into())));
+        assert!(!log_ansi(true, Some("1".into())));
+        assert!(!log_ansi(false, None));
     }
 }

@@ -63,3 +63,48 @@ fn output_into_a_closed_pipe_ends_quietly() {
         .arg(&config);
     assert_quiet("token create", &run_into_closed_pipe(cmd));
 }
+
+/// Start `serve` with `config`, wait for its ready line, stop it, and
+/// return everything it logged on stderr.
+fn serve_and_collect_stderr(config: &Path, env: &[(&str, &str)]) -> String {
+    use std::io::{BufRead, BufReader, Read};
+    let mut cmd = registry();
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn cloud-registry serve");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("ready line");
+    assert!(line.contains("\"ready\""), "{line}");
+    // Everything up to "registry ready" is written before the ready line.
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    stderr
+}
+
+#[test]
+fn logs_into_a_pipe_or_file_have_no_colour_codes() {
+    let dir = TempDir::new().unwrap();
+    let config = write_config(&dir, "");
+    let stderr = serve_and_collect_stderr(&config, &[]);
+    assert!(stderr.contains("registry ready"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escape codes in a non-terminal log: {stderr:?}"
+    );
+}
