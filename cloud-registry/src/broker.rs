@@ -29,6 +29,17 @@
 //! `config/mosquitto/` (`mode = "external"`), which confines each provider
 //! to its own topics.
 //!
+//! # Latency: no Nagle
+//! rumqttd 0.20 accepts connections without setting `TCP_NODELAY`, so a
+//! small packet it writes while an earlier one is still unacknowledged
+//! waits for the peer's delayed ACK (about 40 ms on Linux). Every command
+//! and result would pay that. Accepted sockets inherit `TCP_NODELAY` from
+//! their listening socket on Linux, so once rumqttd listens, [`start`]
+//! finds that socket among the process's descriptors and sets it there
+//! (see [`disable_nagle_on_listener`]), before any client connects.
+//!
+//! [`start`]: EmbeddedBroker::start
+//!
 //! # Lifetime
 //! rumqttd 0.20 has no stop: its router and server threads live until the
 //! process exits. [`EmbeddedBroker`] therefore only reports where it
@@ -172,6 +183,14 @@ impl EmbeddedBroker {
             })
             .map_err(BrokerError::Thread)?;
 
+        match disable_nagle_on_listener(addr, std::time::Duration::from_secs(5)) {
+            Ok(()) => tracing::debug!(%addr, "TCP_NODELAY set on the broker's listener"),
+            Err(e) => tracing::warn!(
+                %addr,
+                error = %e,
+                "cannot set TCP_NODELAY on the broker's listener; small MQTT messages may wait ~40 ms"
+            ),
+        }
         tracing::info!(%addr, "embedded MQTT broker listening");
         Ok(Self { addr, login })
     }
@@ -184,5 +203,100 @@ impl EmbeddedBroker {
     /// The login for the registry's own client.
     pub fn registry_login(&self) -> &RegistryLogin {
         &self.login
+    }
+}
+
+/// Wait (up to `within`) for a listening TCP socket bound to `addr` to
+/// appear among this process's descriptors (`/proc/self/fd`) and set
+/// `TCP_NODELAY` on it, so that every connection it accepts has it too.
+///
+/// Errors: no such socket within `within` (rumqttd failed to bind), or the
+/// option cannot be set. Linux only; elsewhere it reports Unsupported.
+pub fn disable_nagle_on_listener(
+    addr: SocketAddr,
+    within: std::time::Duration,
+) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(fd) = find_listener(addr)? {
+            return nix::sys::socket::setsockopt(fd, nix::sys::socket::sockopt::TcpNoDelay, &true)
+                .map_err(std::io::Error::from);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no listening socket on {addr} after {within:?}"),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// The descriptor of this process's listening TCP socket bound to `addr`.
+fn find_listener(addr: SocketAddr) -> std::io::Result<Option<std::os::fd::RawFd>> {
+    use nix::sys::socket::{getsockname, getsockopt, sockopt, SockaddrStorage};
+    if !cfg!(target_os = "linux") {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "finding the listener needs /proc/self/fd",
+        ));
+    }
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let entry = entry?;
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<std::os::fd::RawFd>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .map(|t| t.to_string_lossy().starts_with("socket:"))
+            .unwrap_or(false);
+        if !is_socket {
+            continue;
+        }
+        let bound = getsockname::<SockaddrStorage>(fd).ok().and_then(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| SocketAddr::from((std::net::Ipv4Addr::from(v4.ip()), v4.port())))
+                .or_else(|| {
+                    a.as_sockaddr_in6()
+                        .map(|v6| SocketAddr::from((v6.ip(), v6.port())))
+                })
+        });
+        if bound == Some(addr) && getsockopt(fd, sockopt::AcceptConn).unwrap_or(false) {
+            return Ok(Some(fd));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_listener_found_by_address_passes_no_delay_to_accepted_sockets() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert_eq!(
+            find_listener(addr).unwrap(),
+            Some(listener.as_raw_fd()),
+            "the listener is found by its address"
+        );
+        disable_nagle_on_listener(addr, std::time::Duration::from_secs(1)).unwrap();
+        let _client = std::net::TcpStream::connect(addr).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(accepted.nodelay().unwrap(), "accepted socket inherits TCP_NODELAY");
+    }
+
+    #[test]
+    fn no_listener_on_an_address_is_a_clear_timeout() {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        drop(taken);
+        let err = disable_nagle_on_listener(addr, std::time::Duration::from_millis(20)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
     }
 }
