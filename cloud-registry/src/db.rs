@@ -8,10 +8,18 @@
 //! Durability: WAL with `synchronous=NORMAL`. A committed transaction
 //! survives the registry process being killed (SIGKILL); the last
 //! transactions before a power loss may be rolled back, never corrupted.
+//!
+//! Checkpoints: the writer never checkpoints (`wal_autocheckpoint = 0`), so
+//! a commit never waits behind copying WAL pages into the database file and
+//! the fsyncs that go with it. A third thread with its own connection runs a
+//! `PASSIVE` checkpoint every [`CHECKPOINT_EVERY`] (readers and the writer
+//! carry on meanwhile) and a last one when the [`Db`] is dropped. The WAL
+//! file is truncated back to [`WAL_SIZE_LIMIT`] bytes when it restarts.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread;
+use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
@@ -32,20 +40,58 @@ pub enum DbError {
     },
 }
 
+/// How often the checkpoint thread copies committed WAL pages into the
+/// database file.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// Size, in bytes, the WAL file is truncated back to when it restarts.
+pub const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+
 /// Handle to the database threads. Cheap to clone.
 #[derive(Clone)]
 pub struct Db {
     writer: mpsc::Sender<Job>,
     reader: mpsc::Sender<Job>,
     path: PathBuf,
+    /// Dropped with the last handle: the checkpoint thread then runs a
+    /// final checkpoint and stops.
+    _checkpointer: Arc<mpsc::Sender<()>>,
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     Ok(())
+}
+
+/// Start the thread that checkpoints the WAL every [`CHECKPOINT_EVERY`]
+/// until the returned sender (and its clones) are dropped.
+fn spawn_checkpointer(conn: Connection) -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<()>();
+    let spawned = thread::Builder::new()
+        .name("db-checkpoint".to_string())
+        .spawn(move || {
+            let checkpoint = |mode: &str| {
+                let sql = format!("PRAGMA wal_checkpoint({mode})");
+                if let Err(e) = conn.query_row(&sql, [], |_| Ok(())) {
+                    tracing::warn!(error = %e, "WAL checkpoint failed");
+                }
+            };
+            loop {
+                match rx.recv_timeout(CHECKPOINT_EVERY) {
+                    Err(mpsc::RecvTimeoutError::Timeout) | Ok(()) => checkpoint("PASSIVE"),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            checkpoint("TRUNCATE");
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the WAL checkpoint thread");
+    }
+    tx
 }
 
 fn spawn_worker(name: &str, mut conn: Connection) -> mpsc::Sender<Job> {
@@ -84,6 +130,13 @@ impl Db {
         let mut writer = Connection::open(path).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
         migrate(&mut writer)?;
+        writer
+            .pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(open_err)?;
+        let checkpointer = Connection::open(path).map_err(open_err)?;
+        checkpointer
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(open_err)?;
         let reader = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -96,6 +149,7 @@ impl Db {
             writer: spawn_worker("db-writer", writer),
             reader: spawn_worker("db-reader", reader),
             path: path.to_path_buf(),
+            _checkpointer: Arc::new(spawn_checkpointer(checkpointer)),
         })
     }
 
