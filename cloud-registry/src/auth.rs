@@ -5,9 +5,16 @@
 //! (`cloud-registry token create --role R --name N`); only their SHA-256 is
 //! stored. A provider's token doubles as its MQTT password, with the
 //! provider id as MQTT user name.
+//!
+//! Revoking (`cloud-registry token revoke --name N` or
+//! `DELETE /api/v1/tokens/{name}`) marks every token of the principal
+//! revoked. Through the API the running registry forgets them at once;
+//! a revocation by the CLI reaches its cache within
+//! [`REVOCATION_CHECK_INTERVAL`] (checked on the next HTTP request).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -48,11 +55,108 @@ impl Principal {
     }
 }
 
-/// Token store with an in-memory cache of hashes (a request never touches
-/// SQLite to authenticate).
+/// Token store with an in-memory cache of hashes (a request touches
+/// SQLite to authenticate only on a cache miss, and at most once per
+/// [`REVOCATION_CHECK_INTERVAL`] to learn of revocations made by the CLI).
 pub struct Authenticator {
     db: Db,
     by_hash: RwLock<HashMap<String, Principal>>,
+    /// When the store was last asked for revoked tokens.
+    revocations_checked: Mutex<Instant>,
+}
+
+/// How stale the cache may be about tokens revoked by another process
+/// (`cloud-registry token revoke`).
+pub const REVOCATION_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One stored token as `token list` and `GET /api/v1/tokens` show it:
+/// never the secret, nor its hash.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenInfo {
+    /// The principal, e.g. `provider-lab-01` or `audit:led-01`.
+    pub name: String,
+    pub role: Role,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub revoked: bool,
+    /// RFC 3339, UTC; absent while the token is valid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+}
+
+/// Every stored token, oldest first (rows with an unknown role are
+/// skipped).
+pub fn list_tokens_sync(conn: &Connection) -> rusqlite::Result<Vec<TokenInfo>> {
+    let mut stmt = conn.prepare(
+        "SELECT principal, role, created_at, revoked_at FROM api_tokens
+         ORDER BY created_at, principal",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, Option<String>>(3)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, role, created_at, revoked_at) = row?;
+        if let Ok(role) = role.parse::<Role>() {
+            out.push(TokenInfo {
+                name,
+                role,
+                created_at,
+                revoked: revoked_at.is_some(),
+                revoked_at,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// What revoking a principal's tokens found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revoked {
+    /// No token was ever created for that name.
+    UnknownName,
+    /// This many tokens were valid and are now revoked (0: all of them
+    /// were revoked already).
+    Tokens(usize),
+}
+
+/// Revoke every valid token of `principal` (one transaction).
+pub fn revoke_tokens_sync(conn: &mut Connection, principal: &str) -> rusqlite::Result<Revoked> {
+    let tx = conn.transaction()?;
+    let known: i64 = tx.query_row(
+        "SELECT count(*) FROM api_tokens WHERE principal = ?1",
+        params![principal],
+        |r| r.get(0),
+    )?;
+    if known == 0 {
+        return Ok(Revoked::UnknownName);
+    }
+    let n = tx.execute(
+        "UPDATE api_tokens SET revoked_at = ?2 WHERE principal = ?1 AND revoked_at IS NULL",
+        params![principal, chrono::Utc::now().to_rfc3339()],
+    )?;
+    tx.commit()?;
+    Ok(Revoked::Tokens(n))
+}
+
+/// The roles of the valid tokens of `principal`.
+pub fn token_roles_sync(conn: &Connection, principal: &str) -> rusqlite::Result<Vec<Role>> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT role FROM api_tokens WHERE principal = ?1 AND revoked_at IS NULL",
+    )?;
+    let roles = stmt.query_map(params![principal], |r| r.get::<_, String>(0))?;
+    let mut out = Vec::new();
+    for role in roles {
+        if let Ok(role) = role?.parse() {
+            out.push(role);
+        }
+    }
+    Ok(out)
 }
 
 /// Create the `api_tokens` table.
@@ -130,7 +234,74 @@ impl Authenticator {
         Ok(Arc::new(Self {
             db,
             by_hash: RwLock::new(by_hash),
+            revocations_checked: Mutex::new(Instant::now()),
         }))
+    }
+
+    /// Every stored token (see [`list_tokens_sync`]).
+    pub async fn list(&self) -> Result<Vec<TokenInfo>, DbError> {
+        Ok(self.db.read(|conn| list_tokens_sync(conn)).await??)
+    }
+
+    /// The roles of the valid tokens of `principal` (empty when none).
+    pub async fn roles_of(&self, principal: &str) -> Result<Vec<Role>, DbError> {
+        let name = principal.to_string();
+        Ok(self
+            .db
+            .read(move |conn| token_roles_sync(conn, &name))
+            .await??)
+    }
+
+    /// Revoke every valid token of `principal` and drop them from the
+    /// cache, so their next request is 401 and their next MQTT login is
+    /// refused.
+    pub async fn revoke(&self, principal: &str) -> Result<Revoked, DbError> {
+        let name = principal.to_string();
+        let revoked = self
+            .db
+            .write(move |conn| revoke_tokens_sync(conn, &name))
+            .await??;
+        if let Ok(mut map) = self.by_hash.write() {
+            map.retain(|_, p| p.name != principal);
+        }
+        Ok(revoked)
+    }
+
+    /// Drop from the cache every token the store marks revoked (by this
+    /// process or another), at most once per [`REVOCATION_CHECK_INTERVAL`].
+    async fn forget_revoked(&self) {
+        {
+            let Ok(mut checked) = self.revocations_checked.lock() else {
+                return;
+            };
+            if checked.elapsed() < REVOCATION_CHECK_INTERVAL {
+                return;
+            }
+            *checked = Instant::now();
+        }
+        let revoked = self
+            .db
+            .read(|conn| -> rusqlite::Result<Vec<String>> {
+                let mut stmt =
+                    conn.prepare("SELECT token_hash FROM api_tokens WHERE revoked_at IS NOT NULL")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect()
+            })
+            .await;
+        match revoked {
+            Ok(Ok(hashes)) if !hashes.is_empty() => {
+                if let Ok(mut map) = self.by_hash.write() {
+                    for h in hashes {
+                        if let Some(p) = map.remove(&h) {
+                            tracing::info!(principal = %p.name, "revoked token dropped from the cache");
+                        }
+                    }
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot read revoked tokens"),
+            Err(e) => tracing::warn!(error = %e, "cannot read revoked tokens"),
+        }
     }
 
     /// Create and store a token; returns the plaintext (shown once).
@@ -163,8 +334,11 @@ impl Authenticator {
     /// Like [`Authenticator::authenticate`], but on a cache miss looks the
     /// hash up in the store (read connection) and caches what it finds, so a
     /// token created with the CLI while the registry runs works at once.
-    /// Unknown tokens are not cached.
+    /// Unknown tokens are not cached. Tokens revoked by the CLI are dropped
+    /// from the cache first (checked at most once per
+    /// [`REVOCATION_CHECK_INTERVAL`]).
     pub async fn authenticate_fresh(&self, token: &str) -> Option<Principal> {
+        self.forget_revoked().await;
         if let Some(p) = self.authenticate(token) {
             return Some(p);
         }
@@ -246,5 +420,40 @@ mod tests {
             "cached after the lookup"
         );
         assert_eq!(auth.authenticate_fresh("blk_unknown").await, None);
+    }
+
+    #[tokio::test]
+    async fn a_token_revoked_by_another_process_stops_working_within_the_check_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.db");
+        let db = Db::open(&path, |c| migrate(c)).unwrap();
+        let auth = Authenticator::load(db).await.unwrap();
+        let token = auth.create_token(Role::Operator, "op-1").await.unwrap();
+        let other = auth.create_token(Role::Viewer, "viewer-1").await.unwrap();
+        assert!(auth.authenticate_fresh(&token).await.is_some());
+
+        let mut cli = Connection::open(&path).unwrap();
+        assert_eq!(
+            revoke_tokens_sync(&mut cli, "op-1").unwrap(),
+            Revoked::Tokens(1)
+        );
+        assert_eq!(
+            revoke_tokens_sync(&mut cli, "op-1").unwrap(),
+            Revoked::Tokens(0)
+        );
+        assert_eq!(
+            revoke_tokens_sync(&mut cli, "nobody").unwrap(),
+            Revoked::UnknownName
+        );
+        tokio::time::sleep(REVOCATION_CHECK_INTERVAL + Duration::from_millis(50)).await;
+        assert_eq!(auth.authenticate_fresh(&token).await, None);
+        assert_eq!(auth.authenticate(&token), None, "gone from the cache");
+        assert!(auth.authenticate_fresh(&other).await.is_some());
+
+        let list = list_tokens_sync(&cli).unwrap();
+        let op = list.iter().find(|t| t.name == "op-1").unwrap();
+        assert!(op.revoked && op.revoked_at.is_some());
+        let viewer = list.iter().find(|t| t.name == "viewer-1").unwrap();
+        assert!(!viewer.revoked && viewer.revoked_at.is_none());
     }
 }

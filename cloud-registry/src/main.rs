@@ -6,6 +6,11 @@
 //!   stops cleanly on SIGINT / SIGTERM.
 //! - `cloud-registry token create --config FILE --role ROLE --name NAME`
 //!   prints a new bearer token once (only its SHA-256 is stored).
+//! - `cloud-registry token list --config FILE [--json]` lists the tokens
+//!   (name, role, created_at, revoked), never a secret.
+//! - `cloud-registry token revoke --config FILE --name NAME` revokes every
+//!   token of a principal; exit 1 when no token has that name. Works while
+//!   the registry runs (it notices within a second).
 //! - `cloud-registry check-config --config FILE` parses the file and exits.
 //!
 //! Logs go to stderr (`RUST_LOG`, default `info,rumqttd=warn`; JSON lines
@@ -21,6 +26,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cloud_registry::app::{self, Registry};
+use cloud_registry::auth::Revoked;
 use cloud_registry::config::Config;
 use shared_protocol::api::Role;
 
@@ -73,6 +79,57 @@ enum TokenCommand {
         #[arg(long)]
         name: String,
     },
+    /// List the stored tokens: name, role, created_at, revoked (never the
+    /// secret).
+    List {
+        #[arg(long)]
+        config: PathBuf,
+        /// One JSON document (`{"tokens": [...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke every token of a principal. A running registry refuses them
+    /// within a second.
+    Revoke {
+        #[arg(long)]
+        config: PathBuf,
+        /// The principal whose tokens to revoke.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+/// Open the configured store for a token command; unlike `serve`, a
+/// missing store file is an error rather than a new empty store.
+fn open_existing_store(cfg: &Config) -> anyhow::Result<cloud_registry::db::Db> {
+    let path = &cfg.store.path;
+    anyhow::ensure!(
+        path.exists(),
+        "store {} does not exist (check store.path in the config)",
+        path.display()
+    );
+    app::open_db(path).with_context(|| format!("opening store {}", path.display()))
+}
+
+fn token_table(tokens: &[cloud_registry::auth::TokenInfo]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<40} {:<12} {:<26} REVOKED",
+        "NAME", "ROLE", "CREATED_AT"
+    );
+    for t in tokens {
+        let _ = writeln!(
+            out,
+            "{:<40} {:<12} {:<26} {}",
+            t.name,
+            t.role.as_str(),
+            t.created_at,
+            t.revoked_at.as_deref().unwrap_or("no")
+        );
+    }
+    out
 }
 
 /// Colours in log lines: only on a terminal, and never with `NO_COLOR` set
@@ -181,6 +238,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             shared_protocol::validate::check_id("name", &name)?;
             let token = app::create_token_offline(&cfg, role, &name)?;
             print_out(&token).context("writing the token to stdout")
+        }
+        Command::Token {
+            command: TokenCommand::List { config, json },
+        } => {
+            let cfg = Config::load(&config)?;
+            let db = open_existing_store(&cfg)?;
+            let tokens = db.write_blocking(|c| cloud_registry::auth::list_tokens_sync(c))??;
+            let text = if json {
+                format!("{}\n", serde_json::json!({ "tokens": tokens }))
+            } else {
+                token_table(&tokens)
+            };
+            write_quietly(&mut std::io::stdout().lock(), &text).context("writing to stdout")
+        }
+        Command::Token {
+            command: TokenCommand::Revoke { config, name },
+        } => {
+            let cfg = Config::load(&config)?;
+            shared_protocol::validate::check_id("name", &name)?;
+            let db = open_existing_store(&cfg)?;
+            let who = name.clone();
+            match db
+                .write_blocking(move |c| cloud_registry::auth::revoke_tokens_sync(c, &who))??
+            {
+                Revoked::UnknownName => anyhow::bail!("no token named `{name}`"),
+                Revoked::Tokens(n) => print_out(&format!("revoked {n} token(s) of `{name}`"))
+                    .context("writing to stdout"),
+            }
         }
         Command::CheckConfig { config } => {
             Config::load(&config)?;

@@ -1384,3 +1384,110 @@ async fn a_provider_token_cannot_read_the_event_stream() {
     drop(allowed);
     reg.shutdown().await;
 }
+
+async fn delete(api: &Api, path: &str, token: &str) -> (StatusCode, Value) {
+    let resp = api
+        .http
+        .delete(format!("{}{path}", api.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("DELETE sent");
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test]
+async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_once() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let root = reg.admin_token.clone().unwrap();
+    let admin = reg.auth.create_token(Role::Admin, "admin-1").await.unwrap();
+    let viewer = reg
+        .auth
+        .create_token(Role::Viewer, "viewer-1")
+        .await
+        .unwrap();
+
+    // Minted over HTTP, used (and so cached) before it is revoked.
+    let r = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(&admin),
+            &json!({"role": "operator", "name": "op-1"}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let op = r.1["token"].as_str().unwrap().to_string();
+    let r = api.get("/api/v1/capabilities", Some(&op)).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+
+    let (s, list) = api.get("/api/v1/tokens", Some(&admin)).await;
+    assert_eq!(s, StatusCode::OK, "{list}");
+    let names: Vec<&str> = list["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for name in ["bootstrap-admin", "admin-1", "viewer-1", "op-1"] {
+        assert!(names.contains(&name), "{name} in {list}");
+    }
+    let entry = list["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "op-1")
+        .unwrap();
+    assert_eq!(entry["role"], "operator");
+    assert_eq!(entry["revoked"], false);
+    assert!(entry["created_at"].is_string(), "{entry}");
+    let text = list.to_string();
+    for secret in [&root, &admin, &viewer, &op] {
+        assert!(!text.contains(secret.as_str()), "a secret in the list");
+    }
+    assert!(!text.contains("token_hash"), "{text}");
+
+    // Not for everyone.
+    let r = api.get("/api/v1/tokens", Some(&viewer)).await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    let r = delete(&api, "/api/v1/tokens/op-1", &viewer).await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    let r = delete(&api, "/api/v1/tokens/bootstrap-admin", &admin).await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    let r = delete(&api, "/api/v1/tokens/nobody", &admin).await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+
+    let r = delete(&api, "/api/v1/tokens/op-1", &admin).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(r.1, json!({"name": "op-1", "revoked_tokens": 1}));
+    // The very next request: refused, although the token was cached.
+    let r = api.get("/api/v1/capabilities", Some(&op)).await;
+    assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
+    // Revoking again changes nothing.
+    let r = delete(&api, "/api/v1/tokens/op-1", &admin).await;
+    assert_eq!(r.1, json!({"name": "op-1", "revoked_tokens": 0}));
+
+    let (_, list) = api.get("/api/v1/tokens", Some(&root)).await;
+    let entry = list["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "op-1")
+        .unwrap();
+    assert_eq!(entry["revoked"], true);
+    assert!(entry["revoked_at"].is_string(), "{entry}");
+    // Other tokens still work; a super_admin may revoke an admin.
+    let r = api.get("/api/v1/capabilities", Some(&viewer)).await;
+    assert_eq!(r.0, StatusCode::OK);
+    let r = delete(&api, "/api/v1/tokens/admin-1", &root).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = api.get("/api/v1/tokens", Some(&admin)).await;
+    assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
+    reg.shutdown().await;
+}

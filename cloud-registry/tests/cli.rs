@@ -108,3 +108,125 @@ fn logs_into_a_pipe_or_file_have_no_colour_codes() {
         "ANSI escape codes in a non-terminal log: {stderr:?}"
     );
 }
+
+/// A running `cloud-registry serve`, killed on drop.
+struct Served {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(config: &Path, token_file: &Path) -> Served {
+    use std::io::{BufRead, BufReader};
+    let mut child = registry()
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .arg("--bootstrap-admin-token-file")
+        .arg(token_file)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn cloud-registry serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("ready line");
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+    Served {
+        child,
+        base: format!("http://{}", ready["http"].as_str().unwrap()),
+    }
+}
+
+fn token_cmd(config: &Path, args: &[&str]) -> Output {
+    registry()
+        .arg("token")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("the binary runs")
+}
+
+async fn status_with(base: &str, token: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{base}/api/v1/capabilities"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET sent")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn token_list_and_revoke_work_while_the_registry_runs() {
+    let dir = TempDir::new().unwrap();
+    let config = write_config(&dir, "");
+    let served = serve(&config, &dir.path().join("admin.token"));
+
+    let out = token_cmd(
+        &config,
+        &["create", "--role", "viewer", "--name", "viewer-1"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(token.starts_with("blk_"), "{token}");
+    assert_eq!(status_with(&served.base, &token).await, 200);
+
+    // The table and the JSON list name the token, never its secret.
+    let out = token_cmd(&config, &["list"]);
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.starts_with("NAME"), "{table}");
+    let row = table.lines().find(|l| l.starts_with("viewer-1")).unwrap();
+    assert!(row.contains("viewer") && row.ends_with(" no"), "{row}");
+    assert!(table.contains("bootstrap-admin"), "{table}");
+    assert!(!table.contains(&token), "{table}");
+
+    let out = token_cmd(&config, &["revoke", "--name", "viewer-1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "revoked 1 token(s) of `viewer-1`"
+    );
+    // The running registry notices within a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while status_with(&served.base, &token).await != 401 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "revoked token still accepted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    let out = token_cmd(&config, &["list", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entry = list["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "viewer-1")
+        .unwrap()
+        .clone();
+    assert_eq!(entry["role"], "viewer");
+    assert_eq!(entry["revoked"], true);
+    assert!(!list.to_string().contains(&token));
+
+    let out = token_cmd(&config, &["revoke", "--name", "nobody"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no token named `nobody`"),
+        "{out:?}"
+    );
+    drop(served);
+}

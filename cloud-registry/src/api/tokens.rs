@@ -1,5 +1,17 @@
-//! `POST /api/v1/auth/tokens`: mint a bearer token (admin only).
+//! Bearer tokens over HTTP (admin only):
 //!
+//! - `POST /api/v1/auth/tokens`: mint a token.
+//! - `GET /api/v1/tokens`: list every token, `{"tokens": [{"name", "role",
+//!   "created_at", "revoked", "revoked_at"?}]}`, oldest first; never a
+//!   secret.
+//! - `DELETE /api/v1/tokens/{name}`: revoke every valid token of principal
+//!   `name`; answer `{"name", "revoked_tokens"}` (0 when all were revoked
+//!   already). 404 `not_found` when no token was ever made for `name`. An
+//!   `admin` may not revoke `admin` or `super_admin` tokens (403). The
+//!   running registry forgets the tokens at once: their next request is
+//!   401 `unauthenticated`.
+//!
+//! Minting:
 //! Body `{"role": "provider", "name": "provider-lab-01"}`; answer
 //! `{"token", "principal", "role"}` (the token is shown only here). An
 //! `admin` may mint `operator`, `audit_agent`, `provider` and `viewer`
@@ -7,21 +19,77 @@
 //! Unlike `cloud-registry token create`, a token minted here works at once
 //! (the running registry's token cache learns it).
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use shared_protocol::api::Role;
 use shared_protocol::validate::{check_id, Validate, ValidationError};
 
 use super::ApiState;
-use crate::auth::Principal;
+use crate::auth::{Principal, Revoked, TokenInfo};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
 
 pub(super) fn routes() -> axum::Router<ApiState> {
-    Router::new().route("/auth/tokens", post(create))
+    Router::new()
+        .route("/auth/tokens", post(create))
+        .route("/tokens", get(list))
+        .route("/tokens/{name}", delete(revoke))
+}
+
+/// Answer of `GET /api/v1/tokens`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenList {
+    /// Oldest first; revoked tokens included.
+    pub tokens: Vec<TokenInfo>,
+}
+
+/// Answer of `DELETE /api/v1/tokens/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokensRevoked {
+    /// The principal.
+    pub name: String,
+    /// Tokens that were valid and are now revoked.
+    pub revoked_tokens: usize,
+}
+
+async fn list(State(st): State<ApiState>, who: Principal) -> ApiResult<Json<TokenList>> {
+    who.require(&[Role::Admin])?;
+    Ok(Json(TokenList {
+        tokens: st.auth.list().await?,
+    }))
+}
+
+async fn revoke(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> ApiResult<Json<TokensRevoked>> {
+    who.require(&[Role::Admin])?;
+    check_id("name", &name).map_err(|e| ApiError::invalid_field("name", e.to_string()))?;
+    if who.role != Role::SuperAdmin {
+        let roles = st.auth.roles_of(&name).await?;
+        if roles
+            .iter()
+            .any(|r| matches!(r, Role::Admin | Role::SuperAdmin))
+        {
+            return Err(ApiError::forbidden(format!(
+                "only a super_admin may revoke the tokens of `{name}` (an admin)"
+            )));
+        }
+    }
+    match st.auth.revoke(&name).await? {
+        Revoked::UnknownName => Err(ApiError::not_found("token", &name)),
+        Revoked::Tokens(n) => {
+            tracing::info!(by = %who.name, principal = %name, tokens = n, "tokens revoked");
+            Ok(Json(TokensRevoked {
+                name,
+                revoked_tokens: n,
+            }))
+        }
+    }
 }
 
 /// Body of `POST /api/v1/auth/tokens`.
