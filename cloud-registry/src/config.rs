@@ -4,7 +4,8 @@
 //! setup: HTTP on 127.0.0.1:8080, the embedded MQTT broker on
 //! 127.0.0.1:18830 (away from a Mosquitto on 1883), SQLite in
 //! `cloud-registry.sqlite3`. Unknown keys are refused with an error that
-//! names the key and its line. `config/cloud-registry.toml` documents every
+//! names the key and its line; `cloud-registry check-config` and `serve`
+//! report every problem found at once (see [`Config::parse`]). `config/cloud-registry.toml` documents every
 //! key.
 
 use std::net::SocketAddr;
@@ -12,6 +13,20 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use toml::de::{DeString, DeTable, DeValue};
+use toml::Spanned;
+
+/// One problem in a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// 1-based line of the key (or of the table it belongs to), when the
+    /// key is in the file.
+    pub line: Option<usize>,
+    /// Dotted key, e.g. `leases.preempt_reason_whitelist[2]`; `syntax` for
+    /// a TOML syntax error.
+    pub key: String,
+    pub message: String,
+}
 
 /// Why a configuration file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -21,14 +36,46 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// Syntax error, unknown key or wrong type; `message` is toml's, which
-    /// names the key and shows the line.
-    #[error("config file {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    /// Parsed, but a value breaks a rule; `key` is the dotted key.
-    #[error("config key `{key}`: {message}")]
-    Invalid { key: &'static str, message: String },
+    /// Every problem found: syntax, unknown keys and wrong types (the first
+    /// of each table), and values that break a rule. `Display` prints one
+    /// `file:line: key: message` line per issue (`file: key: message`
+    /// when the key is not in the file).
+    #[error("{}", render_issues(path, issues))]
+    Invalid {
+        path: PathBuf,
+        issues: Vec<ConfigIssue>,
+    },
 }
+
+impl ConfigError {
+    /// The issues (empty for a read error).
+    pub fn issues(&self) -> &[ConfigIssue] {
+        match self {
+            ConfigError::Read { .. } => &[],
+            ConfigError::Invalid { issues, .. } => issues,
+        }
+    }
+}
+
+fn render_issues(path: &Path, issues: &[ConfigIssue]) -> String {
+    let file = if path.as_os_str().is_empty() {
+        "config".to_string()
+    } else {
+        path.display().to_string()
+    };
+    issues
+        .iter()
+        .map(|i| match i.line {
+            Some(line) => format!("{file}:{line}: {}: {}", i.key, i.message),
+            None => format!("{file}: {}: {}", i.key, i.message),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Longest lease the protocol lets a request ask for, seconds (the cap on
+/// `requested_duration_seconds` in `shared_protocol::lease`).
+pub const PROTOCOL_MAX_LEASE_SECONDS: u32 = 86_400;
 
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -213,89 +260,540 @@ pub struct LogConfig {
 impl Config {
     /// Read and check the file at `path`.
     ///
-    /// Errors: unreadable file, TOML syntax, unknown key or wrong type (the
-    /// message names the key and line), or a value out of range.
+    /// Errors: unreadable file, or [`ConfigError::Invalid`] with every
+    /// problem found (see [`Config::parse`]).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
         Self::parse(&text).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => ConfigError::Parse {
+            ConfigError::Invalid { issues, .. } => ConfigError::Invalid {
                 path: path.to_path_buf(),
-                message,
+                issues,
             },
             other => other,
         })
     }
 
     /// Parse and check TOML text (the path in errors is empty).
+    ///
+    /// Reports as much as it can at once: a syntax error alone (nothing
+    /// else can be read), else the first unknown key or wrong type of each
+    /// top-level table, and every rule of [`Config::problems`] broken by
+    /// the tables that did parse. Each issue names its dotted key and, when
+    /// the key is in the text, its line.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let invalid = |issues| ConfigError::Invalid {
             path: PathBuf::new(),
-            message: e.to_string(),
+            issues,
+        };
+        let doc = DeTable::parse(text).map_err(|e| {
+            invalid(vec![ConfigIssue {
+                line: e.span().map(|s| line_at(text, s.start)),
+                key: "syntax".into(),
+                message: e.message().trim().to_string(),
+            }])
         })?;
-        cfg.check()?;
-        Ok(cfg)
+        let (cfg, mut issues, failed_tables) = match deserialize(text, &doc, doc.clone()) {
+            Ok(cfg) => (cfg, Vec::new(), Vec::new()),
+            Err(first) => {
+                // Key by key, so every bad key shows, not only the first.
+                let mut issues = Vec::new();
+                let mut failed = Vec::new();
+                let good = keep_good(text, &doc, &[], doc.get_ref(), &mut issues, &mut failed);
+                if issues.is_empty() {
+                    failed.push(first.key.clone());
+                    issues.push(first);
+                }
+                match deserialize(text, &doc, Spanned::new(doc.span(), good)) {
+                    Ok(cfg) => (cfg, issues, failed),
+                    Err(_) => return Err(invalid(issues)),
+                }
+            }
+        };
+        for (key, message) in cfg.problems() {
+            // A key that did not parse was checked with its default: only
+            // its parse error is worth showing.
+            if failed_tables.iter().any(|f| {
+                key == *f || key.starts_with(&format!("{f}.")) || key.starts_with(&format!("{f}["))
+            }) {
+                continue;
+            }
+            issues.push(ConfigIssue {
+                line: line_of_key(&doc, text, &key),
+                key,
+                message,
+            });
+        }
+        if issues.is_empty() {
+            Ok(cfg)
+        } else {
+            issues.sort_by_key(|i| i.line.unwrap_or(usize::MAX));
+            Err(invalid(issues))
+        }
     }
 
-    /// Value rules serde cannot express.
+    /// Value rules serde cannot express: `Err` with every broken rule.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |key, message: &str| {
-            Err(ConfigError::Invalid {
+        let issues: Vec<ConfigIssue> = self
+            .problems()
+            .into_iter()
+            .map(|(key, message)| ConfigIssue {
+                line: None,
                 key,
-                message: message.to_string(),
+                message,
             })
-        };
+            .collect();
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                path: PathBuf::new(),
+                issues,
+            })
+        }
+    }
+
+    /// Every broken value rule as `(dotted key, message)`, in file order.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut bad = |key: &str, message: String| out.push((key.to_string(), message));
+
+        // [http]
         if self.http.body_limit_bytes < 1024 {
-            return invalid("http.body_limit_bytes", "must be at least 1024");
+            bad("http.body_limit_bytes", "must be at least 1024".into());
         }
-        if self.heartbeat.interval_seconds == 0 {
-            return invalid("heartbeat.interval_seconds", "must be at least 1");
+        // [store]
+        check_path(
+            &mut bad,
+            "store.path",
+            Some(&self.store.path),
+            PathKind::File,
+        );
+        // [auth]
+        check_path(
+            &mut bad,
+            "auth.bootstrap_admin_token_file",
+            self.auth.bootstrap_admin_token_file.as_deref(),
+            PathKind::File,
+        );
+        // [mqtt]
+        let m = &self.mqtt;
+        if m.mode == MqttMode::Embedded
+            && m.listen.port() != 0
+            && m.listen.port() == self.http.listen.port()
+            && (m.listen.ip() == self.http.listen.ip()
+                || m.listen.ip().is_unspecified()
+                || self.http.listen.ip().is_unspecified())
+        {
+            bad(
+                "mqtt.listen",
+                format!(
+                    "port {} is also http.listen's; give the broker its own port",
+                    m.listen.port()
+                ),
+            );
         }
-        if self.heartbeat.offline_after_missed == 0 {
-            return invalid("heartbeat.offline_after_missed", "must be at least 1");
+        if m.mode == MqttMode::External && m.host.trim().is_empty() {
+            bad(
+                "mqtt.host",
+                "is required when mqtt.mode = \"external\"".into(),
+            );
         }
-        if self.leases.max_duration_seconds == 0 {
-            return invalid("leases.max_duration_seconds", "must be at least 1");
+        if m.mode == MqttMode::External && m.port == 0 {
+            bad(
+                "mqtt.port",
+                "must be 1 to 65535 when mqtt.mode = \"external\"".into(),
+            );
         }
-        if self.leases.max_queue_len == 0 {
-            return invalid("leases.max_queue_len", "must be at least 1");
+        if m.password.is_some() && m.username.is_none() {
+            bad(
+                "mqtt.username",
+                "is required when mqtt.password is set".into(),
+            );
         }
-        if self.leases.sweep_interval_ms == 0 {
-            return invalid("leases.sweep_interval_ms", "must be at least 1");
+        if m.client_id.is_empty() {
+            bad("mqtt.client_id", "must not be empty".into());
         }
-        if self.sessions.max_artifact_bytes == 0 {
-            return invalid("sessions.max_artifact_bytes", "must be at least 1");
-        }
-        if self.mqtt.keep_alive_seconds < 2 {
-            return invalid("mqtt.keep_alive_seconds", "must be at least 2");
-        }
-        let prefix = &self.mqtt.topic_prefix;
+        let prefix = &m.topic_prefix;
         if prefix.is_empty()
             || prefix.starts_with('/')
             || prefix.ends_with('/')
             || prefix.contains(['+', '#'])
         {
-            return invalid(
+            bad(
                 "mqtt.topic_prefix",
-                "must be non-empty, without wildcards and without a leading or trailing `/`",
+                "must be non-empty, without wildcards and without a leading or trailing `/`".into(),
             );
         }
-        if self.mqtt.client_id.is_empty() {
-            return invalid("mqtt.client_id", "must not be empty");
+        if m.keep_alive_seconds < 2 {
+            bad("mqtt.keep_alive_seconds", "must be at least 2".into());
         }
-        if self.mqtt.mode == MqttMode::External && self.mqtt.host.is_empty() {
-            return invalid("mqtt.host", "is required when mqtt.mode = \"external\"");
+        // [leases]
+        let l = &self.leases;
+        if !(1..=PROTOCOL_MAX_LEASE_SECONDS).contains(&l.max_duration_seconds) {
+            bad(
+                "leases.max_duration_seconds",
+                format!(
+                    "{} is out of range 1..={PROTOCOL_MAX_LEASE_SECONDS} (no request may ask for more than {PROTOCOL_MAX_LEASE_SECONDS} s)",
+                    l.max_duration_seconds
+                ),
+            );
         }
-        if self.mqtt.mode == MqttMode::External && self.mqtt.port == 0 {
-            return invalid("mqtt.port", "must not be 0 when mqtt.mode = \"external\"");
+        if l.default_grace_period_seconds > PROTOCOL_MAX_LEASE_SECONDS {
+            bad(
+                "leases.default_grace_period_seconds",
+                format!(
+                    "{} is out of range 0..={PROTOCOL_MAX_LEASE_SECONDS}",
+                    l.default_grace_period_seconds
+                ),
+            );
         }
-        if self.mqtt.password.is_some() && self.mqtt.username.is_none() {
-            return invalid("mqtt.username", "is required when mqtt.password is set");
+        for (i, reason) in l.preempt_reason_whitelist.iter().enumerate() {
+            let key = format!("leases.preempt_reason_whitelist[{i}]");
+            if reason.trim().is_empty() {
+                bad(&key, "must not be empty".into());
+            } else if reason.trim() != reason {
+                bad(&key, format!("`{reason}` has leading or trailing spaces"));
+            } else if reason.len() > 128 {
+                bad(&key, "must be at most 128 characters".into());
+            } else if let Some(j) = l.preempt_reason_whitelist[..i]
+                .iter()
+                .position(|r| r == reason)
+            {
+                bad(&key, format!("`{reason}` is already listed at [{j}]"));
+            }
         }
-        Ok(())
+        if l.sweep_interval_ms == 0 {
+            bad("leases.sweep_interval_ms", "must be at least 1".into());
+        }
+        if l.max_queue_len == 0 {
+            bad("leases.max_queue_len", "must be at least 1".into());
+        }
+        // [sessions]
+        let se = &self.sessions;
+        check_path(
+            &mut bad,
+            "sessions.artifact_dir",
+            se.artifact_dir.as_deref(),
+            PathKind::Dir,
+        );
+        if se.max_artifact_bytes == 0 {
+            bad("sessions.max_artifact_bytes", "must be at least 1".into());
+        }
+        if se.default_timeout_ms == 0 {
+            bad("sessions.default_timeout_ms", "must be at least 1".into());
+        }
+        // [audit]
+        let mut audit = self.audit.clone();
+        let defaults = crate::audit::AuditConfig::default();
+        for _ in 0..8 {
+            let Err(e) = audit.validate() else { break };
+            bad(&format!("audit.{}", e.key), e.message.clone());
+            match e.key {
+                "visibility_timeout_factor" => {
+                    audit.visibility_timeout_factor = defaults.visibility_timeout_factor
+                }
+                "min_visibility_timeout_seconds" => {
+                    audit.min_visibility_timeout_seconds = defaults.min_visibility_timeout_seconds
+                }
+                "max_attempts" => audit.max_attempts = defaults.max_attempts,
+                "sweep_interval_ms" => audit.sweep_interval_ms = defaults.sweep_interval_ms,
+                "claim_poll_interval_ms" => {
+                    audit.claim_poll_interval_ms = defaults.claim_poll_interval_ms
+                }
+                _ => break,
+            }
+        }
+        let reasons = &self.audit.preempt_reasons;
+        for (name, reason) in [
+            ("software", &reasons.software),
+            ("hardware", &reasons.hardware),
+            ("multimodal", &reasons.multimodal),
+            ("chief", &reasons.chief),
+        ] {
+            if let Some(r) = reason.as_deref().filter(|r| !r.is_empty()) {
+                if !l.preempt_reason_whitelist.iter().any(|w| w == r) {
+                    bad(
+                        &format!("audit.preempt_reasons.{name}"),
+                        format!(
+                            "`{r}` is not on leases.preempt_reason_whitelist, so these audits could never preempt; add it there or set \"\""
+                        ),
+                    );
+                }
+            }
+        }
+        // [heartbeat]
+        let h = &self.heartbeat;
+        if h.interval_seconds == 0 {
+            bad("heartbeat.interval_seconds", "must be at least 1".into());
+        } else if h.interval_seconds > 3600 {
+            bad(
+                "heartbeat.interval_seconds",
+                format!("{} is out of range 1..=3600", h.interval_seconds),
+            );
+        }
+        if h.offline_after_missed < 2 {
+            bad(
+                "heartbeat.offline_after_missed",
+                format!(
+                    "must be at least 2: the offline timeout (interval_seconds × this = {} s) must be longer than the heartbeat interval ({} s)",
+                    u64::from(h.interval_seconds) * u64::from(h.offline_after_missed),
+                    h.interval_seconds
+                ),
+            );
+        }
+        out
     }
+}
+
+/// What a configured path must be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PathKind {
+    File,
+    Dir,
+}
+
+/// A configured path must not be empty, and when it exists it must be of
+/// the right kind (missing files and directories are created at start).
+fn check_path(bad: &mut impl FnMut(&str, String), key: &str, path: Option<&Path>, kind: PathKind) {
+    let Some(path) = path else { return };
+    if path.as_os_str().is_empty() {
+        bad(key, "must not be empty".into());
+    } else if kind == PathKind::File && path.is_dir() {
+        bad(
+            key,
+            format!("{} is a directory; give a file's path", path.display()),
+        );
+    } else if kind == PathKind::Dir && path.exists() && !path.is_dir() {
+        bad(key, format!("{} is not a directory", path.display()));
+    }
+}
+
+/// The top-level tables of the file.
+const SECTIONS: &[&str] = &[
+    "http",
+    "store",
+    "auth",
+    "mqtt",
+    "leases",
+    "sessions",
+    "audit",
+    "agents",
+    "heartbeat",
+    "health",
+    "log",
+];
+
+/// A key's path from the top: each enclosing key and its value's span.
+type KeyPath<'i> = [(Spanned<DeString<'i>>, std::ops::Range<usize>)];
+
+/// `table` (found at `prefix` in `doc`) without the keys that do not
+/// deserialize on their own; each of those is an issue. Tables are looked
+/// into, so a bad key deep inside does not hide its good neighbours.
+fn keep_good<'i>(
+    text: &str,
+    doc: &Spanned<DeTable<'i>>,
+    prefix: &KeyPath<'i>,
+    table: &DeTable<'i>,
+    issues: &mut Vec<ConfigIssue>,
+    failed: &mut Vec<String>,
+) -> DeTable<'i> {
+    let mut good = DeTable::new();
+    for (k, v) in table {
+        if prefix.is_empty()
+            && SECTIONS.contains(&k.get_ref().as_ref())
+            && !matches!(v.get_ref(), DeValue::Table(_))
+        {
+            failed.push(k.get_ref().to_string());
+            issues.push(ConfigIssue {
+                line: Some(line_at(text, k.span().start)),
+                key: k.get_ref().to_string(),
+                message: format!("must be a table: `[{}]`", k.get_ref()),
+            });
+            continue;
+        }
+        let mut one = DeTable::new();
+        one.insert(k.clone(), v.clone());
+        let Err(issue) = deserialize(text, doc, nest(prefix, one, doc.span())) else {
+            good.insert(k.clone(), v.clone());
+            continue;
+        };
+        if let (DeValue::Table(inner), true) = (v.get_ref(), prefix.len() < 4) {
+            let before = issues.len();
+            let mut path = prefix.to_vec();
+            path.push((k.clone(), v.span()));
+            let sub = keep_good(text, doc, &path, inner, issues, failed);
+            if issues.len() > before {
+                good.insert(k.clone(), Spanned::new(v.span(), DeValue::Table(sub)));
+                continue;
+            }
+        }
+        failed.push(issue.key.clone());
+        issues.push(issue);
+    }
+    good
+}
+
+/// A document holding only `table`, nested under `prefix`.
+fn nest<'i>(
+    prefix: &KeyPath<'i>,
+    table: DeTable<'i>,
+    span: std::ops::Range<usize>,
+) -> Spanned<DeTable<'i>> {
+    let mut t = table;
+    for (k, value_span) in prefix.iter().rev() {
+        let mut outer = DeTable::new();
+        outer.insert(
+            k.clone(),
+            Spanned::new(value_span.clone(), DeValue::Table(t)),
+        );
+        t = outer;
+    }
+    Spanned::new(span, t)
+}
+
+/// Deserialize `table` (all or part of `doc`) into a [`Config`]; an error
+/// names the dotted key (found from the error's position) and its line.
+fn deserialize(
+    text: &str,
+    doc: &Spanned<DeTable<'_>>,
+    table: Spanned<DeTable<'_>>,
+) -> Result<Config, ConfigIssue> {
+    Config::deserialize(toml::Deserializer::from(table)).map_err(|e| {
+        let message = plain_toml_message(e.message().trim());
+        let at = e.span().map(|s| s.start);
+        let mut key = at.map(|o| key_at(doc.get_ref(), o)).unwrap_or_default();
+        // An unknown key's position is the table it is in on some inputs:
+        // name the key itself.
+        if let Some(name) = message
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+        {
+            if !key.ends_with(name) {
+                key = if key.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{key}.{name}")
+                };
+            }
+        }
+        ConfigIssue {
+            line: at.map(|o| line_at(text, o)),
+            key: if key.is_empty() {
+                "(top level)".into()
+            } else {
+                key
+            },
+            message,
+        }
+    })
+}
+
+/// The dotted key whose key or value holds byte `offset` (the deepest
+/// one; a table's own span may cover only its header, so every table is
+/// searched).
+fn key_at(table: &DeTable<'_>, offset: usize) -> String {
+    fn search(table: &DeTable<'_>, offset: usize, prefix: &str, best: &mut Option<String>) {
+        for (k, v) in table {
+            let path = if prefix.is_empty() {
+                k.get_ref().to_string()
+            } else {
+                format!("{prefix}.{}", k.get_ref())
+            };
+            if k.span().contains(&offset) || v.span().contains(&offset) {
+                *best = Some(path.clone());
+            }
+            search_value(v.get_ref(), offset, &path, best);
+        }
+    }
+    fn search_value(value: &DeValue<'_>, offset: usize, path: &str, best: &mut Option<String>) {
+        match value {
+            DeValue::Table(t) => search(t, offset, path, best),
+            DeValue::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    let item = format!("{path}[{i}]");
+                    if v.span().contains(&offset) {
+                        *best = Some(item.clone());
+                    }
+                    search_value(v.get_ref(), offset, &item, best);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut best = None;
+    search(table, offset, "", &mut best);
+    best.unwrap_or_default()
+}
+
+/// Say TOML where serde says Rust: `expected u16` is `expected an integer
+/// from 0 to 65535`, `struct HttpConfig` is `a table`.
+fn plain_toml_message(message: &str) -> String {
+    let mut out = message.to_string();
+    for (from, to) in [
+        ("invalid type: map", "invalid type: table"),
+        ("invalid type: sequence", "invalid type: array"),
+        ("expected a sequence", "expected an array"),
+        ("expected a map", "expected a table"),
+        ("expected u8", "expected an integer from 0 to 255"),
+        ("expected u16", "expected an integer from 0 to 65535"),
+        ("expected u32", "expected an integer from 0 to 4294967295"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected usize", "expected a non-negative integer"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+    ] {
+        out = out.replace(from, to);
+    }
+    if let Some(i) = out.find("expected struct ") {
+        let rest = &out[i + "expected struct ".len()..];
+        let end = rest
+            .find(|c: char| !c.is_alphanumeric() && c != '_')
+            .unwrap_or(rest.len());
+        out = format!("{}expected a table{}", &out[..i], &rest[end..]);
+    }
+    out
+}
+
+/// The line of `key` (`a.b[2]`) in the text, or of the deepest part of it
+/// that is there.
+fn line_of_key(doc: &Spanned<DeTable<'_>>, text: &str, key: &str) -> Option<usize> {
+    let mut best = None;
+    let mut value: Option<&DeValue<'_>> = None;
+    for part in key.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        let table = match value {
+            None => doc.get_ref(),
+            Some(DeValue::Table(t)) => t,
+            Some(_) => break,
+        };
+        let Some((k, v)) = table.iter().find(|(k, _)| k.get_ref().as_ref() == name) else {
+            break;
+        };
+        best = Some(k.span().start);
+        value = Some(v.get_ref());
+        if let (Some(i), Some(DeValue::Array(a))) = (index, value) {
+            let Some(item) = a.get(i) else { break };
+            best = Some(item.span().start);
+            value = Some(item.get_ref());
+        }
+    }
+    best.map(|offset| line_at(text, offset))
+}
+
+/// 1-based line number of byte `offset` in `text`.
+fn line_at(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 #[cfg(test)]
@@ -329,6 +827,82 @@ mod tests {
         );
         let err = Config::parse("[mqtt]\nmode = \"cloud\"\n").unwrap_err();
         assert!(err.to_string().contains("mode"), "{err}");
+    }
+
+    fn keys(text: &str) -> Vec<(Option<usize>, String)> {
+        Config::parse(text)
+            .unwrap_err()
+            .issues()
+            .iter()
+            .map(|i| (i.line, i.key.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_its_line() {
+        let text = "\
+[http]
+body_limit_bytes = 10
+colour = true
+[mqtt]
+mode = \"cloud\"
+port = 70000
+keep_alive_seconds = 1
+[leases]
+max_duration_seconds = 90000
+preempt_reason_whitelist = [\"safety_stop\", \"\", \"safety_stop\", \"chief_audit\"]
+[heartbeat]
+offline_after_missed = 1
+[audit.preempt_reasons]
+hardware = \"not_listed\"
+";
+        assert_eq!(
+            keys(text),
+            [
+                (Some(2), "http.body_limit_bytes".to_string()),
+                (Some(3), "http.colour".into()),
+                (Some(5), "mqtt.mode".into()),
+                (Some(6), "mqtt.port".into()),
+                (Some(7), "mqtt.keep_alive_seconds".into()),
+                (Some(9), "leases.max_duration_seconds".into()),
+                (Some(10), "leases.preempt_reason_whitelist[1]".into()),
+                (Some(10), "leases.preempt_reason_whitelist[2]".into()),
+                (Some(12), "heartbeat.offline_after_missed".into()),
+                (Some(14), "audit.preempt_reasons.hardware".into()),
+            ]
+        );
+        let msg = Config::parse(text).unwrap_err().to_string();
+        assert!(msg.contains("config:6: mqtt.port: invalid value: integer `70000`, expected an integer from 0 to 65535"), "{msg}");
+        assert!(!msg.contains("u16"), "{msg}");
+    }
+
+    #[test]
+    fn a_syntax_error_is_reported_alone_and_a_non_table_section_is_named() {
+        assert_eq!(
+            keys("[http\nlisten = 1\n"),
+            [(Some(1), "syntax".to_string())]
+        );
+        assert_eq!(
+            keys("http = 5\n[[leases]]\nx = 1\n"),
+            [(Some(1), "http".to_string()), (Some(2), "leases".into())]
+        );
+    }
+
+    #[test]
+    fn lease_duration_is_capped_by_the_protocol_and_offline_comes_after_a_heartbeat() {
+        assert!(Config::parse("[leases]\nmax_duration_seconds = 86400\n").is_ok());
+        assert_eq!(
+            keys("[leases]\nmax_duration_seconds = 86401\n"),
+            [(Some(2), "leases.max_duration_seconds".to_string())]
+        );
+        assert!(
+            Config::parse("[heartbeat]\ninterval_seconds = 5\noffline_after_missed = 2\n").is_ok()
+        );
+        let mut cfg = Config::default();
+        cfg.heartbeat.offline_after_missed = 1;
+        cfg.store.path = PathBuf::new();
+        let keys: Vec<String> = cfg.problems().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["store.path", "heartbeat.offline_after_missed"]);
     }
 
     #[test]

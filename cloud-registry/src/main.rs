@@ -11,7 +11,9 @@
 //! - `cloud-registry token revoke --config FILE --name NAME` revokes every
 //!   token of a principal; exit 1 when no token has that name. Works while
 //!   the registry runs (it notices within a second).
-//! - `cloud-registry check-config --config FILE` parses the file and exits.
+//! - `cloud-registry check-config --config FILE` checks the file and prints
+//!   every problem on stderr, one `file:line: key: message` per line (no
+//!   line when the key is not in the file); exit 0 when usable, 2 when not.
 //!
 //! Logs go to stderr (`RUST_LOG`, default `info,rumqttd=warn`; JSON lines
 //! with `[log] json = true`). Text logs are coloured only when stderr is a
@@ -58,7 +60,8 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Parse and check a configuration file.
+    /// Check a configuration file: prints every problem as
+    /// `file:line: key: message`; exit status 0 when usable, 2 when not.
     CheckConfig {
         #[arg(long)]
         config: PathBuf,
@@ -213,9 +216,26 @@ fn write_quietly(w: &mut impl std::io::Write, text: &str) -> std::io::Result<()>
     }
 }
 
+/// `check-config`: 0 when usable, 2 with every problem on stderr.
+fn check_config(path: &std::path::Path) -> std::process::ExitCode {
+    match Config::load(path) {
+        Ok(_) => match print_out(&format!("{} is valid", path.display())) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-registry: writing to stdout: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     match run(Cli::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("cloud-registry: {e:#}");
             std::process::ExitCode::FAILURE
@@ -223,21 +243,25 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    let ok = |()| std::process::ExitCode::SUCCESS;
     match cli.command {
         Command::Serve {
             config,
             bootstrap_admin_token_file,
         } => tokio::runtime::Runtime::new()
             .context("starting the async runtime")?
-            .block_on(serve(config, bootstrap_admin_token_file)),
+            .block_on(serve(config, bootstrap_admin_token_file))
+            .map(ok),
         Command::Token {
             command: TokenCommand::Create { config, role, name },
         } => {
             let cfg = Config::load(&config)?;
             shared_protocol::validate::check_id("name", &name)?;
             let token = app::create_token_offline(&cfg, role, &name)?;
-            print_out(&token).context("writing the token to stdout")
+            print_out(&token)
+                .context("writing the token to stdout")
+                .map(ok)
         }
         Command::Token {
             command: TokenCommand::List { config, json },
@@ -250,7 +274,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 token_table(&tokens)
             };
-            write_quietly(&mut std::io::stdout().lock(), &text).context("writing to stdout")
+            write_quietly(&mut std::io::stdout().lock(), &text)
+                .context("writing to stdout")
+                .map(ok)
         }
         Command::Token {
             command: TokenCommand::Revoke { config, name },
@@ -264,13 +290,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             {
                 Revoked::UnknownName => anyhow::bail!("no token named `{name}`"),
                 Revoked::Tokens(n) => print_out(&format!("revoked {n} token(s) of `{name}`"))
-                    .context("writing to stdout"),
+                    .context("writing to stdout")
+                    .map(ok),
             }
         }
-        Command::CheckConfig { config } => {
-            Config::load(&config)?;
-            print_out(&format!("{} is valid", config.display())).context("writing to stdout")
-        }
+        Command::CheckConfig { config } => Ok(check_config(&config)),
     }
 }
 

@@ -230,3 +230,62 @@ async fn token_list_and_revoke_work_while_the_registry_runs() {
     );
     drop(served);
 }
+
+#[test]
+fn check_config_reports_every_problem_and_exits_2() {
+    let dir = TempDir::new().unwrap();
+    let config = write_config(
+        &dir,
+        "[leases]\nmax_duration_seconds = 100000\npreempt_reason_whitelist = [\"safety_stop\", \"\"]\n\
+         [heartbeat]\ninterval_seconds = 10\noffline_after_missed = 1\n\
+         [audit.preempt_reasons]\nhardware = \"\"\nchief = \"\"\n",
+    );
+    let out = registry()
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let file = config.display().to_string();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(
+        lines[0].starts_with(&format!("{file}:8: leases.max_duration_seconds: ")),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("{file}:9: leases.preempt_reason_whitelist[1]: ")),
+        "{stderr}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("{file}:12: heartbeat.offline_after_missed: ")),
+        "{stderr}"
+    );
+
+    // The same file is refused by `serve`, with the same report.
+    let out = registry()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("leases.preempt_reason_whitelist[1]"),
+        "{out:?}"
+    );
+
+    // The shipped file is fine.
+    let out = registry()
+        .args(["check-config", "--config"])
+        .arg(shipped_config())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("is valid\n"));
+    let out = registry()
+        .args(["check-config", "--config", "/nonexistent/registry.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
