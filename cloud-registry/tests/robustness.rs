@@ -219,3 +219,83 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
     assert_plain(message);
     reg.shutdown().await;
 }
+
+/// A small software audit request.
+fn audit_request(id: &str) -> Value {
+    json!({
+        "protocol_version": "1.0",
+        "audit_request_id": id,
+        "project_id": "proj_device_assistant",
+        "task_id": "task_release_0_9_2",
+        "trigger": "merge_candidate",
+        "audit_type": "software",
+        "priority": 50,
+        "objective": "software audit of release candidate 0.9.2",
+        "time_budget_seconds": 120,
+        "response_mode": "structured_json"
+    })
+}
+
+#[tokio::test]
+async fn audit_text_past_its_limit_is_refused_naming_the_field_and_stores_nothing() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("objective", json!("o".repeat(10_001)), "objective"),
+        ("project_name", json!("p".repeat(201)), "project_name"),
+        (
+            "acceptance_criteria",
+            json!(vec!["works"; 501]),
+            "acceptance_criteria",
+        ),
+        (
+            "acceptance_criteria",
+            json!(["fine", "c".repeat(10_001)]),
+            "acceptance_criteria[1]",
+        ),
+        (
+            "metadata_json",
+            json!({"notes": {"text": "n".repeat(10_001)}}),
+            "metadata_json.notes.text",
+        ),
+    ];
+    for (i, (key, value, field)) in cases.into_iter().enumerate() {
+        let mut body = audit_request(&format!("ar-big-{i}"));
+        body[key] = value;
+        let r = api
+            .post("/api/v1/audit-requests", Some(&admin), &body)
+            .await;
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+        assert_envelope(&r);
+        assert_eq!(r.1["error"]["details"]["field"], field, "{}", r.1);
+        let message = r.1["error"]["message"].as_str().unwrap();
+        assert!(message.contains("at most"), "{message}");
+    }
+    let (_, page) = api.get("/api/v1/audit-requests", Some(&admin)).await;
+    assert_eq!(page["audit_requests"], json!([]), "nothing stored: {page}");
+
+    // At the limits: accepted.
+    let mut body = audit_request("ar-at-limit");
+    body["objective"] = json!("o".repeat(10_000));
+    body["project_name"] = json!("名".repeat(200));
+    body["acceptance_criteria"] = json!(vec!["works"; 500]);
+    let r = api
+        .post("/api/v1/audit-requests", Some(&admin), &body)
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+
+    // Threads: too many labels, an over-long display name.
+    let thread = json!({
+        "thread_ref": "mac-01:thread-ui-22",
+        "node_id": "mac-01",
+        "role": "worker",
+        "labels": vec!["ui"; 501]
+    });
+    let r = api.post("/api/v1/threads", Some(&admin), &thread).await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "labels");
+    reg.shutdown().await;
+}

@@ -18,6 +18,8 @@
 //!
 //! Every handler authenticates with `Principal` (the router needs the
 //! `Extension(Arc<Authenticator>)` layer); errors are the JSON error body.
+//! Bodies are held to the text and list limits of [`super::limits`]
+//! (422 `invalid_field` naming the field).
 
 use std::sync::Arc;
 
@@ -82,6 +84,7 @@ async fn create(
     who: Principal,
     ValidJson(req): ValidJson<AuditTaskRequest>,
 ) -> ApiResult<(StatusCode, Json<AuditRequestRecord>)> {
+    super::limits::check(&req)?;
     let record = svc.create(&who, req).await?;
     Ok((StatusCode::CREATED, Json(record)))
 }
@@ -175,6 +178,7 @@ async fn post_result(
     Path(id): Path<String>,
     ValidJson(result): ValidJson<AuditTaskResult>,
 ) -> ApiResult<Json<AuditRequestRecord>> {
+    super::limits::check(&result)?;
     Ok(Json(svc.submit_result(&who, &id, result).await?))
 }
 
@@ -191,6 +195,7 @@ async fn register_thread(
     who: Principal,
     ValidJson(reg): ValidJson<ThreadRegistration>,
 ) -> ApiResult<(StatusCode, Json<ThreadRecord>)> {
+    super::limits::check(&reg)?;
     let (record, created) = svc.register_thread(&who, reg).await?;
     let status = if created {
         StatusCode::CREATED
@@ -235,6 +240,7 @@ async fn post_message(
     Path(thread_ref): Path<String>,
     ValidJson(msg): ValidJson<MessagePost>,
 ) -> ApiResult<(StatusCode, Json<ThreadMessage>)> {
+    super::limits::check(&msg)?;
     let message = svc.post_message(&who, &thread_ref, msg).await?;
     Ok((StatusCode::CREATED, Json(message)))
 }

@@ -101,6 +101,7 @@
 mod api;
 mod chief;
 mod error;
+pub mod limits;
 mod model;
 mod queue;
 mod service;
