@@ -151,8 +151,8 @@ pub async fn last_event_id(db: &Db) -> Result<u64, DbError> {
 }
 
 /// Create a token without a running registry (`cloud-registry token
-/// create`). A running registry learns it only at its next start; use
-/// `POST /api/v1/auth/tokens` to add one to a running registry.
+/// create`). A running registry accepts it at once: it looks a token it
+/// has not seen up in the store on first use.
 pub fn create_token_offline(config: &Config, role: Role, name: &str) -> Result<String, AppError> {
     let db = open_db(&config.store.path)?;
     let name = name.to_string();

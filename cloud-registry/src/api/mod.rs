@@ -81,11 +81,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let is_json = req
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
+        let is_json = crate::extract::is_json_content_type(req.headers());
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             let status = e.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -104,7 +100,7 @@ where
                 "expected `Content-Type: application/json`",
             ));
         }
-        Ok(OptionalJson(shared_protocol::parse_json(&bytes)?))
+        Ok(OptionalJson(crate::extract::parse_object(&bytes)?))
     }
 }
 

@@ -76,7 +76,7 @@ fn optional_body<T: DeserializeOwned + Validate + Default>(body: &Bytes) -> Resu
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    Ok(shared_protocol::parse_json(body)?)
+    crate::extract::parse_object(body)
 }
 
 async fn create(
