@@ -13,12 +13,13 @@
 //!
 //! Session updates are stored in the outbox database before they reach the
 //! link, and a row is deleted only once the broker acknowledged (PUBACK)
-//! that exact publish. QoS 1 publishes are sent one at a time over a
-//! rendezvous request channel, so the next outgoing QoS 1 packet id always
-//! belongs to the message being waited for: an acknowledgement is never
-//! credited to the wrong message. A message whose acknowledgement does not
-//! arrive is sent again after the next ConnAck (receivers de-duplicate by
-//! `message_id`).
+//! that exact publish. QoS 1 publishes go to the event loop over a
+//! rendezvous request channel in the order they are registered with the
+//! acknowledgement tracker, so each outgoing packet id is bound to the
+//! right message and an acknowledgement is never credited to the wrong
+//! one; queued updates are pipelined (a batch is sent, then its PUBACKs are
+//! awaited). A message whose acknowledgement does not arrive is sent again
+//! after the next ConnAck (receivers de-duplicate by `message_id`).
 //!
 //! The connection carries client id and user name = provider id, password =
 //! token, and a retained LWT `status` envelope with `offline`.
@@ -54,10 +55,29 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 const DEDUP_CAPACITY: usize = 4096;
 /// Commands waiting for the dispatcher.
 const COMMAND_QUEUE: usize = 1024;
+/// A QoS 1 publish handed to the event loop, waiting for its PUBACK.
+struct InFlight {
+    id: u64,
+    acked: oneshot::Receiver<()>,
+}
+
 /// Largest MQTT packet sent or accepted, bytes.
 pub const MAX_PACKET_BYTES: usize = 8 << 20;
-/// Queued session updates read from the database per round.
-const DRAIN_BATCH: usize = 64;
+/// Most session updates in flight (sent, PUBACK not yet received) at once;
+/// below rumqttc's default limit of 100 outgoing QoS 1 messages.
+const DRAIN_WINDOW: usize = 64;
+/// Longest a drain pass runs before heartbeats and control messages get a
+/// turn.
+const DRAIN_PASS: Duration = Duration::from_millis(200);
+
+/// How a drain pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// Nothing queued and nothing in flight.
+    Empty,
+    /// The pass ran out of time (or hit its deadline) with updates left.
+    More,
+}
 
 /// What the link needs from the configuration.
 #[derive(Clone)]
@@ -306,68 +326,68 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 // ---------------------------------------------------------------------------
 // Acknowledgement tracking.
 
-/// The one QoS 1 publish in flight and its packet id once known.
+/// QoS 1 publishes in flight, in the order they were handed to the event
+/// loop, each with its packet id once the event loop has written it.
+///
+/// The event loop writes publishes in the order it takes them, and the
+/// publisher task hands them over one at a time through a rendezvous
+/// channel after registering each here, so the n-th `Outgoing::Publish`
+/// always belongs to the oldest entry without a packet id: an
+/// acknowledgement is never credited to the wrong message.
 #[derive(Default)]
 struct AckTracker {
-    waiting: Option<Waiting>,
+    next_id: u64,
+    waiting: VecDeque<Waiting>,
 }
 
 struct Waiting {
-    /// Handed to the event loop (the send completed).
-    sent: bool,
+    id: u64,
     pkid: Option<u16>,
     done: oneshot::Sender<()>,
 }
 
 impl AckTracker {
-    fn begin(&mut self) -> oneshot::Receiver<()> {
+    /// Register the next QoS 1 publish (before handing it over); returns
+    /// its entry id and the receiver completed by its PUBACK.
+    fn begin(&mut self) -> (u64, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
-        self.waiting = Some(Waiting {
-            sent: false,
+        self.next_id += 1;
+        let id = self.next_id;
+        self.waiting.push_back(Waiting {
+            id,
             pkid: None,
             done: tx,
         });
-        rx
+        (id, rx)
     }
 
-    fn mark_sent(&mut self) {
-        if let Some(w) = &mut self.waiting {
-            w.sent = true;
-        }
+    /// Forget entry `id` (not taken by the event loop, or given up on).
+    fn abort(&mut self, id: u64) {
+        self.waiting.retain(|w| w.id != id);
     }
 
-    fn abort(&mut self) {
-        self.waiting = None;
-    }
-
-    /// The event loop put a QoS 1 publish with `pkid` on the wire.
+    /// The event loop put a QoS 1 publish with `pkid` on the wire: it is
+    /// the oldest entry still without a packet id.
     fn bind(&mut self, pkid: u16) {
-        if let Some(w) = &mut self.waiting {
-            if w.pkid.is_none() {
-                w.pkid = Some(pkid);
-            }
+        if let Some(w) = self.waiting.iter_mut().find(|w| w.pkid.is_none()) {
+            w.pkid = Some(pkid);
         }
     }
 
     fn acked(&mut self, pkid: u16) {
-        if self.waiting.as_ref().and_then(|w| w.pkid) == Some(pkid) {
-            if let Some(w) = self.waiting.take() {
+        if let Some(i) = self.waiting.iter().position(|w| w.pkid == Some(pkid)) {
+            if let Some(w) = self.waiting.remove(i) {
                 let _ = w.done.send(());
             }
         }
     }
 
-    /// The connection dropped: a publish already taken by the event loop
-    /// will not be acknowledged. One still waiting to be taken is kept: it
-    /// goes out on the next connection.
+    /// The connection dropped: publishes already on the wire will not be
+    /// acknowledged (their receivers see the drop and they are sent again
+    /// after the next ConnAck). One registered but not yet written is kept:
+    /// the event loop writes it on the next connection.
     fn connection_lost(&mut self) {
-        if self
-            .waiting
-            .as_ref()
-            .is_some_and(|w| w.sent || w.pkid.is_some())
-        {
-            self.waiting = None;
-        }
+        self.waiting.retain(|w| w.pkid.is_none());
     }
 }
 
@@ -617,15 +637,17 @@ async fn publisher_loop(mut p: Publisher) {
                 Err(e) => tracing::warn!("mqtt: announcing this provider failed, will retry: {e}"),
             }
         }
+        let mut more = false;
         if connected && !handshake_due && drain_due {
             match p.drain_updates(None).await {
-                Ok(()) => drain_due = false,
+                Ok(Drained::Empty) => drain_due = false,
+                Ok(Drained::More) => more = true,
                 Err(e) => tracing::warn!(
                     "mqtt: publishing queued session updates failed, will retry: {e}"
                 ),
             }
         }
-        let retry = connected && (handshake_due || drain_due);
+        let retry = connected && (handshake_due || drain_due) && !more;
         tokio::select! {
             ctl = p.control_rx.recv() => {
                 let Some(Control::Shutdown { deadline, done }) = ctl else { break };
@@ -654,6 +676,9 @@ async fn publisher_loop(mut p: Publisher) {
                 heartbeat = hb_interval(secs);
             }
             _ = tokio::time::sleep(Duration::from_secs(2)), if retry => {}
+            // Another drain pass at once, after the other branches had
+            // their chance.
+            _ = std::future::ready(()), if more => {}
         }
     }
     let _ = p.stop_poll.send(true);
@@ -694,50 +719,124 @@ impl Publisher {
     }
 
     /// Publish queued session updates oldest first, deleting each once
-    /// acknowledged. Stops at `deadline` if given.
+    /// acknowledged. Up to [`DRAIN_WINDOW`] publishes are in flight at
+    /// once: while the oldest waits for its PUBACK, updates queued meanwhile
+    /// (`updates_ready`) are read and sent behind it, so a session's final
+    /// update does not wait for the round trip of its `running` one.
+    /// Acknowledged rows are deleted off this task.
+    ///
+    /// A pass ends when nothing is queued or in flight ([`Drained::Empty`]),
+    /// or after [`DRAIN_PASS`] so heartbeats and control messages get their
+    /// turn ([`Drained::More`]: call again). Stops sending at `deadline` if
+    /// given. Errors: a publish not taken or not acknowledged (the rest
+    /// stay queued for the next pass or connection).
     async fn drain_updates(
         &mut self,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<(), PublishError> {
+    ) -> Result<Drained, PublishError> {
+        let pass_end = tokio::time::Instant::now() + DRAIN_PASS;
         let mut after = 0;
-        loop {
-            let outbox = self.outbox.clone();
-            let batch = tokio::task::spawn_blocking(move || {
-                outbox.queued_updates_after(after, DRAIN_BATCH)
-            })
-            .await
-            .map_err(|e| PublishError::Outbox(e.to_string()))?
-            .map_err(|e| PublishError::Outbox(e.to_string()))?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for update in batch {
-                after = update.seq;
-                if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-                    return Ok(());
-                }
-                if update.payload.len() > MAX_PACKET_BYTES - 1024 {
-                    // The client would refuse it and drop the connection,
-                    // again on every retry: skip it, keep it queued.
-                    tracing::error!(
-                        message_id = %update.message_id,
-                        session_id = %update.session_id,
-                        size_bytes = update.payload.len(),
-                        "mqtt: a queued session update is larger than the MQTT packet limit; it stays in the outbox database, unsent"
-                    );
-                    continue;
-                }
-                self.publish_qos1(TopicKind::Results, false, update.payload)
-                    .await?;
+        let mut in_flight: VecDeque<(i64, String, String, InFlight)> = VecDeque::new();
+        let mut delivered: Vec<i64> = Vec::new();
+        let result = 'pass: loop {
+            let now = tokio::time::Instant::now();
+            let sending = deadline.is_none_or(|d| now < d) && now < pass_end;
+            if sending && in_flight.len() < DRAIN_WINDOW {
                 let outbox = self.outbox.clone();
-                let seq = update.seq;
-                tokio::task::spawn_blocking(move || outbox.remove_update(seq))
-                    .await
-                    .map_err(|e| PublishError::Outbox(e.to_string()))?
-                    .map_err(|e| PublishError::Outbox(e.to_string()))?;
-                tracing::debug!(message_id = %update.message_id, session_id = %update.session_id, "mqtt: session update delivered");
+                let room = DRAIN_WINDOW - in_flight.len();
+                let batch =
+                    tokio::task::spawn_blocking(move || outbox.queued_updates_after(after, room))
+                        .await
+                        .map_err(|e| PublishError::Outbox(e.to_string()))
+                        .and_then(|r| r.map_err(|e| PublishError::Outbox(e.to_string())));
+                let batch = match batch {
+                    Ok(b) => b,
+                    Err(e) => break 'pass Err(e),
+                };
+                for update in batch {
+                    after = update.seq;
+                    if update.payload.len() > MAX_PACKET_BYTES - 1024 {
+                        // The client would refuse it and drop the
+                        // connection, again on every retry: skip it, keep
+                        // it queued.
+                        tracing::error!(
+                            message_id = %update.message_id,
+                            session_id = %update.session_id,
+                            size_bytes = update.payload.len(),
+                            "mqtt: a queued session update is larger than the MQTT packet limit; it stays in the outbox database, unsent"
+                        );
+                        continue;
+                    }
+                    match self
+                        .send_qos1(TopicKind::Results, false, update.payload)
+                        .await
+                    {
+                        Ok(p) => in_flight.push_back((
+                            update.seq,
+                            update.message_id,
+                            update.session_id,
+                            p,
+                        )),
+                        Err(e) => break 'pass Err(e),
+                    }
+                }
+            }
+            let Some((seq, message_id, session_id, mut pending)) = in_flight.pop_front() else {
+                break if sending {
+                    Ok(Drained::Empty)
+                } else {
+                    Ok(Drained::More)
+                };
+            };
+            let can_refill = sending && in_flight.len() < DRAIN_WINDOW;
+            tokio::select! {
+                acked = tokio::time::timeout(ACK_TIMEOUT, &mut pending.acked) => {
+                    if !matches!(acked, Ok(Ok(()))) {
+                        lock(&self.tracker).abort(pending.id);
+                        break 'pass Err(PublishError::NotAcknowledged);
+                    }
+                    tracing::debug!(%message_id, %session_id, "mqtt: session update delivered");
+                    delivered.push(seq);
+                    // Others acknowledged meanwhile.
+                    while let Some(next) = in_flight.front_mut() {
+                        if next.3.acked.try_recv().is_err() {
+                            break;
+                        }
+                        if let Some((seq, message_id, session_id, _)) = in_flight.pop_front() {
+                            tracing::debug!(%message_id, %session_id, "mqtt: session update delivered");
+                            delivered.push(seq);
+                        }
+                    }
+                    self.forget_delivered(std::mem::take(&mut delivered));
+                }
+                _ = self.updates_ready.notified(), if can_refill => {
+                    in_flight.push_front((seq, message_id, session_id, pending));
+                }
+            }
+        };
+        if result.is_err() {
+            let mut tracker = lock(&self.tracker);
+            for (_, _, _, p) in &in_flight {
+                tracker.abort(p.id);
             }
         }
+        self.forget_delivered(delivered);
+        result
+    }
+
+    /// Delete acknowledged update rows on a blocking thread, without making
+    /// the publisher wait (a failed delete only means a resend, which the
+    /// registry de-duplicates).
+    fn forget_delivered(&self, seqs: Vec<i64>) {
+        if seqs.is_empty() {
+            return;
+        }
+        let outbox = self.outbox.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = outbox.remove_updates(&seqs) {
+                tracing::warn!("outbox: cannot delete acknowledged session updates: {e}");
+            }
+        });
     }
 
     async fn send_heartbeat(&mut self) -> Result<(), PublishError> {
@@ -768,7 +867,19 @@ impl Publisher {
         retain: bool,
         payload: Vec<u8>,
     ) -> Result<(), PublishError> {
-        let acked = lock(&self.tracker).begin();
+        let pending = self.send_qos1(kind, retain, payload).await?;
+        self.await_ack(pending).await
+    }
+
+    /// Hand one QoS 1 publish to the event loop without waiting for its
+    /// PUBACK; [`Self::await_ack`] waits for it.
+    async fn send_qos1(
+        &mut self,
+        kind: TopicKind,
+        retain: bool,
+        payload: Vec<u8>,
+    ) -> Result<InFlight, PublishError> {
+        let (id, acked) = lock(&self.tracker).begin();
         let send = tokio::time::timeout(
             SEND_TIMEOUT,
             self.client
@@ -776,21 +887,25 @@ impl Publisher {
         )
         .await;
         match send {
-            Ok(Ok(())) => lock(&self.tracker).mark_sent(),
+            Ok(Ok(())) => Ok(InFlight { id, acked }),
             Ok(Err(e)) => {
-                lock(&self.tracker).abort();
-                return Err(e.into());
+                lock(&self.tracker).abort(id);
+                Err(e.into())
             }
             Err(_) => {
                 // Not taken: the cancelled send left nothing behind.
-                lock(&self.tracker).abort();
-                return Err(PublishError::SendTimeout);
+                lock(&self.tracker).abort(id);
+                Err(PublishError::SendTimeout)
             }
         }
-        match tokio::time::timeout(ACK_TIMEOUT, acked).await {
+    }
+
+    /// Wait up to [`ACK_TIMEOUT`] for the PUBACK of `pending`.
+    async fn await_ack(&self, pending: InFlight) -> Result<(), PublishError> {
+        match tokio::time::timeout(ACK_TIMEOUT, pending.acked).await {
             Ok(Ok(())) => Ok(()),
             _ => {
-                lock(&self.tracker).abort();
+                lock(&self.tracker).abort(pending.id);
                 Err(PublishError::NotAcknowledged)
             }
         }
@@ -799,7 +914,17 @@ impl Publisher {
     /// Shutdown: flush queued updates, publish `offline`, disconnect.
     async fn finish(&mut self, connected: bool, deadline: tokio::time::Instant) {
         if connected {
-            if let Err(e) = tokio::time::timeout_at(deadline, self.drain_updates(Some(deadline)))
+            let flush = async {
+                loop {
+                    match self.drain_updates(Some(deadline)).await {
+                        Ok(Drained::Empty) => return Ok(()),
+                        Ok(Drained::More) if tokio::time::Instant::now() < deadline => {}
+                        Ok(Drained::More) => return Err(PublishError::SendTimeout),
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            if let Err(e) = tokio::time::timeout_at(deadline, flush)
                 .await
                 .unwrap_or(Err(PublishError::SendTimeout))
             {

@@ -13,6 +13,14 @@
 //! The database also keeps session updates that still have to reach the
 //! registry ([`Outbox::queue_update`]), so a restart loses none.
 //!
+//! Durability: artifact files and rows follow the configured `durability`
+//! (`fsync`: file fsync + `synchronous=FULL` commits). Session-update rows
+//! are always committed with `synchronous=NORMAL` (no fsync): they survive
+//! the daemon being killed, and what a power loss takes is reconciled by
+//! the registry, which fails (or marks `incomplete_evidence`) the sessions
+//! of a provider that comes back with a new boot id. This keeps two fsyncs
+//! off every action's round trip.
+//!
 //! Every method blocks on file and SQLite I/O: call it from a runner
 //! thread, a dedicated thread or `tokio::task::spawn_blocking`, never from
 //! an async task directly. [`Outbox`] is cheap to clone and safe to share.
@@ -650,7 +658,7 @@ impl Outbox {
         session_id: &str,
         payload: &[u8],
     ) -> Result<i64, OutboxError> {
-        self.with_conn(|c| {
+        self.with_conn_unsynced(|c| {
             c.execute(
                 "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
                  VALUES (?1, ?2, ?3, ?4)",
@@ -696,8 +704,26 @@ impl Outbox {
 
     /// The broker acknowledged queued update `seq`.
     pub fn remove_update(&self, seq: i64) -> Result<(), OutboxError> {
-        self.with_conn(|c| c.execute("DELETE FROM pending_updates WHERE seq = ?1", [seq]))?;
-        Ok(())
+        self.remove_updates(&[seq])
+    }
+
+    /// The broker acknowledged the queued updates `seqs`: delete them in
+    /// one transaction (no fsync: a delete lost to a power cut only means
+    /// the update is sent again, and receivers de-duplicate by message id).
+    pub fn remove_updates(&self, seqs: &[i64]) -> Result<(), OutboxError> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        self.with_conn_unsynced(|c| {
+            let tx = c.unchecked_transaction()?;
+            {
+                let mut stmt = tx.prepare_cached("DELETE FROM pending_updates WHERE seq = ?1")?;
+                for seq in seqs {
+                    stmt.execute([seq])?;
+                }
+            }
+            tx.commit()
+        })
     }
 
     /// Counts of artifacts and queued updates.
@@ -751,6 +777,31 @@ impl Outbox {
     ) -> Result<T, OutboxError> {
         let conn = lock(&self.inner.conn);
         f(&conn).map_err(|source| OutboxError::Db {
+            path: self.inner.db_path.clone(),
+            source,
+        })
+    }
+
+    /// Like [`Self::with_conn`], with the commits inside `f` made without
+    /// fsync (`synchronous=NORMAL`) whatever the configured durability:
+    /// for session-update rows (see the module docs).
+    fn with_conn_unsynced<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, OutboxError> {
+        let conn = lock(&self.inner.conn);
+        let relax = self.inner.durability == Durability::Fsync;
+        let run = || -> rusqlite::Result<T> {
+            if relax {
+                conn.pragma_update(None, "synchronous", "NORMAL")?;
+            }
+            let out = f(&conn);
+            if relax {
+                conn.pragma_update(None, "synchronous", "FULL")?;
+            }
+            out
+        };
+        run().map_err(|source| OutboxError::Db {
             path: self.inner.db_path.clone(),
             source,
         })

@@ -761,3 +761,81 @@ async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_se
     let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
     cleaner.clear_retained(&bench.topic("status")).await;
 }
+
+/// More session updates than the publisher keeps in flight at once, queued
+/// while the registry was unreachable: after a start against the broker
+/// every one arrives, in the order it was queued, and the outbox forgets
+/// each once the broker acknowledged it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten() {
+    if !broker_available() {
+        return;
+    }
+    let bench = Bench::new();
+    let config = bench.write_config(1883, true);
+    let cfg = EdgeConfig::load(&config).expect("config");
+    const BACKLOG: usize = 300;
+    {
+        let (outbox, _) =
+            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
+        for i in 0..BACKLOG {
+            let update = edge_agent::runner::session_update(
+                &format!("sess-backlog-{i:04}"),
+                "cam-test-01",
+                shared_protocol::session::SessionStatus::Completed,
+                None,
+            );
+            let env = envelope(MessageType::SessionUpdate, &update);
+            outbox
+                .queue_update(&env.message_id, &update.session_id, &env.to_bytes())
+                .unwrap();
+        }
+        assert_eq!(outbox.stats().unwrap().queued_updates, BACKLOG as u64);
+    }
+    let mut obs = Observer::connect(
+        &format!("obs-backlog-{}", bench.provider_id),
+        &bench.topic("results"),
+    )
+    .await;
+    let mut agent = Agent::start(&config);
+    let mut seen = Vec::new();
+    while seen.len() < BACKLOG {
+        let s = obs
+            .expect(WAIT, "the next queued update", |s| {
+                s.env.body["session_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("sess-backlog-"))
+            })
+            .await;
+        seen.push(s.env.body["session_id"].as_str().unwrap().to_string());
+    }
+    let expected: Vec<String> = (0..BACKLOG)
+        .map(|i| format!("sess-backlog-{i:04}"))
+        .collect();
+    assert_eq!(seen, expected, "every queued update, once, in queue order");
+
+    // Acknowledged rows are deleted (off the publisher's path: allow a moment).
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (outbox, _) =
+            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
+        let left = outbox.stats().unwrap().queued_updates;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{left} acknowledged updates still queued"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent.signal(libc::SIGTERM);
+    assert_eq!(
+        agent.wait_exit(Duration::from_secs(15)),
+        Some(0),
+        "log:\n{}",
+        agent.log()
+    );
+    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
+    cleaner.clear_retained(&bench.topic("status")).await;
+}
