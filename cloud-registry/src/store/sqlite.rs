@@ -208,20 +208,18 @@ fn row_to_capability(r: &Row<'_>) -> rusqlite::Result<Capability> {
 }
 
 fn load_provider(conn: &Connection, id: &str) -> rusqlite::Result<Option<CapabilityProvider>> {
-    conn.query_row(
-        &format!("SELECT {PROVIDER_COLUMNS} FROM capability_providers WHERE provider_id = ?1"),
-        [id],
-        row_to_provider,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {PROVIDER_COLUMNS} FROM capability_providers WHERE provider_id = ?1"
+    ))?
+    .query_row([id], row_to_provider)
     .optional()
 }
 
 fn load_capability(conn: &Connection, id: &str) -> rusqlite::Result<Option<Capability>> {
-    conn.query_row(
-        &format!("SELECT {CAPABILITY_COLUMNS} FROM capabilities WHERE capability_id = ?1"),
-        [id],
-        row_to_capability,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {CAPABILITY_COLUMNS} FROM capabilities WHERE capability_id = ?1"
+    ))?
+    .query_row([id], row_to_capability)
     .optional()
 }
 
