@@ -50,6 +50,10 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 /// SQLite truncates the file when it starts over.
 pub const WAL_SIZE_LIMIT: i64 = 16 * 1024 * 1024;
 
+/// Prepared statements kept per connection (rusqlite's default is 16; the
+/// registry runs more distinct hot statements than that).
+const STATEMENT_CACHE: usize = 128;
+
 /// The WAL file of the database at `db`.
 fn wal_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_os_string();
@@ -74,6 +78,7 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
 }
 
@@ -181,6 +186,7 @@ impl Db {
         reader
             .busy_timeout(std::time::Duration::from_secs(5))
             .map_err(open_err)?;
+        reader.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(Self {
             writer: spawn_worker("db-writer", writer, Some(wal_path(path))),
             reader: spawn_worker("db-reader", reader, None),
