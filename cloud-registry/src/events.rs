@@ -7,6 +7,8 @@
 //! `event_id` is SQLite's rowid: it only grows, which is what
 //! `Last-Event-ID` resumption needs.
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
@@ -32,6 +34,11 @@ pub struct NewEvent {
     /// The principal whose request caused it (`system` for the sweeper).
     pub actor: String,
     pub data: Value,
+    /// `data` already rendered as JSON text, when the caller has it (the
+    /// lease engine renders each lease once, off the writer thread);
+    /// [`append`] then stores this text instead of rendering `data` again.
+    /// It must be the JSON of the same value as `data`.
+    pub data_json: Option<String>,
 }
 
 impl NewEvent {
@@ -68,10 +75,20 @@ impl NewEvent {
         self.audit_request_id = Some(id.into());
         self
     }
+    /// Store `json` (the JSON text of `data`) instead of rendering `data`.
+    pub fn data_json(mut self, json: String) -> Self {
+        self.data_json = Some(json);
+        self
+    }
 }
 
 /// Create the `events` table; UPDATE and DELETE on it are refused by
 /// triggers, which makes it the append-only audit log.
+///
+/// Only the primary key is indexed: every read goes by `event_id` (replay
+/// after an id, the last id). The former indexes on `lease_id` and
+/// `capability_id` served no query and put each appended event on two
+/// more scattered pages; this migration drops them.
 pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS events (
@@ -87,8 +104,8 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             audit_request_id TEXT,
             data             TEXT NOT NULL
         );
-        CREATE INDEX IF NOT EXISTS events_lease ON events(lease_id);
-        CREATE INDEX IF NOT EXISTS events_capability ON events(capability_id);
+        DROP INDEX IF EXISTS events_lease;
+        DROP INDEX IF EXISTS events_capability;
         CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
             BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;
         CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
@@ -98,11 +115,12 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Append `ev` using `conn` (normally inside the caller's transaction) and
 /// return the stored event with its id.
-pub fn append(conn: &Connection, ev: NewEvent) -> rusqlite::Result<CapabilityEvent> {
+pub fn append(conn: &Connection, mut ev: NewEvent) -> rusqlite::Result<CapabilityEvent> {
     let event_type = ev
         .event_type
         .ok_or_else(|| rusqlite::Error::InvalidParameterName("event_type".into()))?;
     let now = Utc::now();
+    let data = ev.data_json.take().unwrap_or_else(|| ev.data.to_string());
     // Cached: this runs for every state change, on the writer thread.
     let mut stmt = conn.prepare_cached(
         "INSERT INTO events (event_type, occurred_at, actor, provider_id, capability_id,
@@ -119,7 +137,7 @@ pub fn append(conn: &Connection, ev: NewEvent) -> rusqlite::Result<CapabilityEve
         ev.session_id,
         ev.artifact_id,
         ev.audit_request_id,
-        ev.data.to_string(),
+        data,
     ])?;
     drop(stmt);
     Ok(CapabilityEvent {
@@ -190,9 +208,17 @@ pub fn last_id(conn: &Connection) -> rusqlite::Result<u64> {
 
 /// Fan-out of committed events to live subscribers (SSE clients, the MQTT
 /// bridge, waiters).
+///
+/// Two channels carry the same events: [`subscribe`](EventBus::subscribe)
+/// hands each receiver its own copy (every receive clones the event and its
+/// `data` tree), [`subscribe_shared`](EventBus::subscribe_shared) hands out
+/// one shared `Arc` per event (a receive is a reference count). Consumers
+/// that look at most events and keep few should use the shared one. An
+/// event is only put on a channel that has receivers.
 #[derive(Clone)]
 pub struct EventBus {
     tx: broadcast::Sender<CapabilityEvent>,
+    shared: broadcast::Sender<Arc<CapabilityEvent>>,
     db: Db,
 }
 
@@ -200,15 +226,30 @@ impl EventBus {
     /// A bus over the events table in `db`.
     pub fn new(db: Db) -> Self {
         let (tx, _) = broadcast::channel(LIVE_BUFFER);
-        Self { tx, db }
+        let (shared, _) = broadcast::channel(LIVE_BUFFER);
+        Self { tx, shared, db }
     }
 
     /// Hand committed events to live subscribers, in id order. Call only
     /// after the transaction that appended them has committed.
     pub fn publish(&self, events: impl IntoIterator<Item = CapabilityEvent>) {
+        // No subscriber is fine: the table keeps everything.
+        let owned = self.tx.receiver_count() > 0;
+        let shared = self.shared.receiver_count() > 0;
         for ev in events {
-            // No subscriber is fine: the table keeps everything.
-            let _ = self.tx.send(ev);
+            match (owned, shared) {
+                (true, true) => {
+                    let _ = self.shared.send(Arc::new(ev.clone()));
+                    let _ = self.tx.send(ev);
+                }
+                (true, false) => {
+                    let _ = self.tx.send(ev);
+                }
+                (false, true) => {
+                    let _ = self.shared.send(Arc::new(ev));
+                }
+                (false, false) => {}
+            }
         }
     }
 
@@ -216,6 +257,13 @@ impl EventBus {
     /// and should replay from the table with [`EventBus::replay`].
     pub fn subscribe(&self) -> broadcast::Receiver<CapabilityEvent> {
         self.tx.subscribe()
+    }
+
+    /// A live receiver of shared events: the same events, in the same
+    /// order, as [`subscribe`](Self::subscribe), but a receive does not
+    /// copy the event. Lagging works the same way.
+    pub fn subscribe_shared(&self) -> broadcast::Receiver<Arc<CapabilityEvent>> {
+        self.shared.subscribe()
     }
 
     /// Events after `after` from the table (read connection), at most `limit`.

@@ -55,30 +55,66 @@ pub(crate) struct Counters {
     pub writer_busy_us: AtomicU64,
 }
 
-/// The committed state of every live lease, and callers waiting for a
-/// lease to leave `requested`.
+/// The committed state of every live lease, callers waiting for a lease
+/// to leave `requested`, and how many stored leases are in each status.
 #[derive(Default)]
 pub(crate) struct View {
     pub leases: HashMap<String, CapabilityLease>,
     pub waiters: HashMap<String, Vec<oneshot::Sender<CapabilityLease>>>,
+    /// Stored leases per status, in [`LeaseStatus::ALL`] order (read from
+    /// the table at start and recovery, then kept up to date by each
+    /// commit, so that metrics never scan the table).
+    counts: Vec<u64>,
+}
+
+fn status_index(s: LeaseStatus) -> usize {
+    LeaseStatus::ALL.iter().position(|x| *x == s).unwrap_or(0)
 }
 
 impl View {
-    /// Replace the leases with `rows` (start, recovery).
-    pub fn load(&mut self, rows: &[Row]) {
+    /// Replace the leases with `rows` and the counts with `counts` (start,
+    /// recovery).
+    pub fn load(&mut self, rows: &[Row], counts: &[(LeaseStatus, u64)]) {
         self.leases = rows
             .iter()
             .filter(|r| !r.lease.status.is_final())
             .map(|r| (r.lease.lease_id.clone(), r.lease.clone()))
             .collect();
-        let View { leases, waiters } = self;
+        self.counts = vec![0; LeaseStatus::ALL.len()];
+        for (s, n) in counts {
+            self.counts[status_index(*s)] = *n;
+        }
+        let View {
+            leases, waiters, ..
+        } = self;
         waiters.retain(|id, _| leases.contains_key(id));
+    }
+
+    /// Stored leases in each status, every status listed.
+    pub fn counts(&self) -> Vec<(LeaseStatus, u64)> {
+        LeaseStatus::ALL
+            .iter()
+            .map(|s| (*s, self.counts.get(status_index(*s)).copied().unwrap_or(0)))
+            .collect()
     }
 
     /// Apply committed rows and wake waiters of leases no longer waiting.
     fn apply(&mut self, rows: &[Row]) {
+        if self.counts.len() != LeaseStatus::ALL.len() {
+            self.counts = vec![0; LeaseStatus::ALL.len()];
+        }
         for row in rows {
             let id = &row.lease.lease_id;
+            // A lease not in the view is a new row: live leases are all
+            // here, and a final lease is never written again.
+            let before = self.leases.get(id).map(|l| l.status);
+            if before != Some(row.lease.status) {
+                if let Some(b) = before {
+                    let n = &mut self.counts[status_index(b)];
+                    *n = n.saturating_sub(1);
+                }
+                self.counts[status_index(row.lease.status)] += 1;
+            }
             if row.lease.status.is_final() {
                 self.leases.remove(id);
             } else {
@@ -95,20 +131,50 @@ impl View {
     }
 }
 
-fn to_new_event(p: super::model::PendingEvent) -> NewEvent {
-    let mut data = match serde_json::to_value(&p.lease) {
-        Ok(v) => v,
-        Err(e) => {
+/// The event's `data` (the lease JSON plus the extra keys) as a value for
+/// the bus and as the text stored in the table, each rendered once from
+/// the lease (the text is not rendered from the value: that would walk
+/// the value tree a second time, on the writer thread).
+fn render(p: &super::model::PendingEvent) -> (Value, Option<String>) {
+    let (mut data, text) = match (
+        serde_json::to_value(&p.lease),
+        serde_json::to_string(&p.lease),
+    ) {
+        (Ok(v), Ok(t)) => (v, Some(t)),
+        (Err(e), _) | (_, Err(e)) => {
             tracing::error!(lease_id = %p.lease.lease_id, error = %e, "cannot render lease as JSON");
-            Value::Null
+            return (Value::Null, None);
         }
     };
-    if let Value::Object(map) = &mut data {
-        for (k, v) in p.extra {
-            map.insert(k.to_string(), v);
+    let Value::Object(map) = &mut data else {
+        return (data, None);
+    };
+    // Extra keys are appended to the text; one that the lease already has
+    // would appear twice, so then the text is left to the value.
+    let mut text =
+        text.filter(|t| t.ends_with('}') && p.extra.iter().all(|(k, _)| !map.contains_key(*k)));
+    for (k, v) in &p.extra {
+        if let Some(t) = &mut text {
+            t.pop();
+            if t.len() > 1 {
+                t.push(',');
+            }
+            t.push_str(&Value::from(*k).to_string());
+            t.push(':');
+            t.push_str(&v.to_string());
+            t.push('}');
         }
+        map.insert(k.to_string(), v.clone());
     }
+    (data, text)
+}
+
+fn to_new_event(p: super::model::PendingEvent) -> NewEvent {
+    let (data, text) = render(&p);
     let mut ev = NewEvent::new(p.event_type, p.actor, data).lease(p.lease.lease_id.clone());
+    if let Some(text) = text {
+        ev = ev.data_json(text);
+    }
     if !p.lease.capability_id.is_empty() {
         ev = ev.capability(p.lease.capability_id.clone());
     }
@@ -342,5 +408,74 @@ async fn recover(engine: &Weak<LeaseEngine>, rx: &mut mpsc::UnboundedReceiver<Pi
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use shared_protocol::capability::LeaseMode;
+    use shared_protocol::event::EventType;
+    use shared_protocol::lease::HolderType;
+
+    use super::*;
+    use crate::leases::model::PendingEvent;
+
+    fn lease() -> CapabilityLease {
+        CapabilityLease {
+            lease_id: "lease_1".into(),
+            capability_id: "cam \"front\"".into(),
+            holder_type: HolderType::AuditAgent,
+            holder_ref: "agent-1".into(),
+            project_id: "p".into(),
+            purpose: "line\nbreak".into(),
+            priority: 50,
+            status: LeaseStatus::Released,
+            requested_at: chrono::Utc::now(),
+            granted_at: Some(chrono::Utc::now()),
+            expires_at: None,
+            grace_until: None,
+            preempt_reason: None,
+            evidence_required: false,
+            mode: LeaseMode::Exclusive,
+            lease_group_id: None,
+            preempted_by: None,
+            ended_at: Some(chrono::Utc::now()),
+            principal: "agent-1".into(),
+        }
+    }
+
+    fn pending(extra: Vec<(&'static str, Value)>) -> PendingEvent {
+        PendingEvent {
+            event_type: EventType::LeaseReleased,
+            actor: "agent-1".into(),
+            provider_id: None,
+            lease: lease(),
+            extra,
+        }
+    }
+
+    #[test]
+    fn stored_text_is_the_json_of_the_published_value() {
+        for extra in [
+            Vec::new(),
+            vec![("reason", json!("done, \"really\""))],
+            vec![("reason", json!("x")), ("notice", json!({"a": [1, 2]}))],
+        ] {
+            let (value, text) = render(&pending(extra.clone()));
+            let text = text.expect("rendered once as text");
+            let parsed: Value = serde_json::from_str(&text).expect("valid JSON");
+            assert_eq!(parsed, value);
+            for (k, v) in extra {
+                assert_eq!(value.get(k), Some(&v));
+            }
+        }
+    }
+
+    #[test]
+    fn an_extra_key_the_lease_has_is_rendered_from_the_value() {
+        let (value, text) = render(&pending(vec![("status", json!("other"))]));
+        assert_eq!(text, None);
+        assert_eq!(value.get("status"), Some(&json!("other")));
     }
 }

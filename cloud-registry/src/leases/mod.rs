@@ -324,12 +324,12 @@ impl LeaseEngine {
             ));
         }
         db.write(|c| store::migrate(c)).await??;
-        let (rows, next_seq) = db.read(|c| store::load_live(c)).await??;
+        let (rows, next_seq, counts) = db.read(|c| store::load_live(c)).await??;
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut state = State::new(sender);
         state.load(rows.clone(), next_seq, &Now::read(&*clock));
         let mut view = View::default();
-        view.load(&rows);
+        view.load(&rows, &counts);
         let (stop, stop_rx) = watch::channel(false);
         let engine = Arc::new(Self {
             cfg,
@@ -806,9 +806,11 @@ impl LeaseEngine {
     }
 
     /// Number of leases ever stored in each status, every status listed
-    /// (for metrics).
+    /// (for metrics). Counted from the table at start and kept up to date
+    /// by every commit, so this reads no rows; it never fails (the
+    /// `Result` is kept for callers written against a store read).
     pub async fn counts_by_status(&self) -> Result<Vec<(LeaseStatus, u64)>, LeaseError> {
-        Ok(self.db.read(|c| store::counts_by_status(c)).await??)
+        Ok(lock(&self.view).counts())
     }
 
     /// Group-commit counters since start.
@@ -922,8 +924,8 @@ impl LeaseEngine {
     /// Reload the model from the table (after a failed commit), keep the
     /// directory, and accept operations again.
     async fn reload(&self) -> Result<(), LeaseError> {
-        let (rows, next_seq) = self.db.read(|c| store::load_live(c)).await??;
-        lock(&self.view).load(&rows);
+        let (rows, next_seq, counts) = self.db.read(|c| store::load_live(c)).await??;
+        lock(&self.view).load(&rows, &counts);
         let mut st = lock(&self.state);
         let now = self.now();
         st.load(rows, next_seq, &now);

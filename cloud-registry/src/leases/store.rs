@@ -20,6 +20,15 @@ use crate::events::{append, NewEvent};
 
 /// Create the `capability_leases` table and its indexes (idempotent).
 /// [`super::LeaseEngine::start`] runs it too.
+///
+/// Indexes, kept few because every commit writes the pages it touches:
+/// `queue_seq` (listings are newest first, and filtered listings walk it
+/// backwards), and a partial index of the live leases only (what a start
+/// loads; it holds only the leases not yet final, so it stays a few
+/// pages). Per-capability and per-principal listings scan `queue_seq`
+/// backwards and stop at their `limit`; indexes on `capability_id`,
+/// `principal` and `status` over the whole history (which put every
+/// commit's entries on scattered pages) are dropped by this migration.
 pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS capability_leases (
@@ -50,11 +59,16 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             queue_deadline             TEXT,
             pinned_capability_id       TEXT
         );
-        CREATE INDEX IF NOT EXISTS capability_leases_status ON capability_leases(status);
-        CREATE INDEX IF NOT EXISTS capability_leases_capability ON capability_leases(capability_id);
-        CREATE INDEX IF NOT EXISTS capability_leases_principal ON capability_leases(principal);
-        CREATE INDEX IF NOT EXISTS capability_leases_seq ON capability_leases(queue_seq);",
-    )
+        CREATE INDEX IF NOT EXISTS capability_leases_seq ON capability_leases(queue_seq);
+        DROP INDEX IF EXISTS capability_leases_status;
+        DROP INDEX IF EXISTS capability_leases_capability;
+        DROP INDEX IF EXISTS capability_leases_principal;",
+    )?;
+    conn.execute_batch(&format!(
+        "CREATE INDEX IF NOT EXISTS capability_leases_live ON capability_leases(queue_seq)
+             WHERE {}",
+        live_condition()
+    ))
 }
 
 const COLUMNS: &str = "lease_id, capability_id, holder_type, holder_ref, project_id, purpose,
@@ -196,33 +210,52 @@ pub(crate) fn commit(
     rows: &[Row],
     events: Vec<NewEvent>,
 ) -> rusqlite::Result<Vec<CapabilityEvent>> {
-    let tx = conn.transaction()?;
-    for row in rows {
-        upsert(&tx, row)?;
+    // BEGIN and COMMIT as cached statements: `Connection::transaction`
+    // parses both again for every commit.
+    conn.prepare_cached("BEGIN")?.execute([])?;
+    let written = (|| {
+        for row in rows {
+            upsert(conn, row)?;
+        }
+        let mut stored = Vec::with_capacity(events.len());
+        for ev in events {
+            stored.push(append(conn, ev)?);
+        }
+        conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(stored)
+    })();
+    if written.is_err() && !conn.is_autocommit() {
+        if let Err(e) = conn.execute_batch("ROLLBACK") {
+            tracing::error!(error = %e, "cannot roll back a failed lease commit");
+        }
     }
-    let mut stored = Vec::with_capacity(events.len());
-    for ev in events {
-        stored.push(append(&tx, ev)?);
-    }
-    tx.commit()?;
-    Ok(stored)
+    written
 }
 
-fn live_statuses() -> String {
-    LeaseStatus::ALL
+/// The `WHERE` condition of a live (not final) lease, as written in the
+/// partial index `capability_leases_live`; a query must spell it the same
+/// way for SQLite to use that index.
+fn live_condition() -> String {
+    let live = LeaseStatus::ALL
         .iter()
         .filter(|s| !s.is_final())
         .map(|s| format!("'{}'", s.as_str()))
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    format!("status IN ({live})")
 }
 
-/// Every lease not in a final status, in arrival order, and the next
-/// `queue_seq` to use.
-pub(crate) fn load_live(conn: &Connection) -> rusqlite::Result<(Vec<Row>, u64)> {
+/// What a start (or a recovery) reads: every lease not in a final status
+/// in arrival order, the next `queue_seq` to use, and the number of stored
+/// leases in each status.
+pub(crate) type Loaded = (Vec<Row>, u64, Vec<(LeaseStatus, u64)>);
+
+/// Every lease not in a final status, in arrival order, the next
+/// `queue_seq` to use, and the leases per status (one scan of the table).
+pub(crate) fn load_live(conn: &Connection) -> rusqlite::Result<Loaded> {
     let sql = format!(
-        "SELECT {COLUMNS} FROM capability_leases WHERE status IN ({}) ORDER BY queue_seq, lease_id",
-        live_statuses()
+        "SELECT {COLUMNS} FROM capability_leases WHERE {} ORDER BY queue_seq, lease_id",
+        live_condition()
     );
     let mut stmt = conn.prepare(&sql)?;
     let rows = stmt
@@ -233,7 +266,7 @@ pub(crate) fn load_live(conn: &Connection) -> rusqlite::Result<(Vec<Row>, u64)> 
             r.get(0)
         })?;
     let next = u64::try_from(max.unwrap_or(0)).unwrap_or(0) + 1;
-    Ok((rows, next))
+    Ok((rows, next, counts_by_status(conn)?))
 }
 
 /// One lease by id.
