@@ -70,7 +70,7 @@ use shared_protocol::lease::{CapabilityLease, LeaseStatus};
 use shared_protocol::mqtt::{ActionCancel, ActionCommand, MessageType, SessionUpdate};
 use shared_protocol::provider::OnlineStatus;
 use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionStatus};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub use blobs::{BlobContent, BlobError, BlobStore, FsBlobStore, StagedBlob};
@@ -145,6 +145,10 @@ pub struct Sessions {
     /// §6.4) sent and not yet ended: while there is one, the lease engine
     /// holds revocation and preemption back.
     windows: Mutex<HashMap<String, HashSet<String>>>,
+    /// Callers waiting for a session to end (`wait_ms`), by session id:
+    /// woken with the final session when its `session_completed` /
+    /// `session_failed` event is published.
+    finals: Mutex<HashMap<String, Vec<oneshot::Sender<CapabilitySession>>>>,
 }
 
 /// What an upload did, for the HTTP answer.
@@ -222,6 +226,7 @@ impl Sessions {
             commands: OnceLock::new(),
             cfg,
             windows: Mutex::new(HashMap::new()),
+            finals: Mutex::new(HashMap::new()),
         })
     }
 
@@ -267,6 +272,14 @@ impl Sessions {
             let (Some(cap), Some(session)) = (&ev.capability_id, &ev.session_id) else {
                 continue;
             };
+            let waiting = crate::leases::lock(&self.finals).remove(session);
+            if let Some(waiting) = waiting {
+                if let Ok(s) = CapabilitySession::deserialize(&ev.data) {
+                    for w in waiting {
+                        let _ = w.send(s.clone());
+                    }
+                }
+            }
             let mut w = crate::leases::lock(&self.windows);
             if let Some(set) = w.get_mut(cap) {
                 if set.remove(session) && set.is_empty() {
@@ -406,13 +419,13 @@ impl Sessions {
             provider_status: None,
             revoke_reason: None,
         };
-        // Subscribe before the command leaves, so the end cannot be missed.
-        let events = (req.wait_ms > 0).then(|| self.bus.subscribe());
         let stored = row.clone();
         let started = self
             .db
             .write(move |c| store::insert_session(c, &stored))
             .await??;
+        // Wait before the command leaves, so the end cannot be missed.
+        let ended = (req.wait_ms > 0).then(|| self.await_final(&session_id));
         self.publish([started]).await;
         // Before the command leaves: its end (which closes the window)
         // cannot come before the window is open.
@@ -450,7 +463,7 @@ impl Sessions {
             return Err(SessionError::ControlPlaneDown);
         }
         tracing::info!(%session_id, lease_id, %capability_id, %provider_id, action = %req.action, "action sent to provider");
-        match events {
+        match ended {
             Some(rx) => {
                 self.wait_on(
                     rx,
@@ -472,45 +485,56 @@ impl Sessions {
         session_id: &str,
         timeout: Duration,
     ) -> Result<CapabilitySession, SessionError> {
-        let rx = self.bus.subscribe();
-        let now = self.get_session(session_id).await?;
+        let rx = self.await_final(session_id);
+        let now = match self.get_session(session_id).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.forget_waiter(session_id);
+                return Err(e);
+            }
+        };
         if now.status.is_final() {
+            self.forget_waiter(session_id);
             return Ok(now);
         }
         self.wait_on(rx, session_id, timeout).await
     }
 
+    /// Register to be handed session `session_id` when it ends.
+    fn await_final(&self, session_id: &str) -> oneshot::Receiver<CapabilitySession> {
+        let (tx, rx) = oneshot::channel();
+        crate::leases::lock(&self.finals)
+            .entry(session_id.to_string())
+            .or_default()
+            .push(tx);
+        rx
+    }
+
+    /// Drop the registrations of session `session_id` whose callers gave up.
+    fn forget_waiter(&self, session_id: &str) {
+        let mut finals = crate::leases::lock(&self.finals);
+        if let Some(list) = finals.get_mut(session_id) {
+            list.retain(|tx| !tx.is_closed());
+            if list.is_empty() {
+                finals.remove(session_id);
+            }
+        }
+    }
+
     async fn wait_on(
         &self,
-        mut rx: broadcast::Receiver<CapabilityEvent>,
+        mut rx: oneshot::Receiver<CapabilitySession>,
         session_id: &str,
         timeout: Duration,
     ) -> Result<CapabilitySession, SessionError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Err(_) => return self.get_session(session_id).await,
-                Ok(Ok(ev)) => {
-                    let ends = matches!(
-                        ev.event_type,
-                        EventType::SessionCompleted | EventType::SessionFailed
-                    );
-                    if ends && ev.session_id.as_deref() == Some(session_id) {
-                        if let Ok(s) = serde_json::from_value::<CapabilitySession>(ev.data) {
-                            return Ok(s);
-                        }
-                        return self.get_session(session_id).await;
-                    }
-                }
-                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                    let s = self.get_session(session_id).await?;
-                    if s.status.is_final() {
-                        return Ok(s);
-                    }
-                }
-                Ok(Err(broadcast::error::RecvError::Closed)) => {
-                    return self.get_session(session_id).await
-                }
+        match tokio::time::timeout(timeout, &mut rx).await {
+            Ok(Ok(s)) => Ok(s),
+            // Not ended within `timeout` (or the end could not be read
+            // from its event): as it is now.
+            _ => {
+                drop(rx);
+                self.forget_waiter(session_id);
+                self.get_session(session_id).await
             }
         }
     }

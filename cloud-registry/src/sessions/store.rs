@@ -189,42 +189,39 @@ fn read_session(r: &SqlRow<'_>) -> rusqlite::Result<SessionRow> {
 
 fn write_session(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
     let s = &row.session;
-    conn.execute(
-        &format!(
-            "INSERT OR REPLACE INTO capability_sessions ({SESSION_COLUMNS})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
-        ),
-        params![
-            s.session_id,
-            s.lease_id,
-            s.capability_id,
-            row.provider_id,
-            row.principal,
-            s.action.as_str(),
-            ts(&s.started_at),
-            s.ended_at.as_ref().map(ts),
-            s.status.as_str(),
-            s.input_summary.to_string(),
-            s.result_summary.as_ref().map(Value::to_string),
-            serde_json::to_string(&s.artifact_refs).unwrap_or_else(|_| "[]".into()),
-            s.error_message,
-            i64::from(row.timeout_ms),
-            ts(&row.deadline_at),
-            row.ended_by.map(EndedBy::as_str),
-            row.provider_status.map(SessionStatus::as_str),
-            row.revoke_reason,
-        ],
-    )?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO capability_sessions ({SESSION_COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
+    ))?;
+    stmt.execute(params![
+        s.session_id,
+        s.lease_id,
+        s.capability_id,
+        row.provider_id,
+        row.principal,
+        s.action.as_str(),
+        ts(&s.started_at),
+        s.ended_at.as_ref().map(ts),
+        s.status.as_str(),
+        s.input_summary.to_string(),
+        s.result_summary.as_ref().map(Value::to_string),
+        serde_json::to_string(&s.artifact_refs).unwrap_or_else(|_| "[]".into()),
+        s.error_message,
+        i64::from(row.timeout_ms),
+        ts(&row.deadline_at),
+        row.ended_by.map(EndedBy::as_str),
+        row.provider_status.map(SessionStatus::as_str),
+        row.revoke_reason,
+    ])?;
     Ok(())
 }
 
 /// One session by id.
 pub fn load_session(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<SessionRow>> {
-    conn.query_row(
-        &format!("SELECT {SESSION_COLUMNS} FROM capability_sessions WHERE session_id = ?1"),
-        params![session_id],
-        read_session,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {SESSION_COLUMNS} FROM capability_sessions WHERE session_id = ?1"
+    ))?
+    .query_row(params![session_id], read_session)
     .optional()
 }
 
