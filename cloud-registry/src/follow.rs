@@ -15,6 +15,7 @@
 //!   table.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use shared_protocol::event::CapabilityEvent;
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -28,8 +29,9 @@ const PAGE: usize = 500;
 /// What [`EventFollower::next`] yields.
 #[derive(Debug, Clone)]
 pub enum Followed {
-    /// The next event in id order.
-    Event(CapabilityEvent),
+    /// The next event in id order (shared: the live bus hands every
+    /// follower the same allocation).
+    Event(Arc<CapabilityEvent>),
     /// The live channel dropped events for this follower; they will be
     /// replayed from the table next. `to_event_id` is the newest id known
     /// when the gap was noticed.
@@ -44,7 +46,7 @@ pub enum Followed {
 /// An ordered, lossless reader of the event log starting after an id.
 pub struct EventFollower {
     bus: EventBus,
-    rx: broadcast::Receiver<CapabilityEvent>,
+    rx: broadcast::Receiver<Arc<CapabilityEvent>>,
     /// Highest id handed out (or skipped by the caller's filter).
     last: u64,
     /// Replay the table until it returns nothing before reading live.
@@ -58,7 +60,7 @@ impl EventFollower {
     /// Follow events with `event_id > after`. Subscribes to the bus at
     /// once, so nothing committed from now on can be missed.
     pub fn new(bus: EventBus, after: u64) -> Self {
-        let rx = bus.subscribe();
+        let rx = bus.subscribe_shared();
         Self {
             bus,
             rx,
@@ -86,11 +88,11 @@ impl EventFollower {
         Ok(n)
     }
 
-    fn take_buffered(&mut self) -> Option<CapabilityEvent> {
+    fn take_buffered(&mut self) -> Option<Arc<CapabilityEvent>> {
         while let Some(ev) = self.buffer.pop_front() {
             if ev.event_id > self.last {
                 self.last = ev.event_id;
-                return Some(ev);
+                return Some(Arc::new(ev));
             }
         }
         None

@@ -625,6 +625,13 @@ fn data_str(ev: &CapabilityEvent, key: &str) -> Option<String> {
 
 /// The command (type and body) to send for a lease event, if any.
 fn command_for(ev: &CapabilityEvent) -> Option<(MessageType, Value)> {
+    // Most events tell the provider nothing: decide before parsing.
+    if !matches!(
+        ev.event_type,
+        EventType::LeasePreemptRequested | EventType::LeasePreempted | EventType::LeaseExpired
+    ) {
+        return None;
+    }
     let lease = lease_of(ev);
     let capability_id = ev
         .capability_id

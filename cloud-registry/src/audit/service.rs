@@ -900,7 +900,7 @@ impl AuditService {
     pub async fn run_sweeper(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.sweep_interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut events = Some(self.bus.subscribe());
+        let mut events = Some(self.bus.subscribe_shared());
         loop {
             if *shutdown.borrow() {
                 break;
@@ -944,8 +944,8 @@ impl AuditService {
 }
 
 async fn next_event(
-    rx: &mut Option<broadcast::Receiver<CapabilityEvent>>,
-) -> Result<CapabilityEvent, broadcast::error::RecvError> {
+    rx: &mut Option<broadcast::Receiver<Arc<CapabilityEvent>>>,
+) -> Result<Arc<CapabilityEvent>, broadcast::error::RecvError> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

@@ -180,13 +180,11 @@ fn lease_end_reason(lease: &CapabilityLease) -> Option<String> {
 /// The reason recorded on running sessions for a lease event, if it ends
 /// the lease.
 fn reason_for_event(ev: &CapabilityEvent) -> Option<String> {
-    let lease: Option<CapabilityLease> = serde_json::from_value(ev.data.clone()).ok();
     let why = ev.data.get("reason").and_then(Value::as_str);
     match ev.event_type {
         EventType::LeasePreempted => {
-            let (reason, by) = lease
-                .map(|l| (l.preempt_reason, l.preempted_by))
-                .unwrap_or((None, None));
+            let field = |k: &str| ev.data.get(k).and_then(Value::as_str).map(str::to_string);
+            let (reason, by) = (field("preempt_reason"), field("preempted_by"));
             Some(format!(
                 "lease revoked by preemption: {} (lease `{}` of higher priority took over at the end of the grace period)",
                 reason.as_deref().unwrap_or("no reason given"),
@@ -911,6 +909,15 @@ impl Sessions {
     }
 
     async fn lease_ended(&self, lease_id: &str, reason: String) {
+        // Most leases end with no action running: find that out on the
+        // reader instead of a write transaction per lease.
+        let id = lease_id.to_string();
+        match self.db.read(move |c| store::has_open_sessions(c, &id)).await {
+            Ok(Ok(false)) => return,
+            Ok(Ok(true)) => {}
+            Ok(Err(e)) => tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease"),
+            Err(e) => tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease"),
+        }
         let deadline = Utc::now()
             + chrono::Duration::milliseconds(self.cfg.revoke_grace_ms.min(i64::MAX as u64) as i64);
         let (id, why) = (lease_id.to_string(), reason.clone());

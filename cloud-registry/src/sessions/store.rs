@@ -860,6 +860,15 @@ pub fn provider_lost(
     Ok(events)
 }
 
+/// Whether lease `lease_id` has a session still pending or running.
+pub fn has_open_sessions(conn: &Connection, lease_id: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM capability_sessions
+                        WHERE lease_id = ?1 AND status IN ('pending', 'running'))",
+    )?
+    .query_row(params![lease_id], |r| r.get(0))
+}
+
 /// The lease `lease_id` ended (`reason` says how): remember the reason on
 /// its running sessions and move their deadline to at most `deadline`.
 /// Returns those sessions (to send `action_cancel` for).
