@@ -48,7 +48,7 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// Size, in bytes, past which the writer rewinds the WAL, and to which
 /// SQLite truncates the file when it starts over.
-pub const WAL_SIZE_LIMIT: i64 = 16 * 1024 * 1024;
+pub const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 /// Prepared statements kept per connection (rusqlite's default is 16; the
 /// registry runs more distinct hot statements than that).
@@ -76,7 +76,6 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
@@ -128,16 +127,19 @@ fn checkpoint(conn: &Connection, mode: &str) -> Option<(i64, i64, i64)> {
 /// from its beginning; SQLite then truncates the file back to
 /// [`WAL_SIZE_LIMIT`] (`journal_size_limit`), so the file's size is the
 /// signal (one `stat` per job).
-fn spawn_worker(name: &str, mut conn: Connection, wal: Option<PathBuf>) -> mpsc::Sender<Job> {
+fn spawn_worker(
+    name: &str,
+    mut conn: Connection,
+    wal: Option<(PathBuf, u64)>,
+) -> mpsc::Sender<Job> {
     let (tx, rx) = mpsc::channel::<Job>();
     let spawned = thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
             while let Ok(job) = rx.recv() {
                 job(&mut conn);
-                if let Some(wal) = &wal {
-                    let grown =
-                        std::fs::metadata(wal).is_ok_and(|m| m.len() > WAL_SIZE_LIMIT as u64);
+                if let Some((wal, limit)) = &wal {
+                    let grown = std::fs::metadata(wal).is_ok_and(|m| m.len() > *limit);
                     if grown {
                         checkpoint(&conn, "RESTART");
                     }
@@ -159,6 +161,16 @@ impl Db {
         path: &Path,
         migrate: impl FnOnce(&mut Connection) -> rusqlite::Result<()>,
     ) -> Result<Self, DbError> {
+        Self::open_with_wal_limit(path, migrate, WAL_SIZE_LIMIT)
+    }
+
+    /// [`Db::open`] with the WAL rewound past `wal_limit` bytes instead of
+    /// [`WAL_SIZE_LIMIT`].
+    fn open_with_wal_limit(
+        path: &Path,
+        migrate: impl FnOnce(&mut Connection) -> rusqlite::Result<()>,
+        wal_limit: i64,
+    ) -> Result<Self, DbError> {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
                 let _ = std::fs::create_dir_all(dir);
@@ -170,6 +182,9 @@ impl Db {
         };
         let mut writer = Connection::open(path).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
+        writer
+            .pragma_update(None, "journal_size_limit", wal_limit)
+            .map_err(open_err)?;
         migrate(&mut writer)?;
         writer
             .pragma_update(None, "wal_autocheckpoint", 0)
@@ -188,7 +203,11 @@ impl Db {
             .map_err(open_err)?;
         reader.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(Self {
-            writer: spawn_worker("db-writer", writer, Some(wal_path(path))),
+            writer: spawn_worker(
+                "db-writer",
+                writer,
+                Some((wal_path(path), wal_limit.max(0) as u64)),
+            ),
             reader: spawn_worker("db-reader", reader, None),
             path: path.to_path_buf(),
             _checkpointer: Arc::new(spawn_checkpointer(checkpointer)),
@@ -258,14 +277,17 @@ mod tests {
     async fn the_wal_stays_bounded_under_steady_writes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
-        let db = Db::open(&path, |c| {
-            c.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
-        })
+        let limit = 8 * 1024 * 1024;
+        let db = Db::open_with_wal_limit(
+            &path,
+            |c| c.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL)"),
+            limit,
+        )
         .unwrap();
         let wal = dir.path().join("t.db-wal");
         let mut largest = 0u64;
         // 30,000 commits of at least one 4 KiB page each: ~120 MiB of WAL
-        // frames if the WAL never started over.
+        // frames if the WAL never started over (bound: 24 MiB).
         for round in 0..300 {
             db.write(move |c| {
                 for i in 0..100 {
@@ -280,7 +302,7 @@ mod tests {
             .unwrap();
             largest = largest.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
         }
-        let bound = 2 * WAL_SIZE_LIMIT as u64;
+        let bound = 3 * limit as u64;
         assert!(
             largest < bound,
             "WAL grew to {largest} bytes (bound {bound}) under steady writes"
