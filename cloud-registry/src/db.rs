@@ -14,9 +14,10 @@
 //! the fsyncs that go with it. A third thread with its own connection runs a
 //! `PASSIVE` checkpoint every [`CHECKPOINT_EVERY`] (readers and the writer
 //! carry on meanwhile) and a last one when the [`Db`] is dropped. When the
-//! WAL file has grown past [`WAL_SIZE_LIMIT`] the writer runs a `RESTART`
-//! checkpoint between two jobs, so the WAL starts over instead of growing
-//! without bound under steady writes.
+//! WAL file has grown past [`WAL_SIZE_LIMIT`] the writer itself runs a
+//! `PASSIVE` checkpoint between two jobs: no write can slip in meanwhile,
+//! so it copies every frame and the next write starts the WAL over instead
+//! of letting it grow without bound under steady writes.
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
@@ -119,14 +120,16 @@ fn checkpoint(conn: &Connection, mode: &str) -> Option<(i64, i64, i64)> {
 /// file's path (the writer), it also rewinds the WAL between jobs once the
 /// file has grown past [`WAL_SIZE_LIMIT`].
 ///
-/// Why: a `PASSIVE` checkpoint never waits, but under steady writes it
-/// never lets the WAL start over either: SQLite rewinds the WAL only when a
-/// write begins after a checkpoint that copied every frame, and there is
-/// always a newer frame. The writer's own `RESTART` checkpoint only copies
-/// the few frames the passive ones left, and the next write starts the WAL
-/// from its beginning; SQLite then truncates the file back to
-/// [`WAL_SIZE_LIMIT`] (`journal_size_limit`), so the file's size is the
-/// signal (one `stat` per job).
+/// Why: the checkpoint thread's `PASSIVE` checkpoints never wait, but under
+/// steady writes they never let the WAL start over either: SQLite rewinds
+/// the WAL only when a write begins after a checkpoint that copied every
+/// frame, and there is always a newer frame. The same `PASSIVE` checkpoint
+/// run by the writer between jobs has no writer to race, so it copies
+/// everything (little is left: the checkpoint thread did the rest) and the
+/// next write starts the WAL from its beginning; SQLite then truncates the
+/// file back to the limit (`journal_size_limit`), so the file's size is the
+/// signal (one `stat` per job). A `RESTART` checkpoint would do the same but
+/// sleeps in the busy handler until readers let go: millisecond stalls.
 fn spawn_worker(
     name: &str,
     mut conn: Connection,
@@ -141,7 +144,7 @@ fn spawn_worker(
                 if let Some((wal, limit)) = &wal {
                     let grown = std::fs::metadata(wal).is_ok_and(|m| m.len() > *limit);
                     if grown {
-                        checkpoint(&conn, "RESTART");
+                        checkpoint(&conn, "PASSIVE");
                     }
                 }
             }
