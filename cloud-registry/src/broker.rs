@@ -288,7 +288,10 @@ mod tests {
         disable_nagle_on_listener(addr, std::time::Duration::from_secs(1)).unwrap();
         let _client = std::net::TcpStream::connect(addr).unwrap();
         let (accepted, _) = listener.accept().unwrap();
-        assert!(accepted.nodelay().unwrap(), "accepted socket inherits TCP_NODELAY");
+        assert!(
+            accepted.nodelay().unwrap(),
+            "accepted socket inherits TCP_NODELAY"
+        );
     }
 
     #[test]
@@ -296,7 +299,8 @@ mod tests {
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
         drop(taken);
-        let err = disable_nagle_on_listener(addr, std::time::Duration::from_millis(20)).unwrap_err();
+        let err =
+            disable_nagle_on_listener(addr, std::time::Duration::from_millis(20)).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
     }
 }

@@ -912,11 +912,19 @@ impl Sessions {
         // Most leases end with no action running: find that out on the
         // reader instead of a write transaction per lease.
         let id = lease_id.to_string();
-        match self.db.read(move |c| store::has_open_sessions(c, &id)).await {
+        match self
+            .db
+            .read(move |c| store::has_open_sessions(c, &id))
+            .await
+        {
             Ok(Ok(false)) => return,
             Ok(Ok(true)) => {}
-            Ok(Err(e)) => tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease"),
-            Err(e) => tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease"),
+            Ok(Err(e)) => {
+                tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease")
+            }
+            Err(e) => {
+                tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease")
+            }
         }
         let deadline = Utc::now()
             + chrono::Duration::milliseconds(self.cfg.revoke_grace_ms.min(i64::MAX as u64) as i64);
