@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
 
@@ -208,7 +208,30 @@ pub fn create_token_sync(
     Ok(token)
 }
 
+/// The role of the tokens already issued to `principal` (revoked ones
+/// included), if any: a principal keeps one role for its whole life.
+pub fn principal_role_sync(conn: &Connection, principal: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "SELECT role FROM api_tokens WHERE principal = ?1 ORDER BY created_at LIMIT 1",
+        [principal],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
 impl Authenticator {
+    /// The role the tokens of `principal` were issued with (revoked ones
+    /// included), or `None` for a name never used.
+    ///
+    /// Errors: the store cannot be read.
+    pub async fn principal_role(&self, principal: &str) -> Result<Option<String>, DbError> {
+        let name = principal.to_string();
+        Ok(self
+            .db
+            .read(move |conn| principal_role_sync(conn, &name))
+            .await??)
+    }
+
     /// Load every non-revoked token hash from the store.
     pub async fn load(db: Db) -> Result<Arc<Self>, DbError> {
         let rows = db

@@ -1491,3 +1491,69 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
     reg.shutdown().await;
 }
+
+/// A principal keeps one role: an admin cannot mint a token of another
+/// role under an existing name (it would act as that principal and hold
+/// its leases), also after that name's tokens were revoked; a second token
+/// of the same role (rotation) is fine.
+#[tokio::test]
+async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.auth.create_token(Role::Admin, "admin-2").await.unwrap();
+    reg.auth
+        .create_token(Role::AuditAgent, "audit:hw-1")
+        .await
+        .unwrap();
+    let events_before = observable_state(&api, &admin).await.0;
+
+    for (name, role) in [
+        ("bootstrap-admin", "operator"),
+        ("admin-2", "viewer"),
+        ("audit:hw-1", "operator"),
+    ] {
+        let r = api
+            .post(
+                "/api/v1/auth/tokens",
+                Some(&admin),
+                &json!({"role": role, "name": name}),
+            )
+            .await;
+        assert_error(&r, StatusCode::CONFLICT, "principal_role_conflict");
+        assert!(
+            r.1["error"]["message"].as_str().unwrap().contains(name),
+            "{}",
+            r.1
+        );
+    }
+    // Revoked, the name still belongs to its role.
+    let r = delete(&api, "/api/v1/tokens/audit:hw-1", &admin).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(&admin),
+            &json!({"role": "operator", "name": "audit:hw-1"}),
+        )
+        .await;
+    assert_error(&r, StatusCode::CONFLICT, "principal_role_conflict");
+
+    // Same role: a second (rotated) token for the principal.
+    let r = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(&admin),
+            &json!({"role": "audit_agent", "name": "audit:hw-1"}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let fresh = r.1["token"].as_str().unwrap().to_string();
+    let r = api.get("/api/v1/capabilities", Some(&fresh)).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(
+        observable_state(&api, &admin).await.0,
+        events_before,
+        "refusals change nothing"
+    );
+}

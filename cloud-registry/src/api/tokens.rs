@@ -126,6 +126,19 @@ async fn create(
             req.role
         )));
     }
+    // A principal keeps one role: a token of another role under an existing
+    // name would act as that principal (hold its leases) with other rights.
+    if let Some(existing) = st.auth.principal_role(&req.name).await? {
+        if existing != req.role.as_str() {
+            return Err(ApiError::conflict(
+                "principal_role_conflict",
+                format!(
+                    "principal `{}` already has `{existing}` tokens; a principal keeps one role (create a `{existing}` token for it, or choose another name)",
+                    req.name
+                ),
+            ));
+        }
+    }
     let token = st.auth.create_token(req.role, &req.name).await?;
     tracing::info!(by = %who.name, principal = %req.name, role = %req.role, "token created");
     Ok((
