@@ -289,3 +289,49 @@ fn check_config_reports_every_problem_and_exits_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+/// `token create` keeps a principal to one role, like the HTTP API: a
+/// second token of the same role is fine, another role is refused with a
+/// message naming the principal and its role, and nothing is created.
+#[test]
+fn token_create_refuses_another_role_for_an_existing_principal() {
+    let dir = TempDir::new().unwrap();
+    let config = write_config(&dir, "");
+    let out = token_cmd(
+        &config,
+        &["create", "--role", "audit_agent", "--name", "audit:a-1"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = token_cmd(
+        &config,
+        &["create", "--role", "audit_agent", "--name", "audit:a-1"],
+    );
+    assert!(
+        out.status.success(),
+        "same role again: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = token_cmd(
+        &config,
+        &["create", "--role", "operator", "--name", "audit:a-1"],
+    );
+    assert!(!out.status.success(), "another role must be refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("audit:a-1") && err.contains("audit_agent"),
+        "the refusal names the principal and its role: {err}"
+    );
+    assert!(out.stdout.is_empty(), "no token printed");
+    let list = token_cmd(&config, &["list", "--json"]);
+    assert!(list.status.success());
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert_eq!(
+        text.matches("\"operator\"").count(),
+        0,
+        "no operator token: {text}"
+    );
+}
