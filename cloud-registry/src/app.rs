@@ -103,8 +103,8 @@ pub enum AppError {
     Agents(#[from] AgentError),
     #[error("background task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
-    #[error("principal `{principal}` already has `{existing}` tokens; a principal keeps one role (create a `{existing}` token for it, or choose another name)")]
-    PrincipalRole { principal: String, existing: String },
+    #[error(transparent)]
+    Token(#[from] auth::TokenError),
 }
 
 /// Take an exclusive advisory lock on `{store}.lock`, so a second registry
@@ -157,20 +157,11 @@ pub async fn last_event_id(db: &Db) -> Result<u64, DbError> {
 /// has not seen up in the store on first use.
 ///
 /// Errors: the store cannot be opened or written, or `name` already has
-/// tokens of another role ([`AppError::PrincipalRole`]).
+/// tokens of another role ([`auth::TokenError::RoleConflict`]).
 pub fn create_token_offline(config: &Config, role: Role, name: &str) -> Result<String, AppError> {
     let db = open_db(&config.store.path)?;
     let name = name.to_string();
-    db.write_blocking(move |c| -> Result<String, AppError> {
-        // A principal keeps one role (see `POST /api/v1/auth/tokens`).
-        match auth::principal_role_sync(c, &name)? {
-            Some(existing) if existing != role.as_str() => Err(AppError::PrincipalRole {
-                principal: name,
-                existing,
-            }),
-            _ => Ok(auth::create_token_sync(c, role, &name)?),
-        }
-    })?
+    Ok(db.write_blocking(move |c| auth::create_token_sync(c, role, &name))??)
 }
 
 /// Make sure `path` holds a valid `super_admin` token: reuse the one in

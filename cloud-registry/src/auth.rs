@@ -188,15 +188,42 @@ pub fn new_token() -> String {
     )
 }
 
+/// Why a token was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// `principal` already has tokens (revoked ones included) of another
+    /// role: a token under its name would act as it with other rights.
+    #[error("principal `{principal}` already has `{existing}` tokens; a principal keeps one role (create a `{existing}` token for it, or choose another name)")]
+    RoleConflict { principal: String, existing: String },
+}
+
 /// Insert a token for `principal` with `role` using an open connection
-/// (the CLI path). Returns the plaintext token, which is not stored.
+/// (the write thread, or the CLI's own connection). Returns the plaintext
+/// token, which is not stored. A principal keeps one role: the check and
+/// the insert share one immediate transaction, so two creators cannot
+/// race past it.
+///
+/// Errors: [`TokenError::RoleConflict`], or the store cannot be written.
 pub fn create_token_sync(
     conn: &Connection,
     role: Role,
     principal: &str,
-) -> rusqlite::Result<String> {
+) -> Result<String, TokenError> {
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
+    if let Some(existing) = principal_role_sync(&tx, principal)? {
+        if existing != role.as_str() {
+            return Err(TokenError::RoleConflict {
+                principal: principal.to_string(),
+                existing,
+            });
+        }
+    }
     let token = new_token();
-    conn.execute(
+    tx.execute(
         "INSERT INTO api_tokens (token_hash, principal, role, created_at) VALUES (?1, ?2, ?3, ?4)",
         params![
             hash_token(&token),
@@ -205,12 +232,13 @@ pub fn create_token_sync(
             chrono::Utc::now().to_rfc3339()
         ],
     )?;
+    tx.commit()?;
     Ok(token)
 }
 
 /// The role of the tokens already issued to `principal` (revoked ones
 /// included), if any: a principal keeps one role for its whole life.
-pub fn principal_role_sync(conn: &Connection, principal: &str) -> rusqlite::Result<Option<String>> {
+fn principal_role_sync(conn: &Connection, principal: &str) -> rusqlite::Result<Option<String>> {
     conn.query_row(
         "SELECT role FROM api_tokens WHERE principal = ?1 ORDER BY created_at LIMIT 1",
         [principal],
@@ -220,18 +248,6 @@ pub fn principal_role_sync(conn: &Connection, principal: &str) -> rusqlite::Resu
 }
 
 impl Authenticator {
-    /// The role the tokens of `principal` were issued with (revoked ones
-    /// included), or `None` for a name never used.
-    ///
-    /// Errors: the store cannot be read.
-    pub async fn principal_role(&self, principal: &str) -> Result<Option<String>, DbError> {
-        let name = principal.to_string();
-        Ok(self
-            .db
-            .read(move |conn| principal_role_sync(conn, &name))
-            .await??)
-    }
-
     /// Load every non-revoked token hash from the store.
     pub async fn load(db: Db) -> Result<Arc<Self>, DbError> {
         let rows = db
@@ -328,7 +344,9 @@ impl Authenticator {
     }
 
     /// Create and store a token; returns the plaintext (shown once).
-    pub async fn create_token(&self, role: Role, principal: &str) -> Result<String, DbError> {
+    ///
+    /// Errors: [`TokenError::RoleConflict`], or the store cannot be written.
+    pub async fn create_token(&self, role: Role, principal: &str) -> Result<String, TokenError> {
         let name = principal.to_string();
         let token = self
             .db

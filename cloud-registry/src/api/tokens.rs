@@ -28,7 +28,7 @@ use shared_protocol::api::Role;
 use shared_protocol::validate::{check_id, Validate, ValidationError};
 
 use super::ApiState;
-use crate::auth::{Principal, Revoked, TokenInfo};
+use crate::auth::{Principal, Revoked, TokenError, TokenInfo};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
 
@@ -126,20 +126,17 @@ async fn create(
             req.role
         )));
     }
-    // A principal keeps one role: a token of another role under an existing
-    // name would act as that principal (hold its leases) with other rights.
-    if let Some(existing) = st.auth.principal_role(&req.name).await? {
-        if existing != req.role.as_str() {
-            return Err(ApiError::conflict(
-                "principal_role_conflict",
-                format!(
-                    "principal `{}` already has `{existing}` tokens; a principal keeps one role (create a `{existing}` token for it, or choose another name)",
-                    req.name
-                ),
-            ));
-        }
-    }
-    let token = st.auth.create_token(req.role, &req.name).await?;
+    let token = st
+        .auth
+        .create_token(req.role, &req.name)
+        .await
+        .map_err(|e| match e {
+            TokenError::RoleConflict { .. } => {
+                ApiError::conflict("principal_role_conflict", e.to_string())
+            }
+            TokenError::Db(e) => ApiError::from(e),
+            TokenError::Sqlite(e) => ApiError::from(crate::db::DbError::Sqlite(e)),
+        })?;
     tracing::info!(by = %who.name, principal = %req.name, role = %req.role, "token created");
     Ok((
         StatusCode::CREATED,
