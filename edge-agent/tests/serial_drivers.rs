@@ -1151,10 +1151,10 @@ fn a_psu_unplugged_and_replugged_is_unhealthy_then_answers_again() {
         json!({ "voltage_v": 5.0 }),
     );
     psu.vanish().unwrap();
-    let gone = Instant::now();
-    assert!(wait_until(Duration::from_secs(1), || d.health().status
+    // Noticed by the link's reader within a few read polls; the bound is
+    // generous because the suite shares two cores with other tests.
+    assert!(wait_until(Duration::from_secs(5), || d.health().status
         == HealthStatus::Unhealthy));
-    assert!(gone.elapsed() < Duration::from_secs(1));
     assert!(matches!(
         run(d.as_mut(), CapabilityAction::MeasureOutput, json!({})),
         Err(DriverError::Unavailable(_))
