@@ -1031,6 +1031,120 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
     reg.shutdown().await;
 }
 
+/// A client that disconnects while its request waits for a grant
+/// (`?wait_seconds=N`) never learns its lease id; the registry gives the
+/// request up (`released`, reason `client_disconnected`) instead of later
+/// granting a capability to nobody, and the next requester gets the
+/// capability when the holder releases it.
+#[tokio::test]
+async fn a_waiting_request_whose_client_disconnects_leaves_the_queue() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let holder = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:hw-01")
+        .await
+        .unwrap();
+    let gone = reg.auth.create_token(Role::Operator, "op-7").await.unwrap();
+    let next = reg.auth.create_token(Role::Operator, "op-8").await.unwrap();
+
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&holder),
+            &lease_body("cam-front-01", "audit:hw-01", 50, 600),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let held = r.1["lease_id"].as_str().unwrap().to_string();
+
+    // op-7 waits up to 30 s for the camera, but gives up after 1 s: the
+    // client-side timeout closes the connection.
+    for path in [
+        "/api/v1/capability-leases/request?wait_seconds=30",
+        "/api/v1/capability-leases/request-group?wait_seconds=30",
+    ] {
+        let body = if path.contains("group") {
+            let mut b = lease_body("x", "op-7", 60, 60);
+            b.as_object_mut().unwrap().remove("capability_id");
+            b["capability_ids"] = json!(["cam-front-01", "thumb-robot-01"]);
+            b
+        } else {
+            lease_body("cam-front-01", "op-7", 60, 60)
+        };
+        let impatient = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let sent = impatient
+            .post(format!("{}{path}", api.base))
+            .bearer_auth(&gone)
+            .json(&body)
+            .send()
+            .await;
+        assert!(sent.is_err(), "{path}: the client gave up before an answer");
+    }
+    let released = eventually(
+        Duration::from_secs(10),
+        "op-7's requests given up",
+        || async {
+            let (_, list) = api
+                .get("/api/v1/capability-leases?principal=op-7", Some(&gone))
+                .await;
+            let leases = list["leases"].as_array()?.clone();
+            (leases.len() == 3 && leases.iter().all(|l| l["status"] == "released"))
+                .then_some(leases)
+        },
+    )
+    .await;
+    let events = reg.bus.replay(0, 1000).await.unwrap();
+    for lease in &released {
+        let id = lease["lease_id"].as_str().unwrap();
+        let ev = events
+            .iter()
+            .find(|e| {
+                e.lease_id.as_deref() == Some(id) && e.event_type.as_str() == "lease_released"
+            })
+            .unwrap_or_else(|| panic!("lease_released for {id}"));
+        assert_eq!(ev.data["reason"], "client_disconnected", "{:?}", ev.data);
+    }
+    let (_, cam) = api
+        .get(
+            "/api/v1/capability-leases?capability_id=cam-front-01&active_only=true",
+            Some(&gone),
+        )
+        .await;
+    assert_eq!(cam["leases"].as_array().unwrap().len(), 1, "{cam}");
+    assert_eq!(cam["leases"][0]["lease_id"], held.as_str());
+
+    // The next requester queues and gets the camera on release.
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&next),
+            &lease_body("cam-front-01", "op-8", 40, 60),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let waiting = r.1["lease_id"].as_str().unwrap().to_string();
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{held}/release"),
+            Some(&holder),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let (_, l) = api
+        .get(&format!("/api/v1/capability-leases/{waiting}"), Some(&next))
+        .await;
+    assert_eq!(l["status"], "granted", "{l}");
+    reg.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_group_request_grants_all_capabilities_together() {
     let dir = TempDir::new().unwrap();

@@ -1332,6 +1332,74 @@ async fn acting_moves_granted_to_active_and_checks_the_capability() {
     assert_eq!(lab.events_of(EventType::LeaseReleased).await.len(), 1);
 }
 
+/// `abandon` gives up what a vanished requester never learned of: a
+/// request granted just as its client went away is released (the
+/// capability goes to the next waiter), a waiting one is withdrawn; a
+/// lease already acted on is left alone.
+#[tokio::test]
+async fn abandoning_releases_an_unclaimed_grant_and_leaves_a_lease_in_use() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    let alice = lab
+        .engine
+        .request(&who("alice"), ask("alice", "cam-01", 50, 60))
+        .await
+        .expect("alice");
+    let bob = lab
+        .engine
+        .request(&who("bob"), ask("bob", "cam-01", 50, 60))
+        .await
+        .expect("bob waits");
+    let carol = lab
+        .engine
+        .request(&who("carol"), ask("carol", "cam-01", 40, 60))
+        .await
+        .expect("carol waits");
+    lab.engine
+        .release(&who("alice"), &alice.lease_id, None)
+        .await
+        .expect("alice releases");
+    assert_eq!(lab.status(&bob.lease_id).await, LeaseStatus::Granted);
+
+    // Bob's client went away as the grant was made.
+    lab.engine
+        .abandon(std::slice::from_ref(&bob.lease_id))
+        .await
+        .expect("abandon");
+    assert_eq!(lab.status(&bob.lease_id).await, LeaseStatus::Released);
+    assert_eq!(lab.status(&carol.lease_id).await, LeaseStatus::Granted);
+    let released = lab.events_of(EventType::LeaseReleased).await;
+    let bobs = released
+        .iter()
+        .find(|e| e.lease_id.as_deref() == Some(bob.lease_id.as_str()))
+        .expect("bob's lease_released");
+    assert_eq!(bobs.data["reason"], leases::CLIENT_DISCONNECTED);
+
+    // Carol acts on hers: it is in use and stays.
+    lab.engine
+        .authorize_action(&who("carol"), &carol.lease_id, "cam-01")
+        .await
+        .expect("act");
+    lab.engine
+        .abandon(std::slice::from_ref(&carol.lease_id))
+        .await
+        .expect("abandon");
+    assert_eq!(lab.status(&carol.lease_id).await, LeaseStatus::Active);
+    // A waiting request is withdrawn; an unknown id is ignored.
+    let dave = lab
+        .engine
+        .request(&who("dave"), ask("dave", "cam-01", 50, 60))
+        .await
+        .expect("dave waits");
+    lab.engine
+        .abandon(&[dave.lease_id.clone(), "lease_unknown".to_string()])
+        .await
+        .expect("abandon");
+    assert_eq!(lab.status(&dave.lease_id).await, LeaseStatus::Released);
+    assert_eq!(lab.engine.queue_len(), 0);
+}
+
 #[tokio::test]
 async fn lease_errors_map_to_http_statuses() {
     let cases: Vec<(LeaseError, u16)> = vec![

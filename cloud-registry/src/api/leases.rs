@@ -18,8 +18,12 @@
 //!
 //! A request answers 201 with the lease when granted at once, 202 when it
 //! waits in the queue (`status: requested`); `?wait_seconds=N` (at most 300)
-//! first waits that long for the grant.
+//! first waits that long for the grant. A client that disconnects during
+//! that wait never learns its lease id, so its request is given up
+//! ([`crate::leases::LeaseEngine::abandon`]): withdrawn from the queue, or
+//! released if it was granted as the client went away.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -38,7 +42,7 @@ use super::{parse_one, ApiQuery, ApiState, OptionalJson};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
-use crate::leases::LeaseFilter;
+use crate::leases::{LeaseEngine, LeaseFilter};
 
 /// Roles that may hold leases.
 pub const LEASE_ROLES: &[Role] = &[Role::AuditAgent, Role::Operator, Role::Admin];
@@ -71,6 +75,61 @@ fn wait_of(q: &WaitQuery) -> Option<Duration> {
         .map(|s| Duration::from_secs(s.min(MAX_WAIT_SECONDS)))
 }
 
+/// Gives up the leases of a request that waits for its grant inside the
+/// handler when the handler is dropped before it answers, which is what
+/// happens when the client disconnects: nobody would ever learn those
+/// lease ids, yet a granted one would hold its capability until it
+/// expires. Dropping spawns [`LeaseEngine::abandon`] (withdraw if still
+/// `requested`, release if `granted`) on the current runtime.
+struct GiveUpIfDropped {
+    engine: Arc<LeaseEngine>,
+    lease_ids: Vec<String>,
+}
+
+impl GiveUpIfDropped {
+    fn new(engine: &Arc<LeaseEngine>, lease_ids: Vec<String>) -> Self {
+        Self {
+            engine: engine.clone(),
+            lease_ids,
+        }
+    }
+
+    /// The answer is about to be sent with the leases: keep them.
+    fn answered(mut self) {
+        self.lease_ids.clear();
+    }
+}
+
+impl Drop for GiveUpIfDropped {
+    fn drop(&mut self) {
+        if self.lease_ids.is_empty() {
+            return;
+        }
+        let lease_ids = std::mem::take(&mut self.lease_ids);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                ?lease_ids,
+                "client went away while waiting; no runtime to give up its request"
+            );
+            return;
+        };
+        let engine = self.engine.clone();
+        runtime.spawn(async move {
+            match engine.abandon(&lease_ids).await {
+                Ok(()) => tracing::info!(
+                    ?lease_ids,
+                    "client went away while waiting for a grant; its unclaimed leases were given up"
+                ),
+                Err(e) => tracing::warn!(
+                    ?lease_ids,
+                    error = %e,
+                    "client went away while waiting for a grant; could not give up its request"
+                ),
+            }
+        });
+    }
+}
+
 fn created_or_accepted(status: LeaseStatus) -> StatusCode {
     if status == LeaseStatus::Requested {
         StatusCode::ACCEPTED
@@ -88,7 +147,9 @@ async fn request(
     who.require(LEASE_ROLES)?;
     let mut lease = st.leases.request(&who, req).await?;
     if let (LeaseStatus::Requested, Some(wait)) = (lease.status, wait_of(&q)) {
+        let guard = GiveUpIfDropped::new(&st.leases, vec![lease.lease_id.clone()]);
         lease = st.leases.wait_granted(&lease.lease_id, wait).await?;
+        guard.answered();
     }
     Ok((created_or_accepted(lease.status), Json(lease)))
 }
@@ -102,6 +163,8 @@ async fn request_group(
     who.require(LEASE_ROLES)?;
     let mut group = st.leases.request_group(&who, req).await?;
     if let (LeaseStatus::Requested, Some(wait)) = (group.status, wait_of(&q)) {
+        let ids = group.leases.iter().map(|l| l.lease_id.clone()).collect();
+        let guard = GiveUpIfDropped::new(&st.leases, ids);
         // Members are granted together: waiting on the first is enough,
         // then every member is read back as committed.
         if let Some(first) = group.leases.first() {
@@ -118,6 +181,7 @@ async fn request_group(
         }
         group.status = leases.first().map(|l| l.status).unwrap_or(group.status);
         group.leases = leases;
+        guard.answered();
     }
     Ok((created_or_accepted(group.status), Json(group)))
 }

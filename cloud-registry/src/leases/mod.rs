@@ -67,6 +67,12 @@
 //!   waiter.
 //! - Withdrawing (releasing) one waiting lease of a group withdraws the whole
 //!   group; a queue timeout fails the whole group.
+//! - A request whose caller went away before it learned the lease id (an
+//!   HTTP client that disconnected while waiting for the grant) is given
+//!   up by [`LeaseEngine::abandon`]: withdrawn while `requested`, released
+//!   if it was `granted` meanwhile, so that nobody holds a capability that
+//!   no one knows about; events as for a release, with
+//!   `reason: "client_disconnected"` and actor `system`.
 //! - Queue timeout: the lease becomes `failed` with event `lease_expired`
 //!   and `reason: "queue_timeout"` (seed 001 §7 has no `lease_failed`).
 //! - `granted` → `active` (first action, [`LeaseEngine::authorize_action`])
@@ -111,11 +117,16 @@ use crate::db::Db;
 use crate::events::EventBus;
 use clock::Now;
 use commit::{Counters, View};
-use model::{unavailable, State, Tx, Want};
+use model::{unavailable, State, Tx, Want, SYSTEM_ACTOR};
 use queue::{Admission, NewMember};
 
 /// Most leases one group request may ask for.
 pub const MAX_GROUP_MEMBERS: usize = 32;
+
+/// `reason` of the `lease_released` event of a lease given up by
+/// [`LeaseEngine::abandon`]: its requester went away before it was told
+/// the lease id.
+pub const CLIENT_DISCONNECTED: &str = "client_disconnected";
 
 /// Lease engine settings (the `[leases]` table of the registry's
 /// configuration).
@@ -585,6 +596,49 @@ impl LeaseEngine {
             .ok_or_else(|| LeaseError::NotFound {
                 lease_id: lease_id.to_string(),
             })
+    }
+
+    /// Give up leases whose requester went away before it was told their
+    /// ids (an HTTP client that disconnected while its request waited for
+    /// the grant): a lease still `requested` is withdrawn with its whole
+    /// group (`released`), and one `granted` but not yet acted on is
+    /// released, its capability going to the next waiter in the same
+    /// commit. Leases in any other status (in use, being preempted, ended)
+    /// and unknown ids are left as they are.
+    ///
+    /// Events: `lease_release_requested`, `lease_released`, both with
+    /// `reason: "client_disconnected"` ([`CLIENT_DISCONNECTED`]) and actor
+    /// `system`. Answers after the commit.
+    ///
+    /// Errors: `Unavailable` (nothing was changed).
+    pub async fn abandon(&self, lease_ids: &[String]) -> Result<(), LeaseError> {
+        let rx = {
+            let mut st = lock(&self.state);
+            Self::ready(&st)?;
+            let now = self.now();
+            let mut tx = Tx::default();
+            for id in lease_ids {
+                st.settle(&mut tx, &now, &self.cfg, id);
+                let unclaimed = st.leases.get(id).is_some_and(|e| {
+                    matches!(
+                        e.lease.status,
+                        LeaseStatus::Requested | LeaseStatus::Granted
+                    )
+                });
+                if unclaimed {
+                    st.release(
+                        &mut tx,
+                        &now,
+                        &self.cfg,
+                        id,
+                        SYSTEM_ACTOR,
+                        Some(CLIENT_DISCONNECTED),
+                    );
+                }
+            }
+            Self::submit(&mut st, tx)?
+        };
+        committed(rx).await
     }
 
     /// A lease that is not live (final, or unknown): the answer for
