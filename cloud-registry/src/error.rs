@@ -45,6 +45,17 @@ impl ApiError {
             .with_details(json!({ "field": field }))
     }
 
+    /// 400 `invalid_query` about query parameter `param`: message
+    /// "query parameter `{param}`: {problem}", `details.param`.
+    pub fn invalid_query(param: &str, problem: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("query parameter `{param}`: {problem}"),
+        )
+        .with_details(json!({ "param": param }))
+    }
+
     /// 404 `not_found` for `kind` `id` (e.g. `lease`, `lease_123`).
     pub fn not_found(kind: &str, id: &str) -> Self {
         Self::new(

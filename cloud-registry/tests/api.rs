@@ -1013,6 +1013,51 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
         .await;
     assert_error(&r, StatusCode::CONFLICT, "lease_expired");
     assert_eq!(r.1["error"]["details"]["lease_status"], "expired");
+    // A wait above the 300 s maximum is refused before anything is
+    // requested, naming the parameter and the range.
+    for (path, wait, message) in [
+        (
+            "request",
+            "301",
+            "query parameter `wait_seconds`: 301 is out of range 0..=300",
+        ),
+        (
+            "request-group",
+            "301",
+            "query parameter `wait_seconds`: 301 is out of range 0..=300",
+        ),
+        (
+            "request",
+            "-5",
+            "query parameter `wait_seconds`: -5 is out of range 0..=300",
+        ),
+        (
+            "request",
+            "184467440737095516160",
+            "query parameter `wait_seconds`: 184467440737095516160 is out of range 0..=300",
+        ),
+        (
+            "request",
+            "soon",
+            "query parameter `wait_seconds`: expected a whole number from 0 to 300, got `soon`",
+        ),
+    ] {
+        let mut body = lease_body("thumb-robot-01", "audit:hw-01", 50, 60);
+        if path == "request-group" {
+            body.as_object_mut().unwrap().remove("capability_id");
+            body["capability_ids"] = json!(["thumb-robot-01"]);
+        }
+        let r = api
+            .post(
+                &format!("/api/v1/capability-leases/{path}?wait_seconds={wait}"),
+                Some(&a),
+                &body,
+            )
+            .await;
+        assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
+        assert_eq!(r.1["error"]["message"], message, "{}", r.1);
+        assert_eq!(r.1["error"]["details"]["param"], "wait_seconds");
+    }
     // No token.
     let r = api
         .post(

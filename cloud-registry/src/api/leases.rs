@@ -17,8 +17,9 @@
 //! any lease).
 //!
 //! A request answers 201 with the lease when granted at once, 202 when it
-//! waits in the queue (`status: requested`); `?wait_seconds=N` (at most 300)
-//! first waits that long for the grant. A client that disconnects during
+//! waits in the queue (`status: requested`); `?wait_seconds=N` first waits
+//! that long for the grant (0..=300; more is 400 `invalid_query`, nothing
+//! is requested). A client that disconnects during
 //! that wait never learns its lease id, so its request is given up
 //! ([`crate::leases::LeaseEngine::abandon`]): withdrawn from the queue, or
 //! released if it was granted as the client went away.
@@ -38,7 +39,7 @@ use shared_protocol::lease::{
     LeaseRequest, LeaseStatus,
 };
 
-use super::{parse_one, ApiQuery, ApiState, OptionalJson};
+use super::{parse_in_range, parse_one, ApiQuery, ApiState, OptionalJson};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
@@ -51,7 +52,8 @@ pub const LEASE_ROLES: &[Role] = &[Role::AuditAgent, Role::Operator, Role::Admin
 pub const LEASE_READ_ROLES: &[Role] =
     &[Role::AuditAgent, Role::Operator, Role::Admin, Role::Viewer];
 
-/// Longest `wait_seconds` honoured.
+/// Longest `wait_seconds` accepted; more is refused with 400
+/// `invalid_query`.
 pub const MAX_WAIT_SECONDS: u64 = 300;
 
 pub(super) fn routes() -> axum::Router<ApiState> {
@@ -66,13 +68,20 @@ pub(super) fn routes() -> axum::Router<ApiState> {
 
 #[derive(Deserialize)]
 struct WaitQuery {
-    wait_seconds: Option<u64>,
+    wait_seconds: Option<String>,
 }
 
-fn wait_of(q: &WaitQuery) -> Option<Duration> {
-    q.wait_seconds
-        .filter(|s| *s > 0)
-        .map(|s| Duration::from_secs(s.min(MAX_WAIT_SECONDS)))
+/// How long to wait for the grant: `None` for no wait (absent or 0); 400
+/// `invalid_query` for anything but a whole number up to
+/// [`MAX_WAIT_SECONDS`].
+fn wait_of(q: &WaitQuery) -> Result<Option<Duration>, ApiError> {
+    let seconds = parse_in_range(
+        "wait_seconds",
+        q.wait_seconds.as_deref(),
+        0,
+        MAX_WAIT_SECONDS,
+    )?;
+    Ok(seconds.filter(|s| *s > 0).map(Duration::from_secs))
 }
 
 /// Gives up the leases of a request that waits for its grant inside the
@@ -145,8 +154,9 @@ async fn request(
     ValidJson(req): ValidJson<LeaseRequest>,
 ) -> ApiResult<(StatusCode, Json<CapabilityLease>)> {
     who.require(LEASE_ROLES)?;
+    let wait = wait_of(&q)?;
     let mut lease = st.leases.request(&who, req).await?;
-    if let (LeaseStatus::Requested, Some(wait)) = (lease.status, wait_of(&q)) {
+    if let (LeaseStatus::Requested, Some(wait)) = (lease.status, wait) {
         let guard = GiveUpIfDropped::new(&st.leases, vec![lease.lease_id.clone()]);
         lease = st.leases.wait_granted(&lease.lease_id, wait).await?;
         guard.answered();
@@ -161,8 +171,9 @@ async fn request_group(
     ValidJson(req): ValidJson<LeaseGroupRequest>,
 ) -> ApiResult<(StatusCode, Json<LeaseGroup>)> {
     who.require(LEASE_ROLES)?;
+    let wait = wait_of(&q)?;
     let mut group = st.leases.request_group(&who, req).await?;
-    if let (LeaseStatus::Requested, Some(wait)) = (group.status, wait_of(&q)) {
+    if let (LeaseStatus::Requested, Some(wait)) = (group.status, wait) {
         let ids = group.leases.iter().map(|l| l.lease_id.clone()).collect();
         let guard = GiveUpIfDropped::new(&st.leases, ids);
         // Members are granted together: waiting on the first is enough,

@@ -126,6 +126,36 @@ where
         .collect()
 }
 
+/// Parse query parameter `param` as a whole number in `min..=max`
+/// (absent or empty: `None`). Anything else is 400 `invalid_query` naming
+/// the parameter and the range: "query parameter `wait_seconds`: 301 is
+/// out of range 0..=300", also for negative numbers and numbers too large
+/// for any integer type.
+pub fn parse_in_range(
+    param: &str,
+    raw: Option<&str>,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, ApiError> {
+    let Some(s) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ApiError::invalid_query(
+            param,
+            format!("expected a whole number from {min} to {max}, got `{s}`"),
+        ));
+    }
+    match s.parse::<u64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(Some(v)),
+        _ => Err(ApiError::invalid_query(
+            param,
+            format!("{s} is out of range {min}..={max}"),
+        )),
+    }
+}
+
 /// Parse one wire name of a query parameter.
 pub fn parse_one<T: std::str::FromStr>(
     param: &str,
