@@ -357,11 +357,67 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         )
         .await;
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
-    // A bad query parameter: 400.
+    // A bad query parameter: 400 naming it, in words a person reads.
     let r = api
         .get("/api/v1/capabilities?type=toaster", Some(&viewer))
         .await;
     assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
+    assert_eq!(r.1["error"]["details"]["param"], "type", "{}", r.1);
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("query parameter `type`: ") && message.contains("toaster"),
+        "{message}"
+    );
+    for (path, param, message) in [
+        (
+            "/api/v1/capabilities/cam-front-01/health-history?limit=ten",
+            "limit",
+            "query parameter `limit`: expected a whole number, got `ten`",
+        ),
+        (
+            "/api/v1/capability-leases?limit=-3",
+            "limit",
+            "query parameter `limit`: expected a whole number of 0 or more, got `-3`",
+        ),
+        (
+            "/api/v1/capability-leases?active_only=yes",
+            "active_only",
+            "query parameter `active_only`: expected `true` or `false`, got `yes`",
+        ),
+        (
+            "/api/v1/capability-leases?limit=1&limit=2",
+            "limit",
+            "query parameter `limit`: given more than once",
+        ),
+        (
+            "/api/v1/capability-events/stream?after=99999999999999999999999",
+            "after",
+            "query parameter `after`: `99999999999999999999999` is too large",
+        ),
+        (
+            "/api/v1/agents/runs?limit=many",
+            "limit",
+            "query parameter `limit`: expected a whole number, got `many`",
+        ),
+        (
+            "/api/v1/capability-providers?online_status=sometimes",
+            "online_status",
+            "",
+        ),
+    ] {
+        let r = api.get(path, Some(&admin)).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
+        assert_eq!(r.1["error"]["details"]["param"], param, "{path}: {}", r.1);
+        let got = r.1["error"]["message"].as_str().unwrap();
+        if message.is_empty() {
+            assert!(
+                got.starts_with(&format!("query parameter `{param}`: ")),
+                "{path}: {got}"
+            );
+        } else {
+            assert_eq!(got, message, "{path}");
+        }
+    }
     // Unknown route: JSON 404.
     let r = api.get("/api/v1/nothing-here", Some(&viewer)).await;
     assert_error(&r, StatusCode::NOT_FOUND, "route_not_found");

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Multipart, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -40,6 +40,7 @@ use super::prompts::PromptEntry;
 use super::speech::{AudioUpload, SpeechError};
 use super::store::{AudioInfo, RunFilter, TranscriptionRecord};
 use super::{AgentError, AgentService};
+use crate::api::ApiQuery;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
@@ -118,7 +119,7 @@ pub struct RunList {
 async fn list_runs(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
-    Query(q): Query<RunListQuery>,
+    ApiQuery(q): ApiQuery<RunListQuery>,
 ) -> ApiResult<Json<RunList>> {
     principal.require(&READERS)?;
     let run_type = q
@@ -175,7 +176,7 @@ pub struct ProposalListQuery {
 async fn list_proposals(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
-    Query(q): Query<ProposalListQuery>,
+    ApiQuery(q): ApiQuery<ProposalListQuery>,
 ) -> ApiResult<Json<Value>> {
     principal.require(&[Role::Admin])?;
     let status = q

@@ -110,12 +110,10 @@ async fn list(
         None | Some("") | Some("queue") => ListOrder::Queue,
         Some("newest") => ListOrder::Newest,
         Some(other) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
-                format!("order: unknown value `{other}`, expected one of: queue, newest"),
-            )
-            .with_details(json!({ "param": "order" })))
+            return Err(ApiError::invalid_query(
+                "order",
+                format!("unknown value `{other}`, expected one of: queue, newest"),
+            ))
         }
     };
     let filter = AuditRequestFilter {
