@@ -1132,6 +1132,139 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
     reg.shutdown().await;
 }
 
+/// Every number of a lease request, group or renewal that is out of range
+/// is refused with 422 `invalid_field` naming the field and the range the
+/// registry enforces: the configured `leases.max_duration_seconds` for
+/// durations (not the protocol's 86400), 0..=100 for a priority (not a
+/// byte's 0..=255), whatever the value's size or sign.
+#[tokio::test]
+async fn out_of_range_lease_numbers_name_the_range_in_force() {
+    let dir = TempDir::new().unwrap();
+    let mut cfg = test_config(&dir);
+    cfg.leases.max_duration_seconds = 600;
+    let reg = start(cfg).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let a = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:hw-01")
+        .await
+        .unwrap();
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            &lease_body("cam-front-01", "audit:hw-01", 50, 60),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let held = r.1["lease_id"].as_str().unwrap().to_string();
+    let before = api.metric("benchlink_events_total").await;
+
+    let duration = |v: &str| {
+        format!("requested_duration_seconds: {v} is out of range 1..=600 (the registry's longest lease)")
+    };
+    let single = |field: &str, value: Value| {
+        let mut b = lease_body("thumb-robot-01", "audit:hw-01", 50, 60);
+        b[field] = value;
+        b
+    };
+    let group = |duration: Value, min: Value| {
+        let mut b = lease_body("x", "audit:hw-01", 50, 60);
+        b.as_object_mut().unwrap().remove("capability_id");
+        b["requested_duration_seconds"] = duration;
+        b["requirements"] = json!([
+            {"capability_type": "camera", "mode": "exclusive"},
+            {"capability_type": "thumb_robot", "mode": "exclusive", "min_duration_seconds": min}
+        ]);
+        b
+    };
+    let renew = format!("/api/v1/capability-leases/{held}/renew");
+    let cases: Vec<(&str, Value, &str, String)> = vec![
+        ("request", single("priority", json!(101)), "priority", "priority: 101 is out of range 0..=100".into()),
+        ("request", single("priority", json!(300)), "priority", "priority: 300 is out of range 0..=100".into()),
+        ("request", single("priority", json!(-1)), "priority", "priority: -1 is out of range 0..=100".into()),
+        (
+            "request",
+            single("priority", json!("high")),
+            "priority",
+            "priority: expected a whole number from 0 to 100, got \"high\"".into(),
+        ),
+        (
+            "request",
+            single("priority", json!(1.5)),
+            "priority",
+            "priority: expected a whole number from 0 to 100, got 1.5".into(),
+        ),
+        ("request", single("requested_duration_seconds", json!(0)), "requested_duration_seconds", duration("0")),
+        ("request", single("requested_duration_seconds", json!(601)), "requested_duration_seconds", duration("601")),
+        ("request", single("requested_duration_seconds", json!(90000)), "requested_duration_seconds", duration("90000")),
+        ("request", single("requested_duration_seconds", json!(-5)), "requested_duration_seconds", duration("-5")),
+        (
+            "request",
+            single("requested_duration_seconds", json!(5_000_000_000u64)),
+            "requested_duration_seconds",
+            duration("5000000000"),
+        ),
+        (
+            "request",
+            single("queue_timeout_seconds", json!(-1)),
+            "queue_timeout_seconds",
+            "queue_timeout_seconds: -1 is out of range 0..=4294967295".into(),
+        ),
+        ("request-group", group(json!(601), json!(30)), "requested_duration_seconds", duration("601")),
+        (
+            "request-group",
+            group(json!(60), json!(120)),
+            "requirements[1].min_duration_seconds",
+            "requirements[1].min_duration_seconds: 120 is out of range 1..=60 (at most the requested_duration_seconds)".into(),
+        ),
+        (
+            "request-group",
+            group(json!(60), json!(0)),
+            "requirements[1].min_duration_seconds",
+            "requirements[1].min_duration_seconds: 0 is out of range 1..=60 (at most the requested_duration_seconds)".into(),
+        ),
+        ("renew", json!({"requested_duration_seconds": 601}), "requested_duration_seconds", duration("601")),
+        ("renew", json!({"requested_duration_seconds": 0}), "requested_duration_seconds", duration("0")),
+    ];
+    for (what, body, field, message) in cases {
+        let path = if what == "renew" {
+            renew.clone()
+        } else {
+            format!("/api/v1/capability-leases/{what}")
+        };
+        let r = api.post(&path, Some(&a), &body).await;
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+        assert_eq!(r.1["error"]["details"]["field"], field, "{what}: {}", r.1);
+        assert_eq!(r.1["error"]["message"], message.as_str(), "{what}: {body}");
+    }
+    assert_eq!(
+        api.metric("benchlink_events_total").await,
+        before,
+        "no refusal appended an event"
+    );
+    // In range, the same bodies are accepted.
+    let r = api
+        .post(
+            &renew,
+            Some(&a),
+            &json!({"requested_duration_seconds": 600}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            &single("priority", json!(100)),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    reg.shutdown().await;
+}
+
 /// A client that disconnects while its request waits for a grant
 /// (`?wait_seconds=N`) never learns its lease id; the registry gives the
 /// request up (`released`, reason `client_disconnected`) instead of later

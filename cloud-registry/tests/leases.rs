@@ -1231,6 +1231,21 @@ async fn request_checks_holder_ref_duration_and_capability() {
             other => panic!("{scenario}: expected InvalidRequest, got {other:?}"),
         }
     }
+    // A duration out of range names the configured maximum, also for 0 and
+    // for values above the protocol's 86400.
+    for seconds in [0, 3601, 90_000] {
+        let err = lab
+            .engine
+            .request(&who("alice"), ask("alice", "cam-01", 50, seconds))
+            .await
+            .expect_err("out of range");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "requested_duration_seconds: {seconds} is out of range 1..=3600 (the registry's longest lease)"
+            )
+        );
+    }
     let sub = lab
         .engine
         .request(&who("alice"), ask("alice:thread-abc", "cam-01", 50, 60))

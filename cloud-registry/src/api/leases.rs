@@ -31,19 +31,21 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use shared_protocol::api::Role;
 use shared_protocol::lease::{
     CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseReleaseRequest, LeaseRenewRequest,
-    LeaseRequest, LeaseStatus,
+    LeaseRequest, LeaseStatus, MAX_PRIORITY,
 };
+use shared_protocol::validate::{Validate, ValidationError};
 
 use super::{parse_in_range, parse_one, ApiQuery, ApiState, OptionalJson};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
-use crate::leases::{LeaseEngine, LeaseFilter};
+use crate::leases::{LeaseConfig, LeaseEngine, LeaseError, LeaseFilter};
 
 /// Roles that may hold leases.
 pub const LEASE_ROLES: &[Role] = &[Role::AuditAgent, Role::Operator, Role::Admin];
@@ -82,6 +84,141 @@ fn wait_of(q: &WaitQuery) -> Result<Option<Duration>, ApiError> {
         MAX_WAIT_SECONDS,
     )?;
     Ok(seconds.filter(|s| *s > 0).map(Duration::from_secs))
+}
+
+/// A lease body read as a JSON object first: its whole-number fields are
+/// checked against the ranges the registry enforces (see
+/// [`LeaseBody::read`]) before they are read into the protocol's integer
+/// types, whose own limits (255 for the `u8` priority, 4294967295 for
+/// seconds) are not the ones in force.
+#[derive(Default, Deserialize)]
+#[serde(transparent)]
+struct LeaseBody(serde_json::Map<String, Value>);
+
+impl Validate for LeaseBody {
+    /// Nothing here: [`LeaseBody::read`] checks the numbers, then parses
+    /// and validates the body as its protocol type.
+    fn validate(&self) -> Result<(), ValidationError> {
+        Ok(())
+    }
+}
+
+/// A whole-number field of a lease body and the range in force for it.
+struct Range {
+    /// The field as errors name it, e.g. `requirements[0].min_duration_seconds`.
+    field: String,
+    /// Where it is in the body (a JSON pointer).
+    pointer: String,
+    min: u64,
+    max: u64,
+    /// May be absent or `null`.
+    optional: bool,
+    /// Said after the range in a refusal.
+    why: Option<&'static str>,
+}
+
+impl Range {
+    fn top(field: &str, min: u64, max: u64, optional: bool, why: Option<&'static str>) -> Self {
+        Self {
+            field: field.to_string(),
+            pointer: format!("/{field}"),
+            min,
+            max,
+            optional,
+            why,
+        }
+    }
+
+    /// `requested_duration_seconds`: 1..=`leases.max_duration_seconds`.
+    fn duration(cfg: &LeaseConfig, optional: bool) -> Self {
+        Self::top(
+            "requested_duration_seconds",
+            1,
+            u64::from(cfg.max_duration_seconds),
+            optional,
+            Some(crate::leases::MAX_DURATION_WHY),
+        )
+    }
+
+    /// The numbers of a single or group request: `priority` 0..=100,
+    /// `requested_duration_seconds` 1..=`leases.max_duration_seconds`,
+    /// `queue_timeout_seconds` 0..=4294967295, and each requirement's
+    /// `min_duration_seconds` 1..=the requested duration.
+    fn of_request(cfg: &LeaseConfig, body: &LeaseBody) -> Vec<Self> {
+        let mut ranges = vec![
+            Self::top("priority", 0, u64::from(MAX_PRIORITY), false, None),
+            Self::duration(cfg, false),
+            Self::top("queue_timeout_seconds", 0, u64::from(u32::MAX), true, None),
+        ];
+        let requested = body
+            .0
+            .get("requested_duration_seconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(u64::from(cfg.max_duration_seconds));
+        let requirements = body
+            .0
+            .get("requirements")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        ranges.extend((0..requirements).map(|i| Self {
+            field: format!("requirements[{i}].min_duration_seconds"),
+            pointer: format!("/requirements/{i}/min_duration_seconds"),
+            min: 1,
+            max: requested,
+            optional: true,
+            why: Some(crate::leases::MIN_DURATION_WHY),
+        }));
+        ranges
+    }
+
+    /// Ok when `value` is a whole number in range (or may be and is
+    /// absent); otherwise the refusal, worded as the lease engine's.
+    fn check(&self, value: Option<&Value>) -> Result<(), LeaseError> {
+        let n = match value {
+            None | Some(Value::Null) if self.optional => return Ok(()),
+            // serde names a missing field.
+            None => return Ok(()),
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .map(i128::from)
+                .or_else(|| n.as_i64().map(i128::from)),
+            Some(_) => None,
+        };
+        match n {
+            Some(n) if n >= i128::from(self.min) && n <= i128::from(self.max) => Ok(()),
+            Some(n) => Err(LeaseError::out_of_range(
+                self.field.clone(),
+                n,
+                self.min,
+                self.max,
+                self.why,
+            )),
+            None => Err(LeaseError::InvalidRequest {
+                field: self.field.clone(),
+                message: format!(
+                    "expected a whole number from {} to {}, got {}",
+                    self.min,
+                    self.max,
+                    value.unwrap_or(&Value::Null)
+                ),
+            }),
+        }
+    }
+}
+
+impl LeaseBody {
+    /// Refuse a number outside its range with 422 `invalid_field` naming
+    /// the field ("priority: 300 is out of range 0..=100", the lease
+    /// engine's words), or a value that is not a whole number ("priority:
+    /// expected a whole number from 0 to 100, got \"high\""); then parse
+    /// and validate the body as `T` (errors as [`ValidJson`]'s).
+    fn read<T: DeserializeOwned + Validate>(self, ranges: &[Range]) -> Result<T, ApiError> {
+        let body = Value::Object(self.0);
+        for r in ranges {
+            r.check(body.pointer(&r.pointer))?;
+        }
+        Ok(shared_protocol::parse_value(body)?)
+    }
 }
 
 /// Gives up the leases of a request that waits for its grant inside the
@@ -151,9 +288,11 @@ async fn request(
     State(st): State<ApiState>,
     who: Principal,
     ApiQuery(q): ApiQuery<WaitQuery>,
-    ValidJson(req): ValidJson<LeaseRequest>,
+    ValidJson(body): ValidJson<LeaseBody>,
 ) -> ApiResult<(StatusCode, Json<CapabilityLease>)> {
     who.require(LEASE_ROLES)?;
+    let ranges = Range::of_request(st.leases.config(), &body);
+    let req: LeaseRequest = body.read(&ranges)?;
     let wait = wait_of(&q)?;
     let mut lease = st.leases.request(&who, req).await?;
     if let (LeaseStatus::Requested, Some(wait)) = (lease.status, wait) {
@@ -168,9 +307,11 @@ async fn request_group(
     State(st): State<ApiState>,
     who: Principal,
     ApiQuery(q): ApiQuery<WaitQuery>,
-    ValidJson(req): ValidJson<LeaseGroupRequest>,
+    ValidJson(body): ValidJson<LeaseBody>,
 ) -> ApiResult<(StatusCode, Json<LeaseGroup>)> {
     who.require(LEASE_ROLES)?;
+    let ranges = Range::of_request(st.leases.config(), &body);
+    let req: LeaseGroupRequest = body.read(&ranges)?;
     let wait = wait_of(&q)?;
     let mut group = st.leases.request_group(&who, req).await?;
     if let (LeaseStatus::Requested, Some(wait)) = (group.status, wait) {
@@ -201,9 +342,10 @@ async fn renew(
     State(st): State<ApiState>,
     who: Principal,
     Path(lease_id): Path<String>,
-    OptionalJson(req): OptionalJson<LeaseRenewRequest>,
+    OptionalJson(body): OptionalJson<LeaseBody>,
 ) -> ApiResult<Json<CapabilityLease>> {
     who.require(LEASE_ROLES)?;
+    let req: LeaseRenewRequest = body.read(&[Range::duration(st.leases.config(), true)])?;
     Ok(Json(st.leases.renew(&who, &lease_id, req).await?))
 }
 

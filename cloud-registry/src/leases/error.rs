@@ -111,6 +111,28 @@ impl LeaseError {
         }
     }
 
+    /// `field`'s `value` lies outside the range the registry enforces:
+    /// "{value} is out of range {min}..={max}" (the wording of
+    /// [`shared_protocol::validate::check_range`]), followed by ` ({why})`
+    /// when the range has a reason to give, e.g. the configured maximum
+    /// lease. HTTP 422 `invalid_field` naming the field.
+    pub fn out_of_range(
+        field: impl Into<String>,
+        value: impl std::fmt::Display,
+        min: impl std::fmt::Display,
+        max: impl std::fmt::Display,
+        why: Option<&str>,
+    ) -> Self {
+        let mut message = format!("{value} is out of range {min}..={max}");
+        if let Some(why) = why {
+            message.push_str(&format!(" ({why})"));
+        }
+        LeaseError::InvalidRequest {
+            field: field.into(),
+            message,
+        }
+    }
+
     pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         LeaseError::InvalidRequest {
             field: field.into(),

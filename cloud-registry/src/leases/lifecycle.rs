@@ -194,15 +194,7 @@ impl State {
             other => return Err(LeaseError::status(id, other, "renew")),
         }
         let duration = duration_seconds.unwrap_or(e.book.requested_duration_seconds);
-        if duration > cfg.max_duration_seconds {
-            return Err(LeaseError::invalid(
-                "requested_duration_seconds",
-                format!(
-                    "{duration} s is above the registry's maximum lease of {} s",
-                    cfg.max_duration_seconds
-                ),
-            ));
-        }
+        super::check_duration(cfg, duration)?;
         let (deadline, expires_at) = now.after(duration);
         e.deadline = Some(deadline);
         e.lease.expires_at = Some(expires_at);

@@ -241,6 +241,31 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Why a lease duration's upper bound is what it is (said after the range
+/// in a refusal).
+pub(crate) const MAX_DURATION_WHY: &str = "the registry's longest lease";
+
+/// Why a requirement's `min_duration_seconds` may not exceed a bound.
+pub(crate) const MIN_DURATION_WHY: &str = "at most the requested_duration_seconds";
+
+/// `requested_duration_seconds` must lie in `1..=max_duration_seconds`;
+/// otherwise [`LeaseError::out_of_range`] naming the configured maximum
+/// (the protocol's own limit of 86400 s is never the one in force: the
+/// configuration cannot go above it).
+pub(crate) fn check_duration(cfg: &LeaseConfig, seconds: u32) -> Result<(), LeaseError> {
+    if (1..=cfg.max_duration_seconds).contains(&seconds) {
+        Ok(())
+    } else {
+        Err(LeaseError::out_of_range(
+            "requested_duration_seconds",
+            seconds,
+            1,
+            cfg.max_duration_seconds,
+            Some(MAX_DURATION_WHY),
+        ))
+    }
+}
+
 /// `holder_ref` must name the caller: its principal name, or a sub-holder
 /// of it (`<principal>:<thread>`, `<principal>/<thread>`). Admins may give
 /// any holder_ref.
@@ -416,16 +441,7 @@ impl LeaseEngine {
     }
 
     fn check_duration(&self, seconds: u32) -> Result<(), LeaseError> {
-        if seconds > self.cfg.max_duration_seconds {
-            return Err(LeaseError::invalid(
-                "requested_duration_seconds",
-                format!(
-                    "{seconds} s is above the registry's maximum lease of {} s",
-                    self.cfg.max_duration_seconds
-                ),
-            ));
-        }
-        Ok(())
+        check_duration(&self.cfg, seconds)
     }
 
     /// Ask for a lease on one capability (`capability_id`, or a free
@@ -442,17 +458,18 @@ impl LeaseEngine {
     /// Events: `lease_requested`, then `lease_granted` when granted at once,
     /// and `lease_preempt_requested` for a holder it preempts.
     ///
-    /// Errors: `InvalidRequest` (a field out of range, duration above
-    /// `max_duration_seconds`, `holder_ref` not the caller's, `mode` not the
-    /// capability's), `UnknownCapability`, `NoMatchingCapability`,
+    /// Errors: `InvalidRequest` (a field out of range; a duration outside
+    /// 1..=`max_duration_seconds`, checked first so that the message names
+    /// the configured maximum; `holder_ref` not the caller's; `mode` not
+    /// the capability's), `UnknownCapability`, `NoMatchingCapability`,
     /// `CapabilityOffline`, `QueueFull`, `Unavailable`.
     pub async fn request(
         &self,
         holder: &Principal,
         req: LeaseRequest,
     ) -> Result<CapabilityLease, LeaseError> {
-        req.validate()?;
         self.check_duration(req.requested_duration_seconds)?;
+        req.validate()?;
         check_holder_ref(holder, &req.holder_ref)?;
         let (lease, rx) = {
             let mut st = lock(&self.state);
@@ -507,8 +524,8 @@ impl LeaseEngine {
         holder: &Principal,
         req: LeaseGroupRequest,
     ) -> Result<LeaseGroup, LeaseError> {
-        req.validate()?;
         self.check_duration(req.requested_duration_seconds)?;
+        req.validate()?;
         check_holder_ref(holder, &req.holder_ref)?;
         let count = req.capability_ids.len() + req.requirements.len();
         if count > MAX_GROUP_MEMBERS {
@@ -730,10 +747,10 @@ impl LeaseEngine {
         lease_id: &str,
         req: LeaseRenewRequest,
     ) -> Result<CapabilityLease, LeaseError> {
-        req.validate()?;
         if let Some(d) = req.requested_duration_seconds {
             self.check_duration(d)?;
         }
+        req.validate()?;
         let cfg = self.cfg.clone();
         let actor = holder.name.clone();
         let done = self
@@ -1153,12 +1170,12 @@ fn resolve_group(st: &State, req: &LeaseGroupRequest) -> Result<Vec<NewMember>, 
         let field = format!("requirements[{i}]");
         if let Some(min) = r.min_duration_seconds {
             if min > req.requested_duration_seconds {
-                return Err(LeaseError::invalid(
+                return Err(LeaseError::out_of_range(
                     format!("{field}.min_duration_seconds"),
-                    format!(
-                        "{min} s is more than the requested_duration_seconds of {} s",
-                        req.requested_duration_seconds
-                    ),
+                    min,
+                    1,
+                    req.requested_duration_seconds,
+                    Some(MIN_DURATION_WHY),
                 ));
             }
         }
