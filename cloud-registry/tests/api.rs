@@ -1808,6 +1808,38 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
     let r = delete(&api, "/api/v1/tokens/bootstrap-admin", &admin).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    assert_eq!(
+        r.1["error"]["message"],
+        "only a super_admin may revoke the tokens of `bootstrap-admin`, which is a `super_admin`"
+    );
+    assert_eq!(
+        r.1["error"]["details"]["allowed_roles"],
+        json!(["super_admin"])
+    );
+    assert_eq!(r.1["error"]["details"]["role"], "admin");
+    reg.auth.create_token(Role::Admin, "admin-2").await.unwrap();
+    let r = delete(&api, "/api/v1/tokens/admin-2", &admin).await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    assert_eq!(
+        r.1["error"]["message"],
+        "only a super_admin may revoke the tokens of `admin-2`, which is an `admin`"
+    );
+    let r = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(&admin),
+            &json!({"role": "super_admin", "name": "root-2"}),
+        )
+        .await;
+    assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
+    assert_eq!(
+        r.1["error"]["message"],
+        "only a super_admin may create `super_admin` tokens"
+    );
+    assert_eq!(
+        r.1["error"]["details"]["allowed_roles"],
+        json!(["super_admin"])
+    );
     let r = delete(&api, "/api/v1/tokens/nobody", &admin).await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
 

@@ -7,7 +7,8 @@
 //! - `DELETE /api/v1/tokens/{name}`: revoke every valid token of principal
 //!   `name`; answer `{"name", "revoked_tokens"}` (0 when all were revoked
 //!   already). 404 `not_found` when no token was ever made for `name`. An
-//!   `admin` may not revoke `admin` or `super_admin` tokens (403). The
+//!   `admin` may not revoke `admin` or `super_admin` tokens (403 naming
+//!   the principal's role). The
 //!   running registry forgets the tokens at once: their next request is
 //!   401 `unauthenticated`.
 //!
@@ -71,13 +72,17 @@ async fn revoke(
     check_id("name", &name).map_err(|e| ApiError::invalid_field("name", e.to_string()))?;
     if who.role != Role::SuperAdmin {
         let roles = st.auth.roles_of(&name).await?;
-        if roles
-            .iter()
-            .any(|r| matches!(r, Role::Admin | Role::SuperAdmin))
+        if let Some(role) = roles
+            .into_iter()
+            .find(|r| matches!(r, Role::Admin | Role::SuperAdmin))
         {
-            return Err(ApiError::forbidden(format!(
-                "only a super_admin may revoke the tokens of `{name}` (an admin)"
-            )));
+            let article = if role == Role::Admin { "an" } else { "a" };
+            return Err(only_super_admin(
+                &who,
+                format!(
+                    "only a super_admin may revoke the tokens of `{name}`, which is {article} `{role}`"
+                ),
+            ));
         }
     }
     match st.auth.revoke(&name).await? {
@@ -90,6 +95,16 @@ async fn revoke(
             }))
         }
     }
+}
+
+/// 403 `forbidden` for what only a `super_admin` may do, with the details
+/// of [`Principal::require`]'s refusal (`role` of the caller,
+/// `allowed_roles`).
+fn only_super_admin(who: &Principal, message: String) -> ApiError {
+    ApiError::forbidden(message).with_details(serde_json::json!({
+        "role": who.role,
+        "allowed_roles": [Role::SuperAdmin],
+    }))
 }
 
 /// Body of `POST /api/v1/auth/tokens`.
@@ -121,10 +136,10 @@ async fn create(
 ) -> ApiResult<(StatusCode, Json<TokenCreated>)> {
     who.require(&[Role::Admin])?;
     if matches!(req.role, Role::Admin | Role::SuperAdmin) && who.role != Role::SuperAdmin {
-        return Err(ApiError::forbidden(format!(
-            "only a super_admin may create `{}` tokens",
-            req.role
-        )));
+        return Err(only_super_admin(
+            &who,
+            format!("only a super_admin may create `{}` tokens", req.role),
+        ));
     }
     let token = st
         .auth
