@@ -114,23 +114,38 @@ fn open_existing_store(cfg: &Config) -> anyhow::Result<cloud_registry::db::Db> {
     app::open_db(path).with_context(|| format!("opening store {}", path.display()))
 }
 
+/// The tokens as a table for a person: NAME, ROLE, CREATED_AT and REVOKED
+/// (when, or `no`), each column as wide as its widest cell and two spaces
+/// from the next, so that the columns line up whatever the lengths of the
+/// names.
 fn token_table(tokens: &[cloud_registry::auth::TokenInfo]) -> String {
-    use std::fmt::Write as _;
+    let header = ["NAME", "ROLE", "CREATED_AT", "REVOKED"];
+    let rows: Vec<[&str; 4]> = tokens
+        .iter()
+        .map(|t| {
+            [
+                t.name.as_str(),
+                t.role.as_str(),
+                t.created_at.as_str(),
+                t.revoked_at.as_deref().unwrap_or("no"),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<40} {:<12} {:<26} REVOKED",
-        "NAME", "ROLE", "CREATED_AT"
-    );
-    for t in tokens {
-        let _ = writeln!(
-            out,
-            "{:<40} {:<12} {:<26} {}",
-            t.name,
-            t.role.as_str(),
-            t.created_at,
-            t.revoked_at.as_deref().unwrap_or("no")
-        );
+    for row in std::iter::once(header).chain(rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
     }
     out
 }

@@ -182,6 +182,16 @@ async fn token_list_and_revoke_work_while_the_registry_runs() {
     assert!(token.starts_with("blk_"), "{token}");
     assert_eq!(status_with(&served.base, &token).await, 200);
 
+    // Names shorter and longer than the others.
+    let long_name = "audit:hardware-auditor-with-a-name-longer-than-forty-characters-01";
+    for name in ["v", long_name] {
+        let out = token_cmd(
+            &config,
+            &["create", "--role", "audit_agent", "--name", name],
+        );
+        assert!(out.status.success(), "{out:?}");
+    }
+
     // The table and the JSON list name the token, never its secret.
     let out = token_cmd(&config, &["list"]);
     assert!(out.status.success(), "{out:?}");
@@ -191,6 +201,24 @@ async fn token_list_and_revoke_work_while_the_registry_runs() {
     assert!(row.contains("viewer") && row.ends_with(" no"), "{row}");
     assert!(table.contains("bootstrap-admin"), "{table}");
     assert!(!table.contains(&token), "{table}");
+    // Every column starts at the same place on every line, two spaces
+    // after the widest cell of the column before.
+    let header = table.lines().next().unwrap();
+    let columns: Vec<usize> = ["ROLE", "CREATED_AT", "REVOKED"]
+        .iter()
+        .map(|c| header.find(c).unwrap())
+        .collect();
+    assert_eq!(columns[0], long_name.len() + 2, "{table}");
+    assert_eq!(columns[1], columns[0] + "audit_agent".len() + 2, "{table}");
+    assert_eq!(table.lines().count(), 5, "{table}");
+    for line in table.lines() {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells.len(), 4, "{line}");
+        for (&at, cell) in columns.iter().zip(&cells[1..]) {
+            assert_eq!(line.get(at - 2..at), Some("  "), "{table}");
+            assert!(line[at..].starts_with(cell), "{table}");
+        }
+    }
 
     let out = token_cmd(&config, &["revoke", "--name", "viewer-1"]);
     assert!(out.status.success(), "{out:?}");
