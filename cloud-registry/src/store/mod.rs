@@ -10,6 +10,7 @@
 //! caller publishes them on the live bus after the call returns, i.e. after
 //! commit).
 
+pub mod cache;
 pub mod sqlite;
 
 use std::time::Duration;

@@ -28,6 +28,7 @@ use super::{
     OnlineTransition, ProviderFilter, ProviderRegistered, Store, StoreCounts, StoreError,
     StoreResult,
 };
+use super::cache::RowCache;
 use crate::db::Db;
 use crate::events::{self, NewEvent};
 
@@ -95,16 +96,24 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     )
 }
 
-/// The SQLite store. Cheap to clone.
+/// The SQLite store. Cheap to clone (clones share the row cache).
+///
+/// `get_provider` and `get_capability` answer from a [`RowCache`] of
+/// committed rows; each write forgets the provider it touched on the
+/// writer thread, right after its commit.
 #[derive(Clone)]
 pub struct SqliteStore {
     db: Db,
+    cache: RowCache,
 }
 
 impl SqliteStore {
     /// A store over `db`, whose tables [`migrate`] has created.
     pub fn new(db: Db) -> Self {
-        Self { db }
+        Self {
+            db,
+            cache: RowCache::default(),
+        }
     }
 }
 
@@ -698,9 +707,14 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> StoreResult<ProviderRegistered> {
         let actor = actor.to_string();
+        let cache = self.cache.clone();
         Ok(self
             .db
-            .write(move |c| register_provider_tx(c, &actor, &req, now))
+            .write(move |c| {
+                let done = register_provider_tx(c, &actor, &req, now);
+                cache.forget(&req.provider_id);
+                done
+            })
             .await??)
     }
 
@@ -713,8 +727,13 @@ impl Store for SqliteStore {
     ) -> StoreResult<CapabilitiesRegistered> {
         let actor = actor.to_string();
         let provider_id = provider_id.to_string();
+        let cache = self.cache.clone();
         self.db
-            .write(move |c| register_capabilities_tx(c, &actor, &provider_id, &capabilities, now))
+            .write(move |c| {
+                let done = register_capabilities_tx(c, &actor, &provider_id, &capabilities, now);
+                cache.forget(&provider_id);
+                done
+            })
             .await?
     }
 
@@ -726,8 +745,13 @@ impl Store for SqliteStore {
         snapshot_min_interval: Duration,
     ) -> StoreResult<HeartbeatRecorded> {
         let actor = actor.to_string();
+        let cache = self.cache.clone();
         self.db
-            .write(move |c| record_heartbeat_tx(c, &actor, &heartbeat, now, snapshot_min_interval))
+            .write(move |c| {
+                let done = record_heartbeat_tx(c, &actor, &heartbeat, now, snapshot_min_interval);
+                cache.forget(&heartbeat.provider_id);
+                done
+            })
             .await?
     }
 
@@ -743,8 +767,13 @@ impl Store for SqliteStore {
         let actor = actor.to_string();
         let provider_id = provider_id.to_string();
         let reason = reason.to_string();
+        let cache = self.cache.clone();
         self.db
-            .write(move |c| set_online_tx(c, &actor, &provider_id, online, boot_id, &reason, now))
+            .write(move |c| {
+                let done = set_online_tx(c, &actor, &provider_id, online, boot_id, &reason, now);
+                cache.forget(&provider_id);
+                done
+            })
             .await?
     }
 
@@ -764,8 +793,16 @@ impl Store for SqliteStore {
     }
 
     async fn get_provider(&self, provider_id: &str) -> StoreResult<Option<CapabilityProvider>> {
+        let ticket = match self.cache.provider(provider_id) {
+            Ok(p) => return Ok(Some(p)),
+            Err(ticket) => ticket,
+        };
         let id = provider_id.to_string();
-        Ok(self.db.read(move |c| load_provider(c, &id)).await??)
+        let found = self.db.read(move |c| load_provider(c, &id)).await??;
+        if let Some(p) = &found {
+            self.cache.fill_provider(ticket, p);
+        }
+        Ok(found)
     }
 
     async fn list_providers(&self, filter: ProviderFilter) -> StoreResult<Vec<CapabilityProvider>> {
@@ -784,8 +821,16 @@ impl Store for SqliteStore {
     }
 
     async fn get_capability(&self, capability_id: &str) -> StoreResult<Option<Capability>> {
+        let ticket = match self.cache.capability(capability_id) {
+            Ok(c) => return Ok(Some(c)),
+            Err(ticket) => ticket,
+        };
         let id = capability_id.to_string();
-        Ok(self.db.read(move |c| load_capability(c, &id)).await??)
+        let found = self.db.read(move |c| load_capability(c, &id)).await??;
+        if let Some(c) = &found {
+            self.cache.fill_capability(ticket, c);
+        }
+        Ok(found)
     }
 
     async fn list_capabilities(&self, filter: CapabilityFilter) -> StoreResult<Vec<Capability>> {
