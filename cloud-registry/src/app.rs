@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
+use axum::serve::ListenerExt;
 use axum::{Extension, Router};
 use rusqlite::Connection;
 use serde_json::json;
@@ -435,6 +436,13 @@ impl Registry {
         let app = build_router(state, features, config.http.body_limit_bytes);
         let mut http_stop = shutdown_rx.clone();
         let http = tokio::spawn(async move {
+            // Small JSON answers and event-stream lines go out at once
+            // instead of waiting for the client's delayed ACK (Nagle).
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
+                }
+            });
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
                     let _ = http_stop.wait_for(|s| *s).await;
