@@ -572,7 +572,8 @@ async fn supervise_deadlines(
     sink: UpdateSink,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // Fine enough for deadlines and for `running` reports ~100 ms in.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopping = false;
     loop {

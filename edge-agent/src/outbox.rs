@@ -659,16 +659,13 @@ impl Outbox {
         payload: &[u8],
     ) -> Result<i64, OutboxError> {
         self.with_conn_unsynced(|c| {
-            c.execute(
+            c.prepare_cached(
                 "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
                  VALUES (?1, ?2, ?3, ?4)",
-                params![message_id, session_id, payload, now_text()],
-            )?;
-            c.query_row(
-                "SELECT seq FROM pending_updates WHERE message_id = ?1",
-                [message_id],
-                |r| r.get(0),
-            )
+            )?
+            .execute(params![message_id, session_id, payload, now_text()])?;
+            c.prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
+                .query_row([message_id], |r| r.get(0))
         })
     }
 

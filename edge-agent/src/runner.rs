@@ -6,7 +6,13 @@
 //! queued, running (with its non-interruptible flag, seed 001 §6.4) or
 //! abandoned. Every session ends with exactly one final `session_update`
 //! (completed / failed / cancelled) carrying the artifacts the action wrote
-//! to the outbox; a `running` update is sent when it starts.
+//! to the outbox. An action still running [`RUNNING_REPORT_AFTER`] after it
+//! started also sends a `running` update first (from the supervisor's
+//! [`Runners::check_deadlines`]); a quick one sends only its final update,
+//! which halves the messages and outbox writes of the common case. (Should
+//! an action end in the instant its `running` update is being queued, that
+//! update may follow the final one; the registry ignores a `running`
+//! update for a session that has ended.)
 //!
 //! - Bad commands (unknown capability, an action the device lacks) are
 //!   refused before anything runs; parameters are checked by the driver
@@ -50,6 +56,8 @@ pub const MAX_TIMEOUT_MS: u32 = 600_000;
 pub const ABANDON_GRACE: Duration = Duration::from_secs(5);
 /// Actions that may wait behind the running one, per capability.
 pub const QUEUE_DEPTH: usize = 64;
+/// How long an action runs before a `running` update reports it.
+pub const RUNNING_REPORT_AFTER: Duration = Duration::from_millis(100);
 /// How often an idle runner refreshes its driver's health.
 pub const HEALTH_PERIOD: Duration = Duration::from_secs(5);
 
@@ -185,6 +193,10 @@ struct SessionEntry {
     deadline: Instant,
     phase: Phase,
     started_at: Option<Timestamp>,
+    /// When the driver was given the action (monotonic).
+    started: Option<Instant>,
+    /// The `running` update has been queued.
+    running_reported: bool,
     non_interruptible: bool,
     cancel: CancelToken,
     cancel_reason: Option<String>,
@@ -343,6 +355,8 @@ impl Runners {
                     deadline: Instant::now() + Duration::from_millis(u64::from(timeout_ms)),
                     phase: Phase::Queued,
                     started_at: None,
+                    started: None,
+                    running_reported: false,
                     non_interruptible: false,
                     cancel: CancelToken::new(),
                     cancel_reason: None,
@@ -407,14 +421,30 @@ impl Runners {
         (updates, running)
     }
 
-    /// Enforce deadlines (call a few times a second). Returns the final
-    /// updates to emit for sessions that timed out in the queue or whose
-    /// driver was given up.
+    /// Enforce deadlines and report long actions (call every few tens of
+    /// milliseconds). Returns the updates to emit, in order: `running` for
+    /// actions running for [`RUNNING_REPORT_AFTER`] or longer and not yet
+    /// reported, then the final ones of sessions that timed out in the
+    /// queue or whose driver was given up.
     pub fn check_deadlines(&self) -> Vec<SessionUpdate> {
         let now = Instant::now();
         let mut board = lock(&self.board);
         let mut updates = Vec::new();
         let mut stuck = Vec::new();
+        for (id, s) in board.sessions.iter_mut() {
+            let long = s
+                .started
+                .is_some_and(|t| now.duration_since(t) >= RUNNING_REPORT_AFTER);
+            if s.phase == Phase::Running && long && !s.running_reported {
+                s.running_reported = true;
+                updates.push(session_update(
+                    id,
+                    &s.capability_id,
+                    SessionStatus::Running,
+                    None,
+                ));
+            }
+        }
         board.sessions.retain(|id, s| {
             if s.phase == Phase::Queued && now >= s.deadline {
                 updates.push(session_update(
@@ -689,15 +719,10 @@ impl RunnerCtx {
             }
             s.phase = Phase::Running;
             s.started_at = Some(Utc::now());
+            s.started = Some(Instant::now());
             s.non_interruptible = non_interruptible;
             (s.cancel.clone(), s.deadline)
         };
-        self.sink.emit_logged(&session_update(
-            &job.session_id,
-            &job.capability_id,
-            SessionStatus::Running,
-            None,
-        ));
         let req = ActionRequest {
             session_id: job.session_id.clone(),
             action: job.action,

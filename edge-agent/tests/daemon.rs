@@ -219,8 +219,13 @@ async fn a_completed_action_reports_its_artifacts_from_the_outbox() {
     ));
     let u = final_updates(&daemon, "s-snap", Duration::from_secs(15)).await;
     let statuses: Vec<&str> = u.iter().map(|b| b["status"].as_str().unwrap()).collect();
-    assert_eq!(statuses, vec!["running", "completed"]);
-    let art = &u[1]["artifacts"][0];
+    // A quick action reports only its end; one that took over 100 ms
+    // (a loaded machine) reports `running` first.
+    assert!(
+        statuses == ["completed"] || statuses == ["running", "completed"],
+        "{statuses:?}"
+    );
+    let art = &u.last().unwrap()["artifacts"][0];
     assert_eq!(art["artifact_type"], "image");
     let id = art["artifact_id"].as_str().unwrap().to_string();
     let outbox = daemon.outbox().clone();
@@ -278,8 +283,10 @@ async fn action_cancel_stops_an_interruptible_action_and_a_queued_one_never_star
         asked.elapsed() < Duration::from_secs(5),
         "stopped long before the 20 s clip ended"
     );
+    let statuses: Vec<&str> = u.iter().map(|b| b["status"].as_str().unwrap()).collect();
+    // A long action was reported running before it ended.
+    assert_eq!(statuses, vec!["running", "cancelled"]);
     let last = u.last().unwrap();
-    assert_eq!(last["status"], "cancelled");
     assert!(
         last["error_message"]
             .as_str()
