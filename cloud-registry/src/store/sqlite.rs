@@ -23,12 +23,12 @@ use shared_protocol::provider::{
 };
 use shared_protocol::Timestamp;
 
+use super::cache::RowCache;
 use super::{
     CapabilitiesRegistered, CapabilityFilter, HealthChange, HealthSnapshot, HeartbeatRecorded,
     OnlineTransition, ProviderFilter, ProviderRegistered, Store, StoreCounts, StoreError,
     StoreResult,
 };
-use super::cache::RowCache;
 use crate::db::Db;
 use crate::events::{self, NewEvent};
 
