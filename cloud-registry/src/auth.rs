@@ -407,6 +407,56 @@ impl Authenticator {
         }
         Some(principal)
     }
+
+    /// The principal of a token as stored right now (one read on the read
+    /// connection), for MQTT logins: a token created or revoked with the
+    /// CLI while the registry runs is honoured at the next connect. The
+    /// cache follows what was read (a valid token is added, a revoked one
+    /// dropped). `None`: unknown, revoked, or the store cannot be read.
+    pub async fn authenticate_stored(&self, token: &str) -> Option<Principal> {
+        let hash = hash_token(token);
+        let key = hash.clone();
+        let row = self
+            .db
+            .read(move |conn| {
+                conn.query_row(
+                    "SELECT principal, role, revoked_at IS NOT NULL FROM api_tokens WHERE token_hash = ?1",
+                    params![key],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, bool>(2)?)),
+                )
+                .optional()
+            })
+            .await;
+        let row = match row {
+            Ok(Ok(row)) => row,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read a token for a login");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a token for a login");
+                return None;
+            }
+        };
+        let Ok(mut map) = self.by_hash.write() else {
+            return None;
+        };
+        match row {
+            Some((name, role, false)) => {
+                let principal = Principal {
+                    name,
+                    role: role.parse().ok()?,
+                };
+                map.insert(hash, principal.clone());
+                Some(principal)
+            }
+            Some((_, _, true)) => {
+                map.remove(&hash);
+                None
+            }
+            None => None,
+        }
+    }
 }
 
 /// The extractor: handlers take a `Principal` argument. Needs an

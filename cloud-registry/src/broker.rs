@@ -85,8 +85,10 @@ fn digest(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
-/// The connect-time check (see the module docs).
-fn allow_login(
+/// The connect-time check (see the module docs). The token is looked up
+/// in the store at every connect, so one created or revoked with the CLI
+/// while the registry runs counts at once.
+async fn allow_login(
     auth: &Authenticator,
     registry_user: &str,
     registry_password_hash: &[u8; 32],
@@ -98,7 +100,7 @@ fn allow_login(
         // Compare digests: equal length, no early exit on the secret.
         return &digest(password) == registry_password_hash;
     }
-    match auth.authenticate(password) {
+    match auth.authenticate_stored(password).await {
         Some(p) if p.role == Role::Provider => p.name == username && client_id == username,
         Some(p) if matches!(p.role, Role::Admin | Role::SuperAdmin) => p.name == username,
         _ => false,
@@ -146,11 +148,15 @@ impl EmbeddedBroker {
             dynamic_filters: true,
         };
         connections.set_auth_handler(move |client_id: String, username: String, password: String| {
-            let ok = allow_login(&auth, &registry_user, &registry_hash, &client_id, &username, &password);
-            if !ok {
-                tracing::warn!(client_id = %client_id, username = %username, "MQTT login refused");
+            let auth = auth.clone();
+            let registry_user = registry_user.clone();
+            async move {
+                let ok = allow_login(&auth, &registry_user, &registry_hash, &client_id, &username, &password).await;
+                if !ok {
+                    tracing::warn!(client_id = %client_id, username = %username, "MQTT login refused");
+                }
+                ok
             }
-            std::future::ready(ok)
         });
         let server = ServerSettings {
             name: "benchlink-v4".into(),

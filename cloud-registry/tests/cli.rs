@@ -113,6 +113,8 @@ fn logs_into_a_pipe_or_file_have_no_colour_codes() {
 struct Served {
     child: std::process::Child,
     base: String,
+    /// The embedded broker, HOST:PORT.
+    mqtt: String,
 }
 
 impl Drop for Served {
@@ -143,6 +145,7 @@ fn serve(config: &Path, token_file: &Path) -> Served {
     Served {
         child,
         base: format!("http://{}", ready["http"].as_str().unwrap()),
+        mqtt: ready["mqtt"].as_str().unwrap().to_string(),
     }
 }
 
@@ -165,6 +168,52 @@ async fn status_with(base: &str, token: &str) -> u16 {
         .expect("GET sent")
         .status()
         .as_u16()
+}
+
+/// Whether the broker at `addr` (HOST:PORT) accepts an MQTT login as
+/// `user` (also the client id) with `password`.
+async fn mqtt_login(addr: &str, user: &str, password: &str) -> bool {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let mut opts = rumqttc::MqttOptions::new(user, host, port.parse::<u16>().unwrap());
+    opts.set_credentials(user, password);
+    let (_client, mut events) = rumqttc::AsyncClient::new(opts, 10);
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(ack))) => {
+                    return ack.code == rumqttc::ConnectReturnCode::Success
+                }
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await;
+    first.expect("the broker answers a login within 10 s")
+}
+
+/// A provider token created with the CLI logs in to the embedded broker at
+/// once (before any HTTP use), and is refused at the next connect once
+/// revoked with the CLI.
+#[tokio::test]
+async fn mqtt_logins_follow_tokens_created_and_revoked_with_the_cli() {
+    let dir = TempDir::new().unwrap();
+    let config = write_config(&dir, "");
+    let served = serve(&config, &dir.path().join("admin.token"));
+    let out = token_cmd(
+        &config,
+        &["create", "--role", "provider", "--name", "prov-cli-1"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(mqtt_login(&served.mqtt, "prov-cli-1", &token).await);
+    // The name must match the token's principal.
+    assert!(!mqtt_login(&served.mqtt, "prov-cli-2", &token).await);
+
+    let out = token_cmd(&config, &["revoke", "--name", "prov-cli-1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!mqtt_login(&served.mqtt, "prov-cli-1", &token).await);
+    drop(served);
 }
 
 #[tokio::test]
