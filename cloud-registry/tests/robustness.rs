@@ -215,6 +215,37 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
     // The range the registry enforces, not the one of the wire type.
     assert_eq!(message, "priority: 300 is out of range 0..=100");
     assert_plain(message);
+
+    // Free text that would travel in every lease listing and event: a
+    // purpose past its limit, control characters, an oversized reason.
+    let mut long = lease.clone();
+    long["priority"] = json!(50);
+    long["purpose"] = json!("p".repeat(1_001));
+    let mut control = long.clone();
+    control["purpose"] = json!("calibrate\u{1b}[2J the camera");
+    let mut reason = long.clone();
+    reason["purpose"] = json!("x");
+    reason["preempt_reason"] = json!("r".repeat(129));
+    for (body, field, says) in [
+        (&long, "purpose", "1001 characters long; at most 1000"),
+        (&control, "purpose", "control characters"),
+        (&reason, "preempt_reason", "at most 128"),
+    ] {
+        let r = api
+            .post("/api/v1/capability-leases/request", Some(&admin), body)
+            .await;
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+        assert_eq!(r.1["error"]["details"]["field"], field, "{}", r.1);
+        let message = r.1["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    let leases = api.get("/api/v1/capability-leases", Some(&admin)).await;
+    assert_eq!(leases.0, StatusCode::OK);
+    assert_eq!(
+        leases.1["leases"],
+        json!([]),
+        "nothing was queued or granted"
+    );
     reg.shutdown().await;
 }
 

@@ -103,12 +103,43 @@ pub struct LeaseRequest {
     pub queue_timeout_seconds: Option<u32>,
 }
 
+/// Longest lease `purpose`, characters: it travels in every lease listing
+/// and lease event.
+pub const MAX_PURPOSE_CHARS: usize = 1_000;
+/// Longest `preempt_reason`, characters (the whitelist's entries are short
+/// words such as `safety_stop`).
+pub const MAX_PREEMPT_REASON_CHARS: usize = 128;
+
+/// `value` is at most `max` characters and has no control characters.
+fn check_text(field: &str, value: &str, max: usize) -> Result<(), ValidationError> {
+    let chars = value.chars().count();
+    if chars > max {
+        return Err(ValidationError::new(
+            field,
+            format!("is {chars} characters long; at most {max} are allowed"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ValidationError::new(
+            field,
+            "must not contain control characters (line breaks, tabs, NUL ...)",
+        ));
+    }
+    Ok(())
+}
+
 fn validate_holder(
     holder_ref: &str,
     project_id: &str,
+    purpose: &str,
+    preempt_reason: Option<&str>,
     priority: u8,
     duration: u32,
 ) -> Result<(), ValidationError> {
+    check_text("purpose", purpose, MAX_PURPOSE_CHARS)?;
+    if let Some(reason) = preempt_reason {
+        check_text("preempt_reason", reason, MAX_PREEMPT_REASON_CHARS)?;
+    }
     if holder_ref.trim().is_empty() || holder_ref.len() > 256 {
         return Err(ValidationError::new(
             "holder_ref",
@@ -142,6 +173,8 @@ impl Validate for LeaseRequest {
         validate_holder(
             &self.holder_ref,
             &self.project_id,
+            &self.purpose,
+            self.preempt_reason.as_deref(),
             self.priority,
             self.requested_duration_seconds,
         )
@@ -190,6 +223,8 @@ impl Validate for LeaseGroupRequest {
         validate_holder(
             &self.holder_ref,
             &self.project_id,
+            &self.purpose,
+            self.preempt_reason.as_deref(),
             self.priority,
             self.requested_duration_seconds,
         )

@@ -1263,5 +1263,9 @@ fn lease_purpose(req: &AuditTaskRequest) -> String {
         "audit {} ({}): {}",
         req.audit_request_id, req.audit_type, req.objective
     );
-    text.chars().take(200).collect()
+    // A lease purpose is one line (no control characters).
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(200)
+        .collect()
 }
