@@ -476,8 +476,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Principal {
             .ok_or_else(|| {
                 ApiError::unauthenticated("missing `Authorization: Bearer <token>` header")
             })?;
+        // The scheme name is case-insensitive (RFC 9110 §11.1).
         let token = header
-            .strip_prefix("Bearer ")
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token)
             .ok_or_else(|| ApiError::unauthenticated("expected a Bearer token"))?;
         auth.authenticate_fresh(token.trim())
             .await

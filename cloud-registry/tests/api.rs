@@ -357,6 +357,23 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         )
         .await;
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
+    // The scheme name in any letter case; another scheme is refused.
+    for (header, status) in [
+        (format!("bearer {viewer}"), StatusCode::OK),
+        (format!("BEARER {viewer}"), StatusCode::OK),
+        (format!("Basic {viewer}"), StatusCode::UNAUTHORIZED),
+        (viewer.clone(), StatusCode::UNAUTHORIZED),
+    ] {
+        let got = api
+            .http
+            .get(format!("{}/api/v1/capabilities", api.base))
+            .header("Authorization", header.as_str())
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(got, status, "{header}");
+    }
     // A bad query parameter: 400 naming it, in words a person reads.
     let r = api
         .get("/api/v1/capabilities?type=toaster", Some(&viewer))
