@@ -248,11 +248,29 @@ fn check_config(path: &std::path::Path) -> std::process::ExitCode {
     }
 }
 
+/// `e` and its causes joined with ": ", leaving out a cause whose text
+/// the message before it already ends with (error types that print their
+/// source themselves would otherwise show it twice).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn main() -> std::process::ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("cloud-registry: {e:#}");
+            eprintln!("cloud-registry: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
     }

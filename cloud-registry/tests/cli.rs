@@ -170,6 +170,58 @@ async fn status_with(base: &str, token: &str) -> u16 {
         .as_u16()
 }
 
+/// A second registry on the same HTTP port fails at once and says why
+/// once; one on another port but the same store file is refused too.
+#[test]
+fn a_second_registry_on_a_taken_port_or_store_says_why_once() {
+    let dir = TempDir::new().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = write_config(&dir, "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"127.0.0.1:0\"\n[mqtt]",
+        &format!("listen = \"127.0.0.1:{port}\"\n[mqtt]"),
+    );
+    std::fs::write(&config, text).unwrap();
+    let _first = serve(&config, &dir.path().join("admin.token"));
+
+    let second = registry()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains(&format!("cannot listen for HTTP on 127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
+
+    let other = dir.path().join("other-port.toml");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(&format!("127.0.0.1:{port}"), "127.0.0.1:0");
+    std::fs::write(&other, text).unwrap();
+    let third = registry()
+        .args(["serve", "--config"])
+        .arg(&other)
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!third.status.success());
+    let err = String::from_utf8_lossy(&third.stderr);
+    assert_eq!(
+        err.matches("is in use by another registry process").count(),
+        1,
+        "{err}"
+    );
+}
+
 /// Whether the broker at `addr` (HOST:PORT) accepts an MQTT login as
 /// `user` (also the client id) with `password`.
 async fn mqtt_login(addr: &str, user: &str, password: &str) -> bool {
