@@ -186,6 +186,20 @@ struct Inner {
     provider_id: String,
     conn: Mutex<Connection>,
     budget: Mutex<Budget>,
+    follow: Mutex<Follow>,
+}
+
+/// Most updates kept in memory for the publisher ([`Outbox::followed_updates`]);
+/// past this it reads the table again.
+const FOLLOW_MAX: usize = 256;
+
+/// Session updates queued since the publisher last read the table to its
+/// end, in queue order, so it can take them without reading SQLite.
+#[derive(Default)]
+struct Follow {
+    /// Every update queued since that read is in `rows` (or was taken).
+    on: bool,
+    rows: std::collections::VecDeque<QueuedUpdate>,
 }
 
 /// Bytes on disk not yet confirmed by the registry, including reservations
@@ -194,6 +208,27 @@ struct Budget {
     limit: u64,
     used: u64,
     files: u64,
+}
+
+/// Up to `limit` rows of `pending_updates` with `seq > after`, by `seq`.
+fn select_updates_after(
+    c: &Connection,
+    after: i64,
+    limit: usize,
+) -> rusqlite::Result<Vec<QueuedUpdate>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT seq, message_id, session_id, payload FROM pending_updates
+         WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![after, limit as i64], |r| {
+        Ok(QueuedUpdate {
+            seq: r.get(0)?,
+            message_id: r.get(1)?,
+            session_id: r.get(2)?,
+            payload: r.get(3)?,
+        })
+    })?;
+    rows.collect()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -239,6 +274,7 @@ impl Outbox {
                 durability: cfg.durability,
                 provider_id: provider_id.to_string(),
                 conn: Mutex::new(conn),
+                follow: Mutex::new(Follow::default()),
                 budget: Mutex::new(Budget {
                     limit: cfg.disk_budget_bytes,
                     used: 0,
@@ -659,14 +695,74 @@ impl Outbox {
         payload: &[u8],
     ) -> Result<i64, OutboxError> {
         self.with_conn_unsynced(|c| {
-            c.prepare_cached(
-                "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![message_id, session_id, payload, now_text()])?;
-            c.prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
-                .query_row([message_id], |r| r.get(0))
+            let inserted = c
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![message_id, session_id, payload, now_text()])?;
+            if inserted == 0 {
+                // Queued before (same message id): its position.
+                return c
+                    .prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
+                    .query_row([message_id], |r| r.get(0));
+            }
+            let seq = c.last_insert_rowid();
+            {
+                // Still under the connection lock: rows reach `follow` in
+                // the order of their `seq`.
+                let mut follow = lock(&self.inner.follow);
+                if follow.on && follow.rows.len() < FOLLOW_MAX {
+                    follow.rows.push_back(QueuedUpdate {
+                        seq,
+                        message_id: message_id.to_string(),
+                        session_id: session_id.to_string(),
+                        payload: payload.to_vec(),
+                    });
+                } else {
+                    *follow = Follow::default();
+                }
+            }
+            Ok(seq)
         })
+    }
+
+    /// [`Self::queued_updates_after`] for the one publisher: when it read
+    /// the table to its end (fewer than `limit` rows), updates queued from
+    /// now on are also kept in memory for [`Self::followed_updates`].
+    pub fn follow_updates_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<QueuedUpdate>, OutboxError> {
+        self.with_conn(|c| {
+            let rows = select_updates_after(c, after, limit)?;
+            // Under the connection lock: no update can be queued between
+            // the read and this.
+            let mut follow = lock(&self.inner.follow);
+            *follow = Follow {
+                on: rows.len() < limit,
+                rows: Default::default(),
+            };
+            Ok(rows)
+        })
+    }
+
+    /// Up to `limit` updates with `seq > after` queued since the last
+    /// [`Self::follow_updates_after`] that read the table to its end, taken
+    /// from memory (never waits for SQLite). `None` when that is not known
+    /// (no such read yet, or more were queued than memory keeps): read the
+    /// table instead.
+    pub fn followed_updates(&self, after: i64, limit: usize) -> Option<Vec<QueuedUpdate>> {
+        let mut follow = lock(&self.inner.follow);
+        if !follow.on {
+            return None;
+        }
+        while follow.rows.front().is_some_and(|u| u.seq <= after) {
+            follow.rows.pop_front();
+        }
+        let n = limit.min(follow.rows.len());
+        Some(follow.rows.drain(..n).collect())
     }
 
     /// Up to `limit` queued session updates, oldest first.
@@ -680,23 +776,7 @@ impl Outbox {
         after: i64,
         limit: usize,
     ) -> Result<Vec<QueuedUpdate>, OutboxError> {
-        self.with_conn(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT seq, message_id, session_id, payload FROM pending_updates
-                 WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-            )?;
-            let rows = stmt
-                .query_map(params![after, limit as i64], |r| {
-                    Ok(QueuedUpdate {
-                        seq: r.get(0)?,
-                        message_id: r.get(1)?,
-                        session_id: r.get(2)?,
-                        payload: r.get(3)?,
-                    })
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
-        })
+        self.with_conn(|c| select_updates_after(c, after, limit))
     }
 
     /// The broker acknowledged queued update `seq`.

@@ -366,6 +366,55 @@ fn queued_session_updates_survive_a_restart_in_order() {
     assert_eq!(outbox.queued_updates(10).unwrap().len(), 1);
 }
 
+/// The publisher's memory of updates queued since it read the table to its
+/// end: every one, once, in queue order; nothing before such a read; and a
+/// fall-back to the table once more were queued than memory keeps.
+#[test]
+fn updates_queued_after_a_full_read_are_followed_in_order_until_memory_overflows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), 64 * MIB);
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+    let ids = |v: &[edge_agent::outbox::QueuedUpdate]| -> Vec<String> {
+        v.iter().map(|q| q.message_id.clone()).collect()
+    };
+    outbox.queue_update("m-1", "s-1", b"one").unwrap();
+    // No read yet: memory cannot vouch for what is queued.
+    assert_eq!(outbox.followed_updates(0, 10), None);
+
+    // A read cut short by its limit does not follow either.
+    outbox.queue_update("m-2", "s-1", b"two").unwrap();
+    assert_eq!(ids(&outbox.follow_updates_after(0, 1).unwrap()), ["m-1"]);
+    assert_eq!(outbox.followed_updates(1, 10), None);
+
+    // A read to the end does; what is queued next comes from memory.
+    let all = outbox.follow_updates_after(0, 10).unwrap();
+    assert_eq!(ids(&all), ["m-1", "m-2"]);
+    let last = all[1].seq;
+    assert_eq!(outbox.followed_updates(last, 10), Some(vec![]));
+    outbox.queue_update("m-3", "s-2", b"three").unwrap();
+    outbox.queue_update("m-3", "s-2", b"three").unwrap(); // a repeat: kept once
+    outbox.queue_update("m-4", "s-2", b"four").unwrap();
+    let got = outbox.followed_updates(last, 1).unwrap();
+    assert_eq!(ids(&got), ["m-3"]);
+    assert_eq!(got[0].payload, b"three");
+    let rest = outbox.followed_updates(got[0].seq, 10).unwrap();
+    assert_eq!(ids(&rest), ["m-4"]);
+    // The same rows as the table holds.
+    assert_eq!(
+        outbox.queued_updates_after(last, 10).unwrap(),
+        [got, rest].concat()
+    );
+
+    // More than memory keeps: back to the table, which has them all.
+    for i in 0..300 {
+        outbox
+            .queue_update(&format!("bulk-{i}"), "s-3", b"x")
+            .unwrap();
+    }
+    assert_eq!(outbox.followed_updates(0, 10), None);
+    assert_eq!(outbox.queued_updates(1_000).unwrap().len(), 304);
+}
+
 // ---------------------------------------------------------------------------
 // SIGKILL in the middle of ingesting.
 
