@@ -230,6 +230,7 @@ pub fn build_router(state: ApiState, features: Router, body_limit_bytes: usize) 
     let router = api::router(state).merge(features);
     api::with_fallbacks(router)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
+        .layer(Extension(crate::extract::BodyLimit(body_limit_bytes)))
         .layer(Extension(auth))
 }
 

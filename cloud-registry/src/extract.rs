@@ -18,6 +18,26 @@ use crate::error::ApiError;
 /// `unsupported_media_type`.
 pub struct ValidJson<T>(pub T);
 
+/// The router's body limit in bytes (`http.body_limit_bytes`), as a
+/// request extension, so a refusal can say what it is.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+/// 413 `body_too_large` naming the limit when the router has one.
+pub fn body_too_large(limit: Option<BodyLimit>) -> ApiError {
+    let message = match limit {
+        Some(BodyLimit(n)) => format!(
+            "the request body is larger than the registry accepts ({n} bytes, `http.body_limit_bytes`)"
+        ),
+        None => "the request body is larger than the registry accepts".to_string(),
+    };
+    ApiError::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        message,
+    )
+}
+
 /// True when `headers` declare a JSON body: the media type of
 /// `Content-Type` is `application/json` in any letter case, with or without
 /// parameters (`application/json; charset=utf-8`), or a structured
@@ -50,10 +70,11 @@ where
                 "expected `Content-Type: application/json`",
             ));
         }
+        let limit = req.extensions().get::<BodyLimit>().copied();
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             let status = e.status();
             if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(status, "body_too_large", e.body_text())
+                body_too_large(limit)
             } else {
                 ApiError::bad_request(e.body_text())
             }

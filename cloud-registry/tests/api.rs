@@ -346,6 +346,8 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         .post("/api/v1/capability-providers/register", Some(&p1), &big)
         .await;
     assert_error(&r, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large");
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(message.contains("4096 bytes"), "names the limit: {message}");
     // Missing or unknown token: 401.
     let r = api.get("/api/v1/capabilities", None).await;
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
@@ -380,6 +382,17 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         .await;
     assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
     assert_eq!(r.1["error"]["details"]["param"], "type", "{}", r.1);
+    // A list of at most zero items is a mistake, not an empty answer.
+    for path in [
+        "/api/v1/capability-leases?limit=0",
+        "/api/v1/sessions?limit=0",
+    ] {
+        let r = api.get(path, Some(&viewer)).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
+        assert_eq!(r.1["error"]["details"]["param"], "limit", "{}", r.1);
+        let message = r.1["error"]["message"].as_str().unwrap();
+        assert!(message.contains("0 is out of range 1..="), "{message}");
+    }
     let message = r.1["error"]["message"].as_str().unwrap();
     assert!(
         message.starts_with("query parameter `type`: ") && message.contains("toaster"),

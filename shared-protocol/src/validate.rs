@@ -153,7 +153,7 @@ pub fn check_id(field: &str, value: &str) -> Result<(), ValidationError> {
     {
         return Err(ValidationError::new(
             field,
-            format!("`{value}` may only contain letters, digits and . _ : -"),
+            format!("`{value}` may only contain ASCII letters and digits and . _ : -"),
         ));
     }
     Ok(())

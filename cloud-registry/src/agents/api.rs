@@ -141,7 +141,7 @@ async fn list_runs(
             status,
             created_by: q.created_by,
             before_id: q.before_id,
-            limit: q.limit.unwrap_or(DEFAULT_LIST).clamp(1, MAX_LIST),
+            limit: crate::api::list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?,
         })
         .await
         .map_err(AgentError::from)?;
@@ -187,7 +187,10 @@ async fn list_proposals(
         .map_err(|e| ApiError::invalid_field("status", e.to_string()))?;
     let proposals = svc
         .store
-        .list_proposals(status, q.limit.unwrap_or(DEFAULT_LIST).clamp(1, MAX_LIST))
+        .list_proposals(
+            status,
+            crate::api::list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?,
+        )
         .await
         .map_err(AgentError::from)?;
     Ok(Json(json!({"proposals": proposals})))

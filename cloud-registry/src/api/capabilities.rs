@@ -139,7 +139,7 @@ async fn health_history(
     {
         return Err(ApiError::not_found("capability", &capability_id));
     }
-    let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
+    let limit = super::list_limit(q.limit, 100, 10_000)?;
     let snapshots = st
         .registry
         .store()

@@ -381,7 +381,7 @@ async fn list(
         status: parse_one::<LeaseStatus>("status", q.status.as_deref())?,
         lease_group_id: q.lease_group_id.filter(|s| !s.is_empty()),
         active_only: q.active_only.unwrap_or(false),
-        limit: Some(q.limit.unwrap_or(500).clamp(1, 10_000)),
+        limit: Some(super::list_limit(q.limit, 500, 10_000)?),
     };
     let leases = st.leases.try_list(filter).await?;
     Ok(Json(json!({ "leases": leases })))

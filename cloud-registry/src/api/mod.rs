@@ -179,10 +179,11 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let is_json = crate::extract::is_json_content_type(req.headers());
+        let limit = req.extensions().get::<crate::extract::BodyLimit>().copied();
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             let status = e.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(status, "body_too_large", e.body_text())
+                crate::extract::body_too_large(limit)
             } else {
                 ApiError::bad_request(e.body_text())
             }
@@ -215,6 +216,19 @@ where
                 .map_err(|e| ApiError::invalid_query(param, e))
         })
         .collect()
+}
+
+/// A list's `limit` query parameter: `default` when absent, at most `max`
+/// (more is cut to `max`), 0 refused with 400 `invalid_query`.
+pub fn list_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(default.min(max)),
+        Some(0) => Err(ApiError::invalid_query(
+            "limit",
+            format!("0 is out of range 1..={max}"),
+        )),
+        Some(n) => Ok(n.min(max)),
+    }
 }
 
 /// Parse query parameter `param` as a whole number in `min..=max`

@@ -124,7 +124,7 @@ async fn list_sessions(
             capability_id: nonempty(q.capability_id),
             provider_id: nonempty(q.provider_id),
             status: parse_one::<SessionStatus>("status", q.status.as_deref())?,
-            limit: q.limit.unwrap_or(500),
+            limit: crate::api::list_limit(q.limit, 500, super::MAX_LIST)?,
         })
         .await?;
     Ok(Json(json!({ "sessions": sessions })))
@@ -144,7 +144,7 @@ async fn lease_sessions(
         .list_sessions(SessionFilter {
             lease_id: Some(lease_id),
             status: parse_one::<SessionStatus>("status", q.status.as_deref())?,
-            limit: q.limit.unwrap_or(500),
+            limit: crate::api::list_limit(q.limit, 500, super::MAX_LIST)?,
             ..Default::default()
         })
         .await?;
@@ -179,7 +179,7 @@ async fn list_artifacts(
             session_id: nonempty(q.session_id),
             lease_id: nonempty(q.lease_id),
             uploaded: q.uploaded,
-            limit: q.limit.unwrap_or(500),
+            limit: crate::api::list_limit(q.limit, 500, super::MAX_LIST)?,
         })
         .await?;
     Ok(Json(json!({ "artifacts": artifacts })))
