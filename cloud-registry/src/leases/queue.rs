@@ -80,20 +80,10 @@ pub(crate) struct Admission {
     pub members: Vec<NewMember>,
 }
 
-/// A fresh lease id: `lease_` and 32 hex digits, a time-ordered UUID
-/// (version 7 layout: milliseconds since the Unix epoch, then random bits).
-/// Ids made later sort later, so the table's primary-key index grows at
-/// its end instead of taking each new lease on a random page.
+/// A fresh lease id: `lease_` and 32 hex digits, time-ordered (see
+/// [`crate::ids::time_ordered`]).
 pub(crate) fn new_lease_id() -> String {
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
-    let random = uuid::Uuid::new_v4();
-    let mut bytes = [0u8; 10];
-    bytes.copy_from_slice(&random.as_bytes()[..10]);
-    let id = uuid::Builder::from_unix_timestamp_millis(millis, &bytes).into_uuid();
-    format!("lease_{}", id.simple())
+    crate::ids::time_ordered("lease_")
 }
 
 impl State {

@@ -394,7 +394,7 @@ impl Sessions {
             + chrono::Duration::milliseconds(
                 i64::from(timeout_ms) + self.cfg.result_grace_ms.min(i64::MAX as u64) as i64,
             );
-        let session_id = format!("sess_{}", uuid::Uuid::new_v4().simple());
+        let session_id = crate::ids::time_ordered("sess_");
         let row = store::SessionRow {
             session: CapabilitySession {
                 session_id: session_id.clone(),

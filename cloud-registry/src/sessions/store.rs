@@ -18,6 +18,12 @@ use shared_protocol::Timestamp;
 use crate::events::{append, NewEvent};
 
 /// Create the three tables and their indexes (idempotent).
+///
+/// Indexes are chosen so that ending a session touches as few pages as
+/// possible: `provider_id` alone (it never changes), and the deadline of
+/// open sessions only (a partial index that a session leaves when it
+/// ends), instead of two indexes keyed by the status, whose entries moved
+/// on every status change.
 pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS capability_sessions (
@@ -41,10 +47,12 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             revoke_reason   TEXT
         );
         CREATE INDEX IF NOT EXISTS capability_sessions_lease ON capability_sessions(lease_id);
-        CREATE INDEX IF NOT EXISTS capability_sessions_provider_status
-            ON capability_sessions(provider_id, status);
-        CREATE INDEX IF NOT EXISTS capability_sessions_status_deadline
-            ON capability_sessions(status, deadline_at);
+        DROP INDEX IF EXISTS capability_sessions_provider_status;
+        DROP INDEX IF EXISTS capability_sessions_status_deadline;
+        CREATE INDEX IF NOT EXISTS capability_sessions_provider
+            ON capability_sessions(provider_id);
+        CREATE INDEX IF NOT EXISTS capability_sessions_open_deadline
+            ON capability_sessions(deadline_at) WHERE status IN ('pending', 'running');
         CREATE TABLE IF NOT EXISTS capability_artifacts (
             artifact_id   TEXT PRIMARY KEY,
             session_id    TEXT NOT NULL,
