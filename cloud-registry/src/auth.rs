@@ -383,34 +383,13 @@ impl Authenticator {
         if let Some(p) = self.authenticate(token) {
             return Some(p);
         }
-        let hash = hash_token(token);
-        let key = hash.clone();
-        let row = self
-            .db
-            .read(move |conn| {
-                conn.query_row(
-                    "SELECT principal, role FROM api_tokens WHERE token_hash = ?1 AND revoked_at IS NULL",
-                    params![key],
-                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
-                )
-                .ok()
-            })
-            .await
-            .ok()
-            .flatten()?;
-        let principal = Principal {
-            name: row.0,
-            role: row.1.parse().ok()?,
-        };
-        if let Ok(mut map) = self.by_hash.write() {
-            map.insert(hash, principal.clone());
-        }
-        Some(principal)
+        self.authenticate_stored(token).await
     }
 
     /// The principal of a token as stored right now (one read on the read
-    /// connection), for MQTT logins: a token created or revoked with the
-    /// CLI while the registry runs is honoured at the next connect. The
+    /// connection); MQTT logins use it so that a token created or revoked
+    /// with the CLI while the registry runs is honoured at the next
+    /// connect. The
     /// cache follows what was read (a valid token is added, a revoked one
     /// dropped). `None`: unknown, revoked, or the store cannot be read.
     pub async fn authenticate_stored(&self, token: &str) -> Option<Principal> {
@@ -427,14 +406,13 @@ impl Authenticator {
                 .optional()
             })
             .await;
-        let row = match row {
-            Ok(Ok(row)) => row,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot read a token for a login");
-                return None;
-            }
+        let row = match row
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            Ok(row) => row,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read a token for a login");
+                tracing::warn!(error = %e, "cannot read a token");
                 return None;
             }
         };
