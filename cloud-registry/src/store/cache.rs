@@ -12,7 +12,7 @@
 //! Misses (unknown ids) are not cached. Size: one entry per provider and
 //! per capability that has been read, the registered ones at most.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shared_protocol::capability::Capability;
@@ -23,6 +23,9 @@ struct Rows {
     generation: u64,
     providers: HashMap<String, CapabilityProvider>,
     capabilities: HashMap<String, Capability>,
+    /// Cached capability ids per provider id, so forgetting a provider
+    /// does not scan every cached capability (it runs on each heartbeat).
+    by_provider: HashMap<String, HashSet<String>>,
 }
 
 /// The shared cache; clones share it.
@@ -73,6 +76,10 @@ impl RowCache {
     pub fn fill_capability(&self, ticket: FillTicket, capability: &Capability) {
         let mut rows = self.lock();
         if rows.generation == ticket.0 {
+            rows.by_provider
+                .entry(capability.provider_id.clone())
+                .or_default()
+                .insert(capability.capability_id.clone());
             rows.capabilities
                 .insert(capability.capability_id.clone(), capability.clone());
         }
@@ -84,8 +91,9 @@ impl RowCache {
         let mut rows = self.lock();
         rows.generation += 1;
         rows.providers.remove(provider_id);
-        rows.capabilities
-            .retain(|_, c| c.provider_id.as_str() != provider_id);
+        for id in rows.by_provider.remove(provider_id).unwrap_or_default() {
+            rows.capabilities.remove(&id);
+        }
     }
 }
 
