@@ -546,7 +546,9 @@ async fn captures_continue_through_a_30_second_broker_outage_and_nothing_is_lost
     wait_reconnected(&a, back).await;
 
     for id in &sessions {
-        let s = eventually(Duration::from_secs(30), "session completed", || async {
+        // After the reconnect back-off and the outbox drain; generous
+        // because the suite may share the machine with other work.
+        let s = eventually(Duration::from_secs(60), "session completed", || async {
             let s = a.hw.get_ok(&format!("/api/v1/sessions/{id}")).await.ok()?;
             (s["status"] == "completed").then_some(s)
         })
