@@ -454,7 +454,9 @@ impl Registry {
             }
         });
         let mut background = vec![tokio::spawn(
-            registry.clone().run_liveness_monitor(shutdown_rx.clone()),
+            registry
+                .clone()
+                .run_liveness_monitor(mqtt.up_since(), shutdown_rx.clone()),
         )];
         background.extend(sessions.spawn_background(shutdown_rx.clone(), forward_after));
         background.push(audit.spawn_sweeper(shutdown_rx.clone()));

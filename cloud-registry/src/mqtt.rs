@@ -22,7 +22,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, Publish, QoS};
@@ -100,6 +100,7 @@ enum Outbound {
 pub struct MqttLink {
     outbound: mpsc::UnboundedSender<Outbound>,
     connected: Arc<AtomicBool>,
+    up_since: watch::Receiver<Option<Instant>>,
     stats: Arc<MqttStats>,
     stop_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -221,6 +222,7 @@ impl MqttLink {
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (in_tx, in_rx) = mpsc::channel::<Publish>(4096);
         let connected = Arc::new(AtomicBool::new(false));
+        let (up_since_tx, up_since) = watch::channel(None);
         let stats = Arc::new(MqttStats::default());
         let prefix = settings.topic_prefix.clone();
 
@@ -230,7 +232,10 @@ impl MqttLink {
                 client.clone(),
                 in_tx,
                 out_tx.clone(),
-                connected.clone(),
+                LinkFlags {
+                    connected: connected.clone(),
+                    up_since: up_since_tx,
+                },
                 stats.clone(),
                 stop_rx.clone(),
             )),
@@ -260,6 +265,7 @@ impl MqttLink {
         Self {
             outbound: out_tx,
             connected,
+            up_since,
             stats,
             stop_tx,
             tasks,
@@ -275,6 +281,14 @@ impl MqttLink {
     /// The shared connected flag (for `/healthz`).
     pub fn connected_flag(&self) -> Arc<AtomicBool> {
         self.connected.clone()
+    }
+
+    /// Since when the registry has been able to hear providers: `Some(t)`
+    /// while the client holds a broker connection, `t` being the monotonic
+    /// instant of its latest (re)connection; `None` while it has none (for
+    /// the liveness monitor, [`CapabilityRegistry::run_liveness_monitor`]).
+    pub fn up_since(&self) -> watch::Receiver<Option<Instant>> {
+        self.up_since.clone()
     }
 
     /// The counters.
@@ -335,12 +349,32 @@ impl MqttLink {
     }
 }
 
+/// The event loop's report of the connection: the flag `/healthz` and
+/// the command senders read, and the instant of the latest connection.
+struct LinkFlags {
+    connected: Arc<AtomicBool>,
+    up_since: watch::Sender<Option<Instant>>,
+}
+
+impl LinkFlags {
+    fn up(&self) {
+        self.up_since.send_replace(Some(Instant::now()));
+        self.connected.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks the link down; true when it was up.
+    fn down(&self) -> bool {
+        self.up_since.send_replace(None);
+        self.connected.swap(false, Ordering::Relaxed)
+    }
+}
+
 async fn run_event_loop(
     mut eventloop: EventLoop,
     client: AsyncClient,
     ingest: mpsc::Sender<Publish>,
     outbound: mpsc::UnboundedSender<Outbound>,
-    connected: Arc<AtomicBool>,
+    link: LinkFlags,
     stats: Arc<MqttStats>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -352,7 +386,7 @@ async fn run_event_loop(
         };
         match polled {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                connected.store(true, Ordering::Relaxed);
+                link.up();
                 stats.connects.fetch_add(1, Ordering::Relaxed);
                 backoff = Duration::from_millis(200);
                 tracing::info!("connected to the MQTT broker");
@@ -366,7 +400,7 @@ async fn run_event_loop(
             }
             Ok(_) => {}
             Err(e) => {
-                if connected.swap(false, Ordering::Relaxed) {
+                if link.down() {
                     tracing::warn!(error = %e, "MQTT connection lost; reconnecting");
                 } else {
                     tracing::debug!(error = %e, "MQTT connect failed; retrying");
@@ -380,7 +414,7 @@ async fn run_event_loop(
         }
     }
     // Send DISCONNECT and let the loop flush it (bounded).
-    if connected.load(Ordering::Relaxed) && client.try_disconnect().is_ok() {
+    if link.connected.load(Ordering::Relaxed) && client.try_disconnect().is_ok() {
         let flush = async {
             loop {
                 match eventloop.poll().await {
@@ -391,7 +425,7 @@ async fn run_event_loop(
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), flush).await;
     }
-    connected.store(false, Ordering::Relaxed);
+    link.down();
 }
 
 async fn run_publisher(

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use shared_protocol::capability::{
@@ -383,7 +383,21 @@ impl CapabilityRegistry {
     /// turns true. The first check waits one full `offline_after` window:
     /// after a registry restart every provider gets the time to report
     /// before it is judged silent.
-    pub async fn run_liveness_monitor(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    ///
+    /// Silence counts only while the registry can hear. `link_up_since` is
+    /// the MQTT link's state ([`crate::mqtt::MqttLink::up_since`]): `None`
+    /// while it is down, when nobody is judged (a broker outage silences
+    /// every provider through no fault of theirs); `Some(t)` while it is
+    /// up, `t` being the monotonic instant it last (re)connected, and
+    /// nobody is judged until `offline_after` has passed since `t`, so each
+    /// provider gets a full window to be heard again after an outage.
+    /// Heartbeats over HTTP count as hearing from a provider like MQTT
+    /// ones.
+    pub async fn run_liveness_monitor(
+        self: Arc<Self>,
+        link_up_since: watch::Receiver<Option<Instant>>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         tokio::select! {
             _ = tokio::time::sleep(self.settings.offline_after) => {}
             _ = shutdown.wait_for(|s| *s) => return,
@@ -394,11 +408,25 @@ impl CapabilityRegistry {
                 .max(Duration::from_millis(200));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    if let Err(e) = self.mark_silent_providers_offline().await {
-                        tracing::error!(error = %e, "liveness check failed");
+                    let up_since = *link_up_since.borrow();
+                    let may_judge =
+                        may_judge_silence(up_since, Instant::now(), self.settings.offline_after);
+                    if held == may_judge {
+                        held = !may_judge;
+                        if held {
+                            tracing::info!(link_up = up_since.is_some(), "MQTT link down or just restored: no provider is judged silent until it has been up for the offline timeout");
+                        } else {
+                            tracing::info!("judging provider silence again");
+                        }
+                    }
+                    if may_judge {
+                        if let Err(e) = self.mark_silent_providers_offline().await {
+                            tracing::error!(error = %e, "liveness check failed");
+                        }
                     }
                 }
                 _ = shutdown.changed() => break,
@@ -430,5 +458,42 @@ impl CapabilityRegistry {
 
     async fn clear_windows(&self, provider_id: &str) {
         self.update_windows(provider_id, HashSet::new()).await;
+    }
+}
+
+/// Whether silence may be held against providers at `now`: only while the
+/// registry's MQTT link is up (`link_up_since` is `Some`) and has been up
+/// for at least `offline_after`.
+fn may_judge_silence(
+    link_up_since: Option<Instant>,
+    now: Instant,
+    offline_after: Duration,
+) -> bool {
+    link_up_since.is_some_and(|since| now.saturating_duration_since(since) >= offline_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silence_is_judged_only_after_the_link_has_been_up_a_full_window() {
+        let window = Duration::from_secs(6);
+        let restored = Instant::now();
+        // Link down: nobody is judged, however long the silence.
+        assert!(!may_judge_silence(None, restored + window * 10, window));
+        // Link just back: not before a full window has passed.
+        assert!(!may_judge_silence(Some(restored), restored, window));
+        assert!(!may_judge_silence(
+            Some(restored),
+            restored + window - Duration::from_millis(1),
+            window
+        ));
+        assert!(may_judge_silence(Some(restored), restored + window, window));
+        assert!(may_judge_silence(
+            Some(restored),
+            restored + window * 3,
+            window
+        ));
     }
 }

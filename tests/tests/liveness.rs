@@ -1,0 +1,319 @@
+//! Provider liveness across real processes, with the registry on an
+//! external broker (a private Mosquitto on a free port that the test stops
+//! and starts again). Silence counts against a provider only while the
+//! registry itself can hear: while its MQTT link is down nobody is judged,
+//! and after the link returns every provider has a full offline timeout to
+//! be heard again. A provider that really goes silent is still marked
+//! offline. Under `CI=true` a missing `mosquitto` fails the test.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use benchlink_e2e::bench::{
+    caps, uuid_like, Broker, Lab, LabOptions, Mosquitto, HW_AGENT, PROVIDER_ID,
+};
+use benchlink_e2e::client::{follow_events, Agent, EventLog};
+use chrono::{DateTime, Utc};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// Heartbeat interval the registry asks for, seconds.
+const INTERVAL_S: u32 = 1;
+/// Missed intervals before a provider is offline: the offline timeout
+/// (15 s) is longer than the edge's longest reconnection wait (10 s), so
+/// the edge can always be heard within the window that follows a broker
+/// outage.
+const MISSED: u32 = 15;
+const OFFLINE_AFTER: Duration = Duration::from_secs(INTERVAL_S as u64 * MISSED as u64);
+/// Twice the offline timeout.
+const OUTAGE: Duration = Duration::from_secs(30);
+/// A second provider that reports over HTTP only.
+const HTTP_PROVIDER: &str = "provider-http-01";
+const HTTP_CAMERA: &str = "cam-http-01";
+
+async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn private_mosquitto(dir: &std::path::Path) -> Option<Mosquitto> {
+    if Mosquitto::binary().is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "mosquitto is not installed and CI=true"
+        );
+        eprintln!("SKIPPED: mosquitto is not installed");
+        return None;
+    }
+    Some(Mosquitto::start(dir).expect("private mosquitto starts"))
+}
+
+/// `capability_health_changed` events that took a capability of
+/// `provider_id` offline.
+fn offline_events(events: &EventLog, provider_id: &str) -> Vec<Value> {
+    events
+        .of("capability_health_changed")
+        .into_iter()
+        .filter(|e| e["provider_id"] == provider_id && e["data"]["status"] == "offline")
+        .collect()
+}
+
+async fn provider(admin: &Agent, provider_id: &str) -> Value {
+    admin
+        .get_ok(&format!("/api/v1/capability-providers/{provider_id}"))
+        .await
+        .expect("provider")
+}
+
+/// Register [`HTTP_PROVIDER`] with one camera over HTTP, as a provider.
+async fn register_http_provider(p: &Agent) {
+    let (s, v) = p
+        .post(
+            "/api/v1/capability-providers/register",
+            &json!({
+                "provider_id": HTTP_PROVIDER,
+                "node_id": "http-bench-01",
+                "hostname": "http-bench-01.local",
+                "platform": "linux",
+                "gateway_version": "0.1.0",
+                "network_zone": "lan",
+                "labels": ["http-only"],
+                "boot_id": "boot-http-1"
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v) = p
+        .post(
+            "/api/v1/capabilities/register",
+            &json!({
+                "provider_id": HTTP_PROVIDER,
+                "capabilities": [{
+                    "capability_id": HTTP_CAMERA,
+                    "capability_type": "camera",
+                    "display_name": "HTTP bench camera",
+                    "lease_mode": "exclusive",
+                    "preemptible": true,
+                    "supported_actions": ["snapshot"],
+                    "evidence_modes": ["image"]
+                }]
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
+/// Heartbeats of [`HTTP_PROVIDER`] over HTTP every interval until `stop`
+/// is set. Returns the time of the latest answered heartbeat.
+fn http_heartbeats(p: Agent, stop: Arc<AtomicBool>) -> Arc<Mutex<DateTime<Utc>>> {
+    let last = Arc::new(Mutex::new(Utc::now()));
+    let last_ok = last.clone();
+    tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            let sent = p
+                .post(
+                    "/api/v1/capabilities/heartbeat",
+                    &json!({"provider_id": HTTP_PROVIDER, "boot_id": "boot-http-1"}),
+                )
+                .await;
+            if matches!(sent, Ok((StatusCode::OK, _))) {
+                *last_ok.lock().unwrap() = Utc::now();
+            }
+            tokio::time::sleep(Duration::from_secs(u64::from(INTERVAL_S))).await;
+        }
+    });
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut broker) = private_mosquitto(dir.path()) else {
+        return;
+    };
+    let lab = Lab::start(LabOptions {
+        broker: Broker::External {
+            host: "127.0.0.1".into(),
+            port: broker.port,
+        },
+        topic_prefix: format!("benchlink-e2e-{}/v1", uuid_like()),
+        heartbeat_interval_seconds: INTERVAL_S,
+        offline_after_missed: MISSED,
+        ..Default::default()
+    })
+    .await
+    .expect("lab");
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let (events, follower) = follow_events(&admin, |_| {});
+
+    // A second provider that heartbeats over HTTP only, through the outage.
+    let (s, minted) = admin
+        .post(
+            "/api/v1/auth/tokens",
+            &json!({"role": "provider", "name": HTTP_PROVIDER}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::CREATED, "{minted}");
+    let http_provider = Agent::new(
+        &lab.base_url,
+        HTTP_PROVIDER,
+        minted["token"].as_str().unwrap(),
+    );
+    register_http_provider(&http_provider).await;
+    let stop_beats = Arc::new(AtomicBool::new(false));
+    let last_beat = http_heartbeats(http_provider, stop_beats.clone());
+
+    // A capture runs on the bench across the outage (its deadline is far
+    // beyond it, so only liveness could end it early).
+    let group = hw
+        .lease_group(
+            &[caps::CAMERA, caps::CONSOLE],
+            70,
+            "capture through an outage",
+            10,
+        )
+        .await
+        .unwrap();
+    let lease = |cap: &str| -> String {
+        group["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["capability_id"] == cap)
+            .unwrap()["lease_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (camera_lease, console_lease) = (lease(caps::CAMERA), lease(caps::CONSOLE));
+    let (s, v) = hw
+        .post(
+            &format!("/api/v1/capability-leases/{console_lease}/actions"),
+            &json!({
+                "action": "capture_log",
+                "params": {"duration_ms": 8000},
+                "wait_ms": 0,
+                "timeout_ms": 180_000
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let session_id = v["session_id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // The broker goes away for twice the offline timeout.
+    broker.stop();
+    eventually(
+        Duration::from_secs(10),
+        "registry sees the broker gone",
+        || async {
+            let (s, _) = admin.get("/healthz").await.ok()?;
+            (s == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(OUTAGE).await;
+    assert_eq!(
+        offline_events(&events, PROVIDER_ID),
+        Vec::<Value>::new(),
+        "the bench was marked offline while the registry could not hear it"
+    );
+    let back = Utc::now();
+    broker.resume().expect("broker back");
+
+    // Both ends reconnect; the bench is heard again.
+    eventually(Duration::from_secs(40), "both ends reconnected", || async {
+        let h = admin.get_ok("/healthz").await.ok()?;
+        let p = provider(&admin, PROVIDER_ID).await;
+        let beat = p["last_heartbeat_at"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())?;
+        (h["mqtt"]["connected"] == true && p["online_status"] == "online" && beat > back)
+            .then_some(())
+    })
+    .await;
+    let reconnected = Instant::now();
+    let session = eventually(Duration::from_secs(60), "the capture completes", || async {
+        let s = hw
+            .get_ok(&format!("/api/v1/sessions/{session_id}"))
+            .await
+            .ok()?;
+        (s["status"] != "running").then_some(s)
+    })
+    .await;
+    assert_eq!(session["status"], "completed", "{session}");
+    assert!(
+        !session["artifact_refs"].as_array().unwrap().is_empty(),
+        "{session}"
+    );
+    let snap = hw
+        .act_ok(&camera_lease, "snapshot", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(snap["status"], "completed");
+
+    // Past a whole offline timeout after the link returned, both providers
+    // are online and nothing was ever taken offline or failed.
+    let settled = reconnected + OFFLINE_AFTER + Duration::from_secs(2);
+    tokio::time::sleep(settled.saturating_duration_since(Instant::now())).await;
+    for id in [PROVIDER_ID, HTTP_PROVIDER] {
+        let p = provider(&admin, id).await;
+        assert_eq!(p["online_status"], "online", "{p}");
+        assert_eq!(offline_events(&events, id), Vec::<Value>::new(), "{id}");
+    }
+    assert_eq!(events.of("session_failed"), Vec::<Value>::new());
+
+    // A provider that really goes silent while the registry can hear is
+    // still marked offline, once the offline timeout has passed.
+    stop_beats.store(true, Ordering::SeqCst);
+    let went = events
+        .wait_for(
+            "the silent provider's camera offline",
+            OFFLINE_AFTER + Duration::from_secs(10),
+            |e| {
+                e["event_type"] == "capability_health_changed"
+                    && e["provider_id"] == HTTP_PROVIDER
+                    && e["data"]["status"] == "offline"
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(went["data"]["reason"], "missed heartbeats", "{went}");
+    // The registry's own clock: the event's time against the last answered
+    // heartbeat (which the registry recorded a little before it answered).
+    let silent_since = *last_beat.lock().unwrap();
+    let marked_at: DateTime<Utc> = went["occurred_at"].as_str().unwrap().parse().unwrap();
+    let silence = (marked_at - silent_since).to_std().unwrap_or_default();
+    assert!(
+        silence + Duration::from_millis(500) >= OFFLINE_AFTER,
+        "marked offline after {silence:?} of silence, before the offline timeout"
+    );
+    assert_eq!(
+        provider(&admin, HTTP_PROVIDER).await["online_status"],
+        "offline"
+    );
+    assert_eq!(
+        provider(&admin, PROVIDER_ID).await["online_status"],
+        "online"
+    );
+    follower.abort();
+}
