@@ -464,3 +464,196 @@ fn token_create_refuses_another_role_for_an_existing_principal() {
         "no operator token: {text}"
     );
 }
+
+/// POST `body` to `base` + `path` with `token`: status and JSON answer.
+async fn post_json(
+    base: &str,
+    path: &str,
+    token: &str,
+    body: &serde_json::Value,
+) -> Result<(u16, serde_json::Value), reqwest::Error> {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await?;
+    Ok((
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    ))
+}
+
+async fn get_json(base: &str, path: &str, token: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET sent")
+        .json()
+        .await
+        .expect("JSON answer")
+}
+
+/// SIGTERM while callers wait (an action with `wait_ms` on a provider that
+/// never answers, a lease request with `wait_seconds` behind a held
+/// lease): each is answered at once with what it waits for as it is then
+/// (202, the running session / the queued lease, with its id), and the
+/// process exits 0 without sitting out the 10 s drain.
+#[tokio::test]
+async fn sigterm_answers_waiting_callers_at_once_and_exits_cleanly() {
+    use serde_json::json;
+    use std::time::{Duration, Instant};
+
+    let dir = TempDir::new().unwrap();
+    let config = write_config(&dir, "");
+    let token_file = dir.path().join("admin.token");
+    let mut served = serve(&config, &token_file);
+    let base = served.base.clone();
+    let admin = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut tokens = Vec::new();
+    for (role, name) in [
+        ("provider", "bench-silent"),
+        ("audit_agent", "audit:waiter-1"),
+        ("audit_agent", "audit:waiter-2"),
+    ] {
+        let (s, body) = post_json(
+            &base,
+            "/api/v1/auth/tokens",
+            &admin,
+            &json!({"role": role, "name": name}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(s, 201, "{body}");
+        tokens.push(body["token"].as_str().unwrap().to_string());
+    }
+    let (provider, first, second) = (tokens[0].clone(), tokens[1].clone(), tokens[2].clone());
+    // A provider that registers over HTTP and never reads its commands.
+    let (s, body) = post_json(
+        &base,
+        "/api/v1/capability-providers/register",
+        &provider,
+        &json!({
+            "provider_id": "bench-silent", "node_id": "n1", "hostname": "n1.local",
+            "platform": "linux", "gateway_version": "0.1.0", "network_zone": "lan",
+            "labels": [], "boot_id": "boot-1"
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = post_json(
+        &base,
+        "/api/v1/capabilities/register",
+        &provider,
+        &json!({"provider_id": "bench-silent", "capabilities": [{
+            "capability_id": "cam-silent", "capability_type": "camera",
+            "display_name": "camera that never answers", "lease_mode": "exclusive",
+            "preemptible": true, "supported_actions": ["snapshot"]
+        }]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 200, "{body}");
+    let lease_body = |holder: &str| {
+        json!({
+            "capability_id": "cam-silent", "holder_type": "audit_agent",
+            "holder_ref": holder, "project_id": "p", "purpose": "shutdown test",
+            "priority": 50, "requested_duration_seconds": 300
+        })
+    };
+    let (s, lease) = post_json(
+        &base,
+        "/api/v1/capability-leases/request",
+        &first,
+        &lease_body("audit:waiter-1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 201, "{lease}");
+    let lease_id = lease["lease_id"].as_str().unwrap().to_string();
+
+    let action = tokio::spawn({
+        let (base, token) = (base.clone(), first.clone());
+        async move {
+            post_json(
+                &base,
+                &format!("/api/v1/capability-leases/{lease_id}/actions"),
+                &token,
+                &json!({"action": "snapshot", "wait_ms": 60000}),
+            )
+            .await
+        }
+    });
+    let queued = tokio::spawn({
+        let (base, token, body) = (base.clone(), second.clone(), lease_body("audit:waiter-2"));
+        async move {
+            post_json(
+                &base,
+                "/api/v1/capability-leases/request?wait_seconds=60",
+                &token,
+                &body,
+            )
+            .await
+        }
+    });
+    // Both wait: the session runs, the second lease is queued.
+    let until = Instant::now() + Duration::from_secs(10);
+    let (session_id, queued_id) = loop {
+        let sessions = get_json(&base, "/api/v1/sessions?status=running", &admin).await;
+        let leases = get_json(&base, "/api/v1/capability-leases?status=requested", &admin).await;
+        if let (Some(s), Some(l)) = (
+            sessions["sessions"][0]["session_id"].as_str(),
+            leases["leases"][0]["lease_id"].as_str(),
+        ) {
+            break (s.to_string(), l.to_string());
+        }
+        assert!(Instant::now() < until, "{sessions} {leases}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!action.is_finished() && !queued.is_finished());
+
+    let term = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &served.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (s, session) = tokio::time::timeout(Duration::from_secs(5), action)
+        .await
+        .expect("the action's caller is answered within 5 s of SIGTERM")
+        .unwrap()
+        .expect("an answer, not a dropped connection");
+    assert_eq!(s, 202, "{session}");
+    assert_eq!(session["status"], "running");
+    assert_eq!(session["session_id"], session_id.as_str());
+    let (s, lease) = tokio::time::timeout(Duration::from_secs(5), queued)
+        .await
+        .expect("the lease requester is answered within 5 s of SIGTERM")
+        .unwrap()
+        .expect("an answer, not a dropped connection");
+    assert_eq!(s, 202, "{lease}");
+    assert_eq!(lease["status"], "requested");
+    assert_eq!(lease["lease_id"], queued_id.as_str());
+
+    let status = loop {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            term.elapsed() < Duration::from_secs(9),
+            "still running {:?} after SIGTERM",
+            term.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}

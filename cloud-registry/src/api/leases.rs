@@ -22,7 +22,10 @@
 //! is requested). A client that disconnects during
 //! that wait never learns its lease id, so its request is given up
 //! ([`crate::leases::LeaseEngine::abandon`]): withdrawn from the queue, or
-//! released if it was granted as the client went away.
+//! released if it was granted as the client went away. When the registry
+//! begins to shut down, a waiting request is answered at once with its
+//! lease as it is (202 while still `requested`), so the client keeps its
+//! lease id and the shutdown does not wait for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -276,6 +279,36 @@ impl Drop for GiveUpIfDropped {
     }
 }
 
+/// [`LeaseEngine::wait_granted`] that also ends when the registry begins to
+/// shut down, with the lease as it is then.
+///
+/// Errors: `NotFound`.
+async fn wait_granted(
+    st: &ApiState,
+    lease_id: &str,
+    wait: Duration,
+) -> Result<CapabilityLease, LeaseError> {
+    let mut stop = st.shutdown.clone();
+    let shutting_down = async move {
+        // A dropped sender ends the wait too: the registry is gone.
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tokio::select! {
+        lease = st.leases.wait_granted(lease_id, wait) => return lease,
+        () = shutting_down => {}
+    }
+    tracing::debug!(
+        lease_id,
+        "registry shutting down: a waiting lease request gets its lease as it is"
+    );
+    st.leases
+        .get(lease_id)
+        .await
+        .ok_or_else(|| LeaseError::NotFound {
+            lease_id: lease_id.to_string(),
+        })
+}
+
 fn created_or_accepted(status: LeaseStatus) -> StatusCode {
     if status == LeaseStatus::Requested {
         StatusCode::ACCEPTED
@@ -297,7 +330,7 @@ async fn request(
     let mut lease = st.leases.request(&who, req).await?;
     if let (LeaseStatus::Requested, Some(wait)) = (lease.status, wait) {
         let guard = GiveUpIfDropped::new(&st.leases, vec![lease.lease_id.clone()]);
-        lease = st.leases.wait_granted(&lease.lease_id, wait).await?;
+        lease = wait_granted(&st, &lease.lease_id, wait).await?;
         guard.answered();
     }
     Ok((created_or_accepted(lease.status), Json(lease)))
@@ -320,7 +353,7 @@ async fn request_group(
         // Members are granted together: waiting on the first is enough,
         // then every member is read back as committed.
         if let Some(first) = group.leases.first() {
-            st.leases.wait_granted(&first.lease_id, wait).await?;
+            wait_granted(&st, &first.lease_id, wait).await?;
         }
         let mut leases = Vec::with_capacity(group.leases.len());
         for l in &group.leases {

@@ -5,7 +5,8 @@
 //!   [`ActionInvokeRequest`]; the lease holder (`audit_agent`, `operator`,
 //!   `admin`). Answers the session: `200` once it has ended (completed or
 //!   failed: look at `status` and `error_message`), `202` while it still
-//!   runs (`wait_ms` 0, or the wait ran out);
+//!   runs (`wait_ms` 0, the wait ran out, or the registry began to shut
+//!   down during the wait);
 //! - `GET /api/v1/capability-leases/{lease_id}/sessions`: the lease's
 //!   sessions, newest first;
 //! - `GET /api/v1/sessions[?lease_id=&capability_id=&provider_id=&status=&limit=]`,

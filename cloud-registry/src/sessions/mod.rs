@@ -145,6 +145,10 @@ pub struct Sessions {
     /// §6.4) sent and not yet ended: while there is one, the lease engine
     /// holds revocation and preemption back.
     windows: Mutex<HashMap<String, HashSet<String>>>,
+    /// The registry's shutdown signal (from [`Sessions::spawn_background`]):
+    /// when it turns true, callers waiting for a session to end are
+    /// answered at once with the session as it is.
+    shutdown: OnceLock<watch::Receiver<bool>>,
     /// Callers waiting for a session to end (`wait_ms`), by session id:
     /// woken with the final session when its `session_completed` /
     /// `session_failed` event is published.
@@ -224,6 +228,7 @@ impl Sessions {
             commands: OnceLock::new(),
             cfg,
             windows: Mutex::new(HashMap::new()),
+            shutdown: OnceLock::new(),
             finals: Mutex::new(HashMap::new()),
         })
     }
@@ -249,6 +254,7 @@ impl Sessions {
         shutdown: watch::Receiver<bool>,
         follow_after: u64,
     ) -> Vec<JoinHandle<()>> {
+        let _ = self.shutdown.set(shutdown.clone());
         vec![
             tokio::spawn(self.clone().run_watchdog(shutdown.clone())),
             tokio::spawn(self.clone().run_lease_follower(shutdown, follow_after)),
@@ -310,7 +316,8 @@ impl Sessions {
     /// Run `action` on the capability of lease `lease_id` for `who` (see
     /// the module doc for the checks). With `wait_ms > 0` waits up to that
     /// long for the session to end and returns it as it is then (still
-    /// `running` after the wait).
+    /// `running` after the wait); the registry beginning to shut down ends
+    /// the wait at once, with the same answer.
     ///
     /// Errors: [`SessionError::Lease`] (404, 403 `not_lease_holder`, 409
     /// with the lease status), `CapabilityNotLeased`, `UnknownCapability`,
@@ -474,8 +481,8 @@ impl Sessions {
         }
     }
 
-    /// Wait up to `timeout` for session `session_id` to end; returns it as
-    /// it is then.
+    /// Wait up to `timeout` for session `session_id` to end, or until the
+    /// registry begins to shut down; returns it as it is then.
     ///
     /// Errors: `SessionNotFound`, `Store`.
     pub async fn wait_final(
@@ -525,16 +532,31 @@ impl Sessions {
         session_id: &str,
         timeout: Duration,
     ) -> Result<CapabilitySession, SessionError> {
-        match tokio::time::timeout(timeout, &mut rx).await {
-            Ok(Ok(s)) => Ok(s),
-            // Not ended within `timeout` (or the end could not be read
-            // from its event): as it is now.
-            _ => {
-                drop(rx);
-                self.forget_waiter(session_id);
-                self.get_session(session_id).await
+        let shutting_down = async {
+            match self.shutdown.get() {
+                // A dropped sender ends the wait too: the registry is gone.
+                Some(stop) => {
+                    let _ = stop.clone().wait_for(|s| *s).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            ended = tokio::time::timeout(timeout, &mut rx) => {
+                if let Ok(Ok(s)) = ended {
+                    return Ok(s);
+                }
+            }
+            () = shutting_down => {
+                tracing::debug!(session_id, "registry shutting down: a waiting caller gets the session as it is");
             }
         }
+        // Not ended within `timeout`, the registry is shutting down (the
+        // HTTP server waits for this answer before it stops), or the end
+        // could not be read from its event: as it is now.
+        drop(rx);
+        self.forget_waiter(session_id);
+        self.get_session(session_id).await
     }
 
     /// One session.
