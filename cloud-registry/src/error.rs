@@ -125,10 +125,11 @@ impl IntoResponse for ApiError {
 }
 
 impl From<ParseError> for ApiError {
-    /// Malformed JSON is 400 `malformed_json`; a body that is not a JSON
-    /// object (`[]`, `"x"`, `42`, `null`) is 400 `invalid_request`
-    /// "request body must be a JSON object"; a bad field is 422
-    /// `invalid_field` with `details.field`. Messages speak of JSON
+    /// Malformed JSON (not JSON, or cut short) is 400 `malformed_json`; a
+    /// body that is not a JSON object (`[]`, `"x"`, `42`, `null`) is 400
+    /// `invalid_request` "request body must be a JSON object"; a bad field
+    /// (a value of the wrong JSON type included) is 422 `invalid_field`
+    /// with `details.field`. Messages speak of JSON
     /// (object, array, string, integer), never of the server's type names.
     fn from(e: ParseError) -> Self {
         match e {

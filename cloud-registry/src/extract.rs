@@ -10,9 +10,10 @@ use shared_protocol::Validate;
 
 use crate::error::ApiError;
 
-/// A JSON body parsed with [`shared_protocol::parse_json`]: malformed JSON is
-/// 400 `malformed_json`, a body that is not a JSON object is 400
-/// `invalid_request`, a bad field is 422 `invalid_field` with
+/// A JSON body parsed with [`shared_protocol::parse_json`]: malformed JSON
+/// (not JSON, or cut short) is 400 `malformed_json`, a body that is not a
+/// JSON object is 400 `invalid_request`, a bad field (missing, unknown
+/// value, wrong JSON type, out of range) is 422 `invalid_field` with
 /// `details.field`, a body over the router's limit is 413 `body_too_large`,
 /// a `Content-Type` other than JSON (see [`is_json_content_type`]) is 415
 /// `unsupported_media_type`.

@@ -249,6 +249,95 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
     reg.shutdown().await;
 }
 
+/// A known field with a value of the wrong JSON type where a fixed set of
+/// values belongs (a number, `null`, an array): 422 `invalid_field` naming
+/// the field and the accepted values, on every endpoint with a JSON body,
+/// like an unknown value; only a body that is not JSON is 400.
+#[tokio::test]
+async fn a_wrong_json_type_for_a_field_with_fixed_values_is_422_naming_the_field_everywhere() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
+    let admin = reg.admin_token.clone().unwrap();
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some(&p1),
+            &provider_body("p1"),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+
+    let mut caps = capabilities_body("p1", "");
+    caps["capabilities"][0]["capability_type"] = json!(5);
+    let mut lease = json!({
+        "capability_id": "cam-front-01",
+        "holder_type": null,
+        "holder_ref": "audit:a",
+        "project_id": "p",
+        "purpose": "x",
+        "priority": 50,
+        "requested_duration_seconds": 60
+    });
+    let mut audit = audit_request("ar-type");
+    audit["audit_type"] = json!(["software"]);
+    for (path, token, body, field, found) in [
+        (
+            "/api/v1/auth/tokens",
+            &admin,
+            json!({"role": 3, "name": "v1"}),
+            "role",
+            "integer `3`",
+        ),
+        (
+            "/api/v1/capabilities/register",
+            &p1,
+            caps,
+            "capabilities[0].capability_type",
+            "integer `5`",
+        ),
+        (
+            "/api/v1/capability-leases/request",
+            &admin,
+            lease.take(),
+            "holder_type",
+            "null",
+        ),
+        (
+            "/api/v1/audit-requests",
+            &admin,
+            audit,
+            "audit_type",
+            "array",
+        ),
+    ] {
+        let r = api.post(path, Some(token), &body).await;
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+        assert_envelope(&r);
+        assert_eq!(r.1["error"]["details"]["field"], field, "{path}: {}", r.1);
+        let message = r.1["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!(
+                "invalid field `{field}`: invalid type: {found}, expected one of `"
+            )),
+            "{path}: {message}"
+        );
+        assert_plain(message);
+    }
+    // Not JSON: still 400 `malformed_json`.
+    let r = api
+        .post_raw("/api/v1/auth/tokens", Some(&admin), "{\"role\": vi".into())
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "malformed_json");
+    let (_, tokens) = api.get("/api/v1/tokens", Some(&admin)).await;
+    assert!(
+        !tokens.to_string().contains("\"v1\""),
+        "no token was made: {tokens}"
+    );
+    reg.shutdown().await;
+}
+
 /// A small software audit request.
 fn audit_request(id: &str) -> Value {
     json!({

@@ -1176,3 +1176,69 @@ async fn a_running_robot_press_holds_off_preemption_until_it_ends() {
     assert_eq!(b.events_of("lease_preempt_requested").await.len(), 1);
     b.reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_action_of_the_wrong_json_type_is_422_naming_the_field_and_starts_nothing() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    for body in [
+        json!({"action": 123}),
+        json!({"action": null, "params": {}}),
+        json!({"action": ["snapshot"]}),
+    ] {
+        let r = b.invoke(&b.agent, &lease, body.clone()).await.unwrap();
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+        assert_eq!(
+            r.1["error"]["details"]["field"], "action",
+            "{body}: {}",
+            r.1
+        );
+        let message = r.1["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("invalid field `action`: invalid type: "),
+            "{message}"
+        );
+        assert!(
+            message.contains("expected one of `snapshot`, `record_clip`"),
+            "{message}"
+        );
+    }
+    let r = b
+        .invoke(&b.agent, &lease, json!({"action": 123}))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .split(", expected")
+            .next(),
+        Some("invalid field `action`: invalid type: integer `123`")
+    );
+    // Other fields of the wrong type, as before.
+    for (body, field) in [
+        (json!({"action": "snapshot", "wait_ms": "soon"}), "wait_ms"),
+        (json!({"action": "snapshot", "params": [1]}), "params"),
+    ] {
+        let r = b.invoke(&b.agent, &lease, body).await.unwrap();
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+        assert_eq!(r.1["error"]["details"]["field"], field);
+    }
+    // A body that is not JSON stays 400.
+    let r = b
+        .api
+        .post_raw(
+            &format!("/api/v1/capability-leases/{lease}/actions"),
+            Some(&b.agent),
+            "{\"action\": snapshot}".into(),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "malformed_json");
+    assert!(b.sessions_of(&lease).await.is_empty(), "no session stored");
+    assert!(b
+        .provider
+        .next_of(MessageType::ActionInvoke, Duration::from_millis(300))
+        .await
+        .is_none());
+    b.reg.shutdown().await;
+}

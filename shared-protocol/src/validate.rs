@@ -2,6 +2,8 @@
 //! range / consistency checks that serde alone cannot express.
 
 use serde::de::DeserializeOwned;
+use serde_json::Value;
+use serde_path_to_error::Segment;
 
 /// A value that parsed but breaks a rule of the protocol (a range, a
 /// combination of fields, an action the capability type does not support).
@@ -105,24 +107,148 @@ fn strip_position(msg: &str) -> String {
 
 /// Parse untrusted JSON bytes into `T` and validate it.
 ///
-/// Errors: [`ParseError::Syntax`] for malformed JSON, [`ParseError::Field`]
-/// naming the field for a missing field, an unknown enum value or a wrong
-/// type, [`ParseError::Invalid`] for a broken [`Validate`] rule.
+/// Errors: [`ParseError::Syntax`] for malformed JSON (not JSON at all, or
+/// cut short), [`ParseError::Field`] naming the field for a missing field,
+/// an unknown enum value or a wrong type (`{"action": 123}` included),
+/// [`ParseError::Invalid`] for a broken [`Validate`] rule.
 pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ParseError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let value: T = serde_path_to_error::deserialize(de).map_err(from_path_error)?;
+    let value: T = match serde_path_to_error::deserialize(de) {
+        Ok(v) => v,
+        Err(e) if e.inner().classify() == serde_json::error::Category::Syntax => {
+            return Err(syntax_or_type_error::<T>(bytes, e));
+        }
+        Err(e) => return Err(from_path_error(e)),
+    };
     value.validate()?;
     Ok(value)
 }
 
 /// [`parse_json`] for an already parsed JSON value (e.g. an MQTT envelope's
-/// `body`).
-pub fn parse_value<T: DeserializeOwned + Validate>(
-    value: serde_json::Value,
-) -> Result<T, ParseError> {
-    let value: T = serde_path_to_error::deserialize(value).map_err(from_path_error)?;
+/// `body`); the same errors, except that it cannot meet malformed JSON.
+pub fn parse_value<T: DeserializeOwned + Validate>(value: Value) -> Result<T, ParseError> {
+    // By reference, so that an error can look at the value it is about.
+    let value: T = match serde_path_to_error::deserialize(&value) {
+        Ok(v) => v,
+        Err(e) if e.inner().to_string().ends_with(", expected string or map") => {
+            // serde_json's words for a wrong type where an enum belongs.
+            return Err(enum_type_error::<T>(&value, &e).unwrap_or_else(|| from_path_error(e)));
+        }
+        Err(e) => return Err(from_path_error(e)),
+    };
     value.validate()?;
     Ok(value)
+}
+
+/// A syntax error of the streaming parser, told apart from a wrong type.
+///
+/// Where an enum is expected, serde_json answers a value that is neither a
+/// string nor an object (`{"action": 123}`, `null`, `[]`) with "expected
+/// value at line 1 column 12", classified as a syntax error although the
+/// document is well-formed. In a well-formed document that is a
+/// [`ParseError::Field`] at that path (see [`enum_type_error`]); a
+/// document that does not parse stays [`ParseError::Syntax`].
+fn syntax_or_type_error<T: DeserializeOwned>(
+    bytes: &[u8],
+    err: serde_path_to_error::Error<serde_json::Error>,
+) -> ParseError {
+    let Ok(doc) = serde_json::from_slice::<Value>(bytes) else {
+        return from_path_error(err);
+    };
+    if let Some(e) = enum_type_error::<T>(&doc, &err) {
+        return e;
+    }
+    ParseError::Field {
+        field: field_path(err.path()),
+        message: strip_position(&err.into_inner().to_string()),
+    }
+}
+
+/// A field error for the value at `err`'s path in `doc` when it is not a
+/// string or an object, where an enum of `T` belongs: "invalid type:
+/// integer `123`, expected one of `snapshot`, `record_clip`, ..." (without
+/// the list when the accepted values cannot be found). `None` when the path
+/// does not lead to such a value.
+fn enum_type_error<T: DeserializeOwned>(
+    doc: &Value,
+    err: &serde_path_to_error::Error<serde_json::Error>,
+) -> Option<ParseError> {
+    let segments: Vec<Segment> = err.path().iter().cloned().collect();
+    let found = value_at(doc, &segments)?;
+    if matches!(found, Value::String(_) | Value::Object(_)) {
+        return None;
+    }
+    let field = field_path(err.path());
+    let found = unexpected(found);
+    let message = match accepted_values::<T>(doc, &segments, err.path()) {
+        Some(expected) => format!("invalid type: {found}, expected {expected}"),
+        None => format!("invalid type: {found}"),
+    };
+    Some(ParseError::Field { field, message })
+}
+
+/// A path as errors name it: `capabilities[1].capability_type`, empty for
+/// the top level.
+fn field_path(path: &serde_path_to_error::Path) -> String {
+    let p = path.to_string();
+    if p == "." {
+        String::new()
+    } else {
+        p
+    }
+}
+
+/// The value at `path` in `doc`, when every step is a key or an index.
+fn value_at<'a>(doc: &'a Value, path: &[Segment]) -> Option<&'a Value> {
+    path.iter().try_fold(doc, |v, seg| match seg {
+        Segment::Map { key } => v.get(key.as_str()),
+        Segment::Seq { index } => v.get(*index),
+        _ => None,
+    })
+}
+
+/// How serde names a JSON value in "invalid type: ..." messages.
+fn unexpected(v: &Value) -> String {
+    use serde::de::Unexpected;
+    match v {
+        Value::Null => Unexpected::Unit.to_string(),
+        Value::Bool(b) => Unexpected::Bool(*b).to_string(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => Unexpected::Unsigned(u).to_string(),
+            (_, Some(i), _) => Unexpected::Signed(i).to_string(),
+            (_, _, Some(f)) => Unexpected::Float(f).to_string(),
+            _ => "number".to_string(),
+        },
+        Value::String(s) => Unexpected::Str(s).to_string(),
+        Value::Array(_) => Unexpected::Seq.to_string(),
+        Value::Object(_) => Unexpected::Map.to_string(),
+    }
+}
+
+/// What the enum at `path` accepts ("one of `a`, `b`"), found by putting a
+/// string no enum accepts there and reading serde's "unknown variant"
+/// message. `None` unless that fails there in that way.
+fn accepted_values<T: DeserializeOwned>(
+    doc: &Value,
+    path: &[Segment],
+    at: &serde_path_to_error::Path,
+) -> Option<String> {
+    const PROBE: &str = "\u{1}not-a-value";
+    let mut probe = doc.clone();
+    let slot = path.iter().try_fold(&mut probe, |v, seg| match seg {
+        Segment::Map { key } => v.get_mut(key.as_str()),
+        Segment::Seq { index } => v.get_mut(*index),
+        _ => None,
+    })?;
+    *slot = Value::String(PROBE.to_string());
+    let err = serde_path_to_error::deserialize::<_, T>(&probe).err()?;
+    if err.path().to_string() != at.to_string() {
+        return None;
+    }
+    err.into_inner()
+        .to_string()
+        .strip_prefix(&format!("unknown variant `{PROBE}`, expected "))
+        .map(str::to_string)
 }
 
 /// Check `value` lies in `range`, naming `field` otherwise.

@@ -8,6 +8,7 @@ use shared_protocol::capability::{
 use shared_protocol::earth::EarthAction;
 use shared_protocol::lease::LeaseRequest;
 use shared_protocol::mqtt::{parse_topic, topic, Envelope, MessageType, TopicKind};
+use shared_protocol::session::ActionInvokeRequest;
 use shared_protocol::{parse_json, ParseError};
 
 fn lease_request() -> Value {
@@ -106,6 +107,45 @@ fn lease_request_needs_exactly_one_target() {
 fn malformed_json_is_a_syntax_error() {
     let err = parse_json::<LeaseRequest>(b"{\"capability_id\": ").unwrap_err();
     assert!(matches!(err, ParseError::Syntax(_)), "{err}");
+}
+
+#[test]
+fn a_wrong_json_type_where_an_enum_belongs_is_a_field_error_not_a_syntax_error() {
+    let err = parse_json::<ActionInvokeRequest>(br#"{"action": 123}"#).unwrap_err();
+    let ParseError::Field { field, message } = &err else {
+        panic!("not a field error: {err:?}");
+    };
+    assert_eq!(field, "action");
+    assert!(
+        message
+            .starts_with("invalid type: integer `123`, expected one of `snapshot`, `record_clip`,"),
+        "{message}"
+    );
+    for body in [
+        &br#"{"action": null}"#[..],
+        br#"{"action": ["snapshot"]}"#,
+        br#"{"action": true, "wait_ms": 10}"#,
+    ] {
+        let err = parse_json::<ActionInvokeRequest>(body).unwrap_err();
+        assert_eq!(field_of(err), "action");
+    }
+    // Deeper down, the path names the element.
+    let v = json!({"provider_id": "p1", "capabilities": [
+        {"capability_id": "c1", "capability_type": "camera", "display_name": "c",
+         "lease_mode": "exclusive", "preemptible": true, "supported_actions": ["snapshot", 7]}
+    ]});
+    let err =
+        parse_json::<CapabilityBatchRegisterRequest>(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert!(
+        err.to_string().contains("invalid type: integer `7`"),
+        "{err}"
+    );
+    assert_eq!(field_of(err), "capabilities[0].supported_actions[1]");
+    // A body cut short, or not JSON, is still a syntax error.
+    for body in [&br#"{"action": 12"#[..], br#"{"action": snapshot}"#] {
+        let err = parse_json::<ActionInvokeRequest>(body).unwrap_err();
+        assert!(matches!(err, ParseError::Syntax(_)), "{err:?}");
+    }
 }
 
 #[test]
