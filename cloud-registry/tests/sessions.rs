@@ -1242,3 +1242,86 @@ async fn an_action_of_the_wrong_json_type_is_422_naming_the_field_and_starts_not
         .is_none());
     b.reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_session_cut_by_its_lease_ending_names_the_reason_once() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let clip = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "record_clip", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
+    );
+    let cmd = b.next_command().await;
+    b.report(&cmd, "running", json!({})).await;
+    let (s, body) = b
+        .api
+        .post(
+            &format!("/api/v1/capability-leases/{lease}/release"),
+            Some(&b.agent),
+            &json!({"reason": "operator done"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+
+    // The bench is told to cancel, and answers as the edge daemon does:
+    // "cancelled: " and the reason it was given.
+    let cancel = b
+        .provider
+        .next_of(MessageType::ActionCancel, Duration::from_secs(5))
+        .await
+        .expect("action_cancel");
+    let reason = cancel.body["reason"].as_str().unwrap().to_string();
+    assert_eq!(
+        reason,
+        "lease released by its holder (operator done) before the action ended"
+    );
+    b.report(
+        &cmd,
+        "cancelled",
+        json!({"error_message": format!("cancelled: {reason}")}),
+    )
+    .await;
+    let (status, ended) = clip.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{ended}");
+    assert_eq!(ended["status"], "failed");
+    let expected = "lease released by its holder (operator done) before the action ended \
+                    (provider: cancelled)";
+    assert_eq!(ended["error_message"], expected);
+    assert_eq!(b.session(&cmd.session_id).await["error_message"], expected);
+
+    // A provider message of its own is kept after the reason.
+    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
+    let log = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "capture_log", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
+    );
+    let cmd = b.next_command().await;
+    b.report(&cmd, "running", json!({})).await;
+    let (s, body) = b
+        .api
+        .post(
+            &format!("/api/v1/capability-leases/{lease}/release"),
+            Some(&b.agent),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    b.provider
+        .next_of(MessageType::ActionCancel, Duration::from_secs(5))
+        .await
+        .expect("action_cancel");
+    b.report(
+        &cmd,
+        "failed",
+        json!({"error_message": "serial port closed"}),
+    )
+    .await;
+    let (_, ended) = log.await.unwrap();
+    assert_eq!(
+        ended["error_message"],
+        "lease released by its holder before the action ended (provider: serial port closed)"
+    );
+    b.reg.shutdown().await;
+}

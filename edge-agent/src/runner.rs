@@ -810,6 +810,13 @@ impl RunnerCtx {
                     entry.timeout_ms
                 ));
             }
+            (Some(DriverError::Timeout(_)), _) => {
+                // The deadline the command gave, not what the driver
+                // measured: one entered after a 1 ms deadline had passed
+                // had 0 ms left.
+                update.status = SessionStatus::Failed;
+                update.error_message = Some(format!("timed out after {} ms", entry.timeout_ms));
+            }
             (Some(DriverError::Cancelled(why)), _) => {
                 update.status = SessionStatus::Cancelled;
                 update.error_message = Some(match entry.cancel_reason {

@@ -346,6 +346,44 @@ async fn an_action_past_its_deadline_fails_as_timed_out() {
     daemon.shutdown().await;
 }
 
+/// A deadline shorter than the action names the deadline the command gave,
+/// never what was left of it when the driver looked (which rounds down to
+/// "0 ms").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_ms_deadline_is_reported_as_1_ms() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    for (i, (capability, action, params)) in [
+        ("cam-01", "snapshot", json!({})),
+        ("cam-01", "snapshot", json!({})),
+        ("cam-01", "record_clip", json!({"duration_ms": 5000})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let session = format!("s-1ms-{i}");
+        daemon.submit(invoke(&session, "l-1", capability, action, params, 1));
+        let u = final_updates(&daemon, &session, Duration::from_secs(10)).await;
+        let last = u.last().unwrap();
+        assert_eq!(last["status"], "failed", "{last}");
+        let message = last["error_message"].as_str().unwrap();
+        // Which of the three depends on who noticed first: the driver, the
+        // deadline supervisor, or the queue.
+        assert!(
+            [
+                "timed out after 1 ms".to_string(),
+                "timed out after 1 ms (cancelled at its deadline)".to_string(),
+                format!(
+                    "timed out after 1 ms waiting in the queue of capability `{capability}` (it was busy)"
+                ),
+            ]
+            .contains(&message.to_string()),
+            "{message}"
+        );
+    }
+    daemon.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_revoked_cancels_the_sessions_of_that_lease_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -49,7 +49,9 @@
 //!   the MQTT bridge sends for preemption and expiry); interruptible
 //!   actions stop, non-interruptible ones (seed 001 §6.4) finish first. A
 //!   session cut this way ends `failed` with the reason first in its
-//!   `error_message`, e.g. `lease revoked by preemption: safety_stop (…)`.
+//!   `error_message`, e.g. `lease revoked by preemption: safety_stop (…)`,
+//!   then what the provider said, without the reason it repeats
+//!   (`… (provider: cancelled)`; [`store::lease_end_message`]).
 
 pub mod api;
 pub mod blobs;

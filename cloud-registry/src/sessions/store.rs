@@ -371,6 +371,22 @@ pub fn content_uri(artifact_id: &str) -> String {
     format!("/api/v1/artifacts/{artifact_id}/content")
 }
 
+/// The `error_message` of a session its lease's end cut short: `reason`,
+/// then the provider's own words in parentheses. A provider repeats the
+/// reason it got in `action_cancel` (the edge daemon reports "cancelled:
+/// {reason}"); that repetition is left out, so the reason appears once:
+/// "lease released by its holder before the action ended (provider:
+/// cancelled)".
+pub fn lease_end_message(reason: &str, provider_message: Option<&str>) -> String {
+    let own = provider_message.unwrap_or("").replace(reason, "");
+    let own = own.trim_matches(|c: char| c.is_whitespace() || matches!(c, ':' | ';' | ','));
+    if own.is_empty() {
+        reason.to_string()
+    } else {
+        format!("{reason} (provider: {own})")
+    }
+}
+
 /// Apply a provider's `session_update` (status, result, artifact metadata).
 ///
 /// - A final status ends a running session (or replaces the registry's
@@ -438,15 +454,10 @@ pub fn apply_update(
         if may_end {
             let reason = row.revoke_reason.clone().or(lease_end_reason);
             let (status, error) = match (update.status, reason) {
-                (SessionStatus::Failed | SessionStatus::Cancelled, Some(reason)) => {
-                    let edge = update
-                        .error_message
-                        .as_deref()
-                        .filter(|m| !m.is_empty())
-                        .map(|m| format!(" (provider: {m})"))
-                        .unwrap_or_default();
-                    (SessionStatus::Failed, Some(format!("{reason}{edge}")))
-                }
+                (SessionStatus::Failed | SessionStatus::Cancelled, Some(reason)) => (
+                    SessionStatus::Failed,
+                    Some(lease_end_message(&reason, update.error_message.as_deref())),
+                ),
                 (s, _) => (s, update.error_message.clone()),
             };
             row.session.status = status;

@@ -126,7 +126,9 @@ pub enum DriverError {
     /// The device answered wrongly or an I/O call failed.
     #[error("device error: {0}")]
     Device(String),
-    /// The deadline passed, milliseconds allowed.
+    /// The action's deadline passed; milliseconds the driver measured
+    /// (what it had left when it started, or how long it ran). The session
+    /// reports the deadline its command gave instead.
     #[error("timed out after {0} ms")]
     Timeout(u64),
     /// Cancelled (preemption or stop) before it finished.
