@@ -91,7 +91,8 @@ pub struct Config {
     pub leases: crate::leases::LeaseConfig,
     /// `[sessions]`: actions and artifacts: `artifact_dir`,
     /// `max_artifact_bytes`, `default_timeout_ms`, `result_grace_ms`,
-    /// `revoke_grace_ms`.
+    /// `revoke_grace_ms`, `unbound_upload_ttl_seconds`,
+    /// `max_unbound_bytes_per_provider`.
     pub sessions: crate::sessions::SessionsConfig,
     /// `[audit]`: audit-task claiming (see `crate::audit::AuditConfig`).
     pub audit: crate::audit::AuditConfig,
@@ -485,6 +486,13 @@ impl Config {
         if se.default_timeout_ms == 0 {
             bad("sessions.default_timeout_ms", "must be at least 1".into());
         }
+        if se.unbound_upload_ttl_seconds == 0 {
+            bad(
+                "sessions.unbound_upload_ttl_seconds",
+                "must be at least 1: bytes uploaded before their metadata need time to be bound"
+                    .into(),
+            );
+        }
         // [audit]
         let mut audit = self.audit.clone();
         let defaults = crate::audit::AuditConfig::default();
@@ -809,6 +817,22 @@ mod tests {
         assert_eq!(cfg.mqtt.listen.to_string(), "127.0.0.1:18830");
         assert_eq!(cfg.heartbeat.interval_seconds, 10);
         assert_eq!(cfg.heartbeat.offline_after_missed, 3);
+        assert_eq!(cfg.sessions.unbound_upload_ttl_seconds, 3600);
+        assert_eq!(cfg.sessions.max_unbound_bytes_per_provider, 1 << 30);
+    }
+
+    #[test]
+    fn unbound_bytes_need_a_grace_time_and_their_limit_may_be_off() {
+        assert_eq!(
+            keys("[sessions]\nmax_artifact_bytes = 1024\nunbound_upload_ttl_seconds = 0\n"),
+            [(Some(3), "sessions.unbound_upload_ttl_seconds".to_string())]
+        );
+        let cfg = Config::parse(
+            "[sessions]\nunbound_upload_ttl_seconds = 1\nmax_unbound_bytes_per_provider = 0\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.sessions.unbound_upload_ttl_seconds, 1);
+        assert_eq!(cfg.sessions.max_unbound_bytes_per_provider, 0);
     }
 
     #[test]

@@ -139,6 +139,14 @@ pub trait BlobStore: Send + Sync + 'static {
 
     /// Whether bytes are stored under `sha256`.
     async fn exists(&self, sha256: &str) -> Result<bool, BlobError>;
+
+    /// Remove the bytes stored under `sha256`. Returns `true` when a blob
+    /// was removed, `false` when there was none. The caller makes sure no
+    /// artifact still needs them (the store is content-addressed: one blob
+    /// may serve several artifacts).
+    ///
+    /// Errors: [`BlobError::BadHash`], I/O.
+    async fn delete(&self, sha256: &str) -> Result<bool, BlobError>;
 }
 
 /// [`BlobStore`] on a local directory: the blob with hash `abcdef…` is the
@@ -252,6 +260,16 @@ impl BlobStore for FsBlobStore {
         let path = self.blob_path(sha256)?;
         Ok(tokio::fs::try_exists(&path).await.unwrap_or(false))
     }
+
+    async fn delete(&self, sha256: &str) -> Result<bool, BlobError> {
+        let path = self.blob_path(sha256)?;
+        blocking(move || match std::fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_at(&path)(e)),
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -295,6 +313,25 @@ mod tests {
         assert_eq!(sum, sum2);
         assert!(!store.put(&sum, b).await.unwrap(), "already stored");
         assert_eq!(std::fs::read_dir(store.staging_dir()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_deleted_blob_is_gone_and_deleting_it_again_finds_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsBlobStore::open(dir.path()).unwrap();
+        let (a, sum) = stage(&store, b"stray bytes").await;
+        store.put(&sum, a).await.unwrap();
+        let (b, other) = stage(&store, b"kept bytes").await;
+        store.put(&other, b).await.unwrap();
+        assert!(store.delete(&sum).await.unwrap(), "removed");
+        assert!(!store.exists(&sum).await.unwrap());
+        assert!(!store.blob_path(&sum).unwrap().exists());
+        assert!(!store.delete(&sum).await.unwrap(), "nothing left to remove");
+        assert!(store.exists(&other).await.unwrap(), "other blobs untouched");
+        assert!(matches!(
+            store.delete("../../etc/passwd").await,
+            Err(BlobError::BadHash(_))
+        ));
     }
 
     #[tokio::test]

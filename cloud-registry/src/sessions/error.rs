@@ -101,6 +101,20 @@ pub enum SessionError {
     #[error("artifact `{artifact_id}` is larger than the registry's limit of {limit} bytes")]
     TooLarge { artifact_id: String, limit: u64 },
 
+    /// Bytes for an artifact whose metadata is unknown, from a provider
+    /// that already holds `held` bytes no artifact binds: with `incoming`
+    /// more (the declared length, 0 when not declared) it would be over
+    /// `limit` (`sessions.max_unbound_bytes_per_provider`). Nothing was
+    /// read or stored. HTTP 409 `unbound_upload_limit`.
+    #[error("provider `{provider_id}` already holds {held} bytes of uploads that no artifact metadata names; {incoming} more for artifact `{artifact_id}` would exceed the limit of {limit} bytes; send the session update with the metadata first, or retry once earlier uploads are bound")]
+    UnboundLimit {
+        provider_id: String,
+        artifact_id: String,
+        held: u64,
+        incoming: u64,
+        limit: u64,
+    },
+
     /// The client stopped sending mid-body. HTTP 400 `upload_interrupted`.
     #[error("upload of artifact `{artifact_id}` broke off after {received} bytes: {message}")]
     Interrupted {
@@ -222,6 +236,19 @@ impl From<SessionError> for ApiError {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
                     .with_details(json!({ "artifact_id": artifact_id, "limit_bytes": limit }))
             }
+            SessionError::UnboundLimit {
+                provider_id,
+                artifact_id,
+                held,
+                incoming,
+                limit,
+            } => ApiError::conflict("unbound_upload_limit", message).with_details(json!({
+                "provider_id": provider_id,
+                "artifact_id": artifact_id,
+                "unbound_bytes": held,
+                "incoming_bytes": incoming,
+                "limit_bytes": limit,
+            })),
             SessionError::Interrupted {
                 artifact_id,
                 received,

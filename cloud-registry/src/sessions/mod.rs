@@ -32,6 +32,19 @@
 //! names another sha256 are not bound (logged); the artifact then waits for
 //! a correct upload.
 //!
+//! # Bytes nothing binds
+//! Bytes no artifact row binds (held bytes whose metadata never comes, bytes
+//! a later PUT under the same id replaced, bytes whose metadata named
+//! another sha256) are kept for `sessions.unbound_upload_ttl_seconds` from
+//! their first upload ([`unbound`]). The watchdog then drops the held
+//! record and deletes the blob, unless an uploaded artifact has the same
+//! sha256 (blobs are shared by content) or a younger held upload names it.
+//! Each removal is logged at `info`. While a provider holds more than
+//! `sessions.max_unbound_bytes_per_provider` such bytes, its uploads of new
+//! bytes for artifacts whose metadata is unknown get 409
+//! `unbound_upload_limit` (checked before the body is read, from
+//! `Content-Length`); uploads for known artifacts are never limited.
+//!
 //! # When things go wrong
 //! - Provider offline or restarted with a new boot id (seed 001 §5.4): its
 //!   running sessions end, `incomplete_evidence` when some of their
@@ -57,11 +70,12 @@ pub mod api;
 pub mod blobs;
 pub mod error;
 pub mod store;
+pub mod unbound;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
@@ -72,12 +86,12 @@ use shared_protocol::lease::{CapabilityLease, LeaseStatus};
 use shared_protocol::mqtt::{ActionCancel, ActionCommand, MessageType, SessionUpdate};
 use shared_protocol::provider::OnlineStatus;
 use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionStatus};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, RwLock};
 use tokio::task::JoinHandle;
 
 pub use blobs::{BlobContent, BlobError, BlobStore, FsBlobStore, StagedBlob};
 pub use error::SessionError;
-pub use store::{migrate, ArtifactFilter, SessionFilter};
+pub use store::{ArtifactFilter, SessionFilter};
 
 use crate::auth::Principal;
 use crate::db::Db;
@@ -111,6 +125,17 @@ pub struct SessionsConfig {
     /// milliseconds (15 000). A non-interruptible action holds up
     /// revocation until it finishes, so this only covers the report.
     pub revoke_grace_ms: u64,
+    /// How long bytes that no artifact binds are kept from their first
+    /// upload, seconds (3600). Bytes uploaded before their metadata must
+    /// be bound within this time (the metadata arrives), or they are
+    /// deleted; a blob an uploaded artifact shares is never deleted. At
+    /// least 1.
+    pub unbound_upload_ttl_seconds: u64,
+    /// Most bytes a provider may hold that no artifact binds, bytes (1 GiB);
+    /// beyond it, uploads of new bytes for unknown artifact ids are refused
+    /// with 409 `unbound_upload_limit` until the metadata binds some or
+    /// they expire. 0: no limit.
+    pub max_unbound_bytes_per_provider: u64,
 }
 
 impl Default for SessionsConfig {
@@ -121,12 +146,24 @@ impl Default for SessionsConfig {
             default_timeout_ms: 30_000,
             result_grace_ms: 15_000,
             revoke_grace_ms: 15_000,
+            unbound_upload_ttl_seconds: 3600,
+            max_unbound_bytes_per_provider: 1024 * 1024 * 1024,
         }
     }
 }
 
+/// Create the tables of sessions, artifacts and held uploads, and the
+/// bookkeeping of unbound bytes (idempotent).
+pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    store::migrate(conn)?;
+    unbound::migrate(conn)
+}
+
 /// How often running sessions are checked against their deadline.
 const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
+
+/// Longest time between two sweeps of unbound bytes.
+const MAX_UNBOUND_SWEEP_PERIOD: Duration = Duration::from_secs(60);
 
 /// Most sessions or artifacts one listing returns.
 pub const MAX_LIST: usize = 10_000;
@@ -155,6 +192,11 @@ pub struct Sessions {
     /// woken with the final session when its `session_completed` /
     /// `session_failed` event is published.
     finals: Mutex<HashMap<String, Vec<oneshot::Sender<CapabilitySession>>>>,
+    /// Uploads hold it (shared) from storing a blob until its row is
+    /// committed; the sweep of unbound bytes holds it (exclusive) from
+    /// choosing blobs until their files are gone. So an upload can never
+    /// find a blob already stored that the sweep then deletes.
+    blob_gc: RwLock<()>,
 }
 
 /// What an upload did, for the HTTP answer.
@@ -232,6 +274,7 @@ impl Sessions {
             windows: Mutex::new(HashMap::new()),
             shutdown: OnceLock::new(),
             finals: Mutex::new(HashMap::new()),
+            blob_gc: RwLock::new(()),
         })
     }
 
@@ -248,9 +291,9 @@ impl Sessions {
     }
 
     /// Start the background tasks until `shutdown` turns true: the
-    /// deadline watchdog, and the follower of lease events (from
-    /// `event_id > follow_after`, normally the log's end at start) that
-    /// cancels sessions whose lease ended.
+    /// deadline watchdog (which also sweeps unbound bytes), and the
+    /// follower of lease events (from `event_id > follow_after`, normally
+    /// the log's end at start) that cancels sessions whose lease ended.
     pub fn spawn_background(
         self: &Arc<Self>,
         shutdown: watch::Receiver<bool>,
@@ -647,7 +690,8 @@ impl Sessions {
     ///
     /// Errors: `BadChecksumHeader`, `NotArtifactOwner`, `ChecksumMismatch`
     /// (against the recorded checksum), `TooLarge` (declared length),
-    /// `Store`.
+    /// `UnboundLimit` (no metadata yet and the provider holds too many
+    /// unbound bytes), `Store`.
     pub async fn precheck_upload(
         &self,
         who: &Principal,
@@ -686,8 +730,52 @@ impl Sessions {
                     actual: declared,
                 });
             }
+        } else {
+            self.check_unbound_limit(who, artifact_id, &declared, content_length)
+                .await?;
         }
         Ok(declared)
+    }
+
+    /// Bytes for an artifact whose metadata is unknown are about to come:
+    /// refuse them when they would take `who` over
+    /// `max_unbound_bytes_per_provider`. Bytes the provider already stored
+    /// (a repeated upload) add nothing and always pass; so does everything
+    /// when the limit is 0.
+    ///
+    /// Errors: `UnboundLimit`, `Store`.
+    async fn check_unbound_limit(
+        &self,
+        who: &Principal,
+        artifact_id: &str,
+        sha256: &str,
+        content_length: Option<u64>,
+    ) -> Result<(), SessionError> {
+        let limit = self.cfg.max_unbound_bytes_per_provider;
+        if limit == 0 {
+            return Ok(());
+        }
+        let (p, a, s) = (
+            who.name.clone(),
+            artifact_id.to_string(),
+            sha256.to_string(),
+        );
+        let usage = self
+            .db
+            .read(move |c| unbound::unbound_usage(c, &p, &a, &s))
+            .await??;
+        let incoming = content_length.unwrap_or(0);
+        if usage.already_stored || usage.bytes.saturating_add(incoming) <= limit {
+            return Ok(());
+        }
+        tracing::warn!(artifact_id, provider_id = %who.name, unbound_bytes = usage.bytes, incoming, limit, "artifact upload refused: the provider holds too many bytes no metadata has named");
+        Err(SessionError::UnboundLimit {
+            provider_id: who.name.clone(),
+            artifact_id: artifact_id.to_string(),
+            held: usage.bytes,
+            incoming,
+            limit,
+        })
     }
 
     /// A new staging file for an upload's body.
@@ -720,12 +808,32 @@ impl Sessions {
                 actual,
             });
         }
+        // Until the row is committed, the sweep of unbound bytes must not
+        // delete the blob (`put` may have found it already stored).
+        let gc = self.blob_gc.read().await;
         self.blobs.put(&actual, staged).await?;
         let (id, provider, sum) = (artifact_id.to_string(), who.name.clone(), actual.clone());
         let recorded = self
             .db
-            .write(move |c| store::record_upload(c, &id, &provider, &sum, size, Utc::now()))
+            .write(move |c| {
+                let now = Utc::now();
+                let recorded = store::record_upload(c, &id, &provider, &sum, size, now);
+                // Bytes no artifact row binds are kept only for the grace
+                // time: track them (also those a refusal left behind).
+                if !matches!(recorded, Ok(UploadRecorded::Bound { .. })) {
+                    let noted = unbound::note_unbound(c, &provider, &sum, &id, size, now);
+                    match (&recorded, noted) {
+                        (_, Ok(())) => {}
+                        (Ok(_), Err(e)) => return Err(UploadRefused::from(e)),
+                        (Err(_), Err(e)) => {
+                            tracing::error!(artifact_id = %id, error = %e, "cannot track the bytes of a refused upload")
+                        }
+                    }
+                }
+                recorded
+            })
             .await?;
+        drop(gc);
         match recorded {
             Ok(UploadRecorded::Bound {
                 artifact,
@@ -883,10 +991,15 @@ impl Sessions {
         }
     }
 
-    /// Fail sessions past their deadline.
+    /// Fail sessions past their deadline; every so often (a quarter of
+    /// the unbound-bytes grace time, between 0.5 s and 60 s) sweep unbound
+    /// bytes.
     async fn run_watchdog(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(WATCHDOG_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let sweep_every = (Duration::from_secs(self.cfg.unbound_upload_ttl_seconds) / 4)
+            .clamp(WATCHDOG_PERIOD, MAX_UNBOUND_SWEEP_PERIOD);
+        let mut last_sweep = Instant::now();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -901,6 +1014,113 @@ impl Sessions {
                 }
                 Ok(Err(e)) => tracing::error!(error = %e, "session deadline check failed"),
                 Err(e) => tracing::error!(error = %e, "session deadline check failed"),
+            }
+            if last_sweep.elapsed() >= sweep_every {
+                last_sweep = Instant::now();
+                self.sweep_unbound().await;
+            }
+        }
+    }
+
+    /// Drop held uploads and delete blobs that no artifact bound within
+    /// `unbound_upload_ttl_seconds` (see [`unbound`]); each removal is
+    /// logged. Database work runs on the database threads, file deletion in
+    /// the blob store (off the async workers). A blob whose file cannot be
+    /// deleted stays listed and is tried again at the next sweep.
+    async fn sweep_unbound(&self) {
+        let Some(cutoff) = i64::try_from(self.cfg.unbound_upload_ttl_seconds)
+            .ok()
+            .and_then(chrono::Duration::try_seconds)
+            .and_then(|ttl| Utc::now().checked_sub_signed(ttl))
+        else {
+            return;
+        };
+        match self
+            .db
+            .read(move |c| unbound::anything_before(c, cutoff))
+            .await
+        {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "unbound artifact bytes: cannot look for expired uploads");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "unbound artifact bytes: cannot look for expired uploads");
+                return;
+            }
+        }
+        // No upload may record a blob between the choice and the deletion.
+        let _gc = self.blob_gc.write().await;
+        let expired = match self
+            .db
+            .write(move |c| unbound::expire_unbound(c, cutoff))
+            .await
+        {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "unbound artifact bytes: sweep failed");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "unbound artifact bytes: sweep failed");
+                return;
+            }
+        };
+        let ttl_seconds = self.cfg.unbound_upload_ttl_seconds;
+        for d in &expired.dropped {
+            tracing::info!(
+                artifact_id = %d.artifact_id,
+                provider_id = %d.provider_id,
+                size_bytes = d.size_bytes,
+                sha256 = %d.sha256,
+                ttl_seconds,
+                "held artifact bytes dropped: no metadata named them in time"
+            );
+        }
+        let mut deleted = Vec::new();
+        for blob in expired.doomed {
+            let (provider_id, artifact_id) = blob.uploads.first().cloned().unwrap_or_default();
+            match self.blobs.delete(&blob.sha256).await {
+                Ok(file_found) => {
+                    tracing::info!(
+                        %artifact_id,
+                        %provider_id,
+                        size_bytes = blob.size_bytes,
+                        sha256 = %blob.sha256,
+                        uploads = blob.uploads.len(),
+                        file_found,
+                        ttl_seconds,
+                        "unbound artifact bytes deleted: no artifact bound them in time"
+                    );
+                    deleted.push(blob.sha256);
+                }
+                Err(e) => {
+                    tracing::error!(%artifact_id, %provider_id, sha256 = %blob.sha256, error = %e, "cannot delete unbound artifact bytes; the next sweep tries again")
+                }
+            }
+        }
+        if deleted.is_empty() {
+            return;
+        }
+        let forgotten = self
+            .db
+            .write(move |c| {
+                let tx = c.transaction()?;
+                for sha256 in &deleted {
+                    unbound::forget_deleted(&tx, sha256, cutoff)?;
+                }
+                tx.commit()
+            })
+            .await;
+        match forgotten {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "unbound artifact bytes: deleted files stay listed")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "unbound artifact bytes: deleted files stay listed")
             }
         }
     }
