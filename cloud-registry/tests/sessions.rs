@@ -1325,3 +1325,83 @@ async fn a_session_cut_by_its_lease_ending_names_the_reason_once() {
     );
     b.reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn large_params_reach_the_provider_whole_and_the_session_keeps_a_summary() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
+    let data = "x".repeat(500_000);
+    let params = json!({"data": data, "line_ending": "lf", "echo": false});
+    let size = serde_json::to_string(&params).unwrap().len();
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "write", "params": params, "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    assert!(
+        Value::Object(cmd.params.clone()) == params,
+        "the command carries every parameter"
+    );
+    b.report(
+        &cmd,
+        "completed",
+        json!({"result_summary": {"bytes_written": 500_000}}),
+    )
+    .await;
+    let (status, session) = call.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{session}");
+    assert_eq!(session["status"], "completed");
+    let summary = json!({
+        "truncated": true,
+        "original_size_bytes": size,
+        "key_count": 3,
+        "keys": ["data", "echo", "line_ending"]
+    });
+    // (Compared without printing half a megabyte on a mismatch.)
+    let same = |got: &Value| assert!(*got == summary, "input_summary: {:.300}", got.to_string());
+    same(&session["input_summary"]);
+    same(&b.session(&cmd.session_id).await["input_summary"]);
+    let listed = b.sessions_of(&lease).await;
+    same(&listed[0]["input_summary"]);
+    let started = b.events_of("session_started").await;
+    assert_eq!(started.len(), 1);
+    same(&started[0]["data"]["input_summary"]);
+    assert!(
+        serde_json::to_string(&started[0]).unwrap().len() < 8192,
+        "the event stays small"
+    );
+
+    // Very many keys: as many as fit are listed, and all are counted.
+    let many: serde_json::Map<String, Value> = (0..20_000)
+        .map(|i| (format!("k{i:05}"), json!(i)))
+        .collect();
+    let (status, running) = b
+        .invoke(&b.agent, &lease, json!({"action": "write", "params": many}))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let cmd = b.next_command().await;
+    assert_eq!(cmd.params.len(), 20_000, "the command carries every key");
+    let summary = &running["input_summary"];
+    assert_eq!(summary["truncated"], true);
+    assert_eq!(summary["key_count"], 20_000);
+    let keys = summary["keys"].as_array().unwrap();
+    assert!(!keys.is_empty() && keys.len() < 20_000, "{}", keys.len());
+    assert_eq!(keys[0], "k00000");
+    assert!(
+        summary.to_string().len() <= 4096,
+        "{}",
+        summary.to_string().len()
+    );
+
+    // Small parameters are kept as given.
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "write", "params": {"data": "reboot\n"}}),
+    );
+    let (_, running) = call.await.unwrap();
+    assert_eq!(running["input_summary"], json!({"data": "reboot\n"}));
+    b.reg.shutdown().await;
+}

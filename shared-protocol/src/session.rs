@@ -37,7 +37,12 @@ pub struct CapabilitySession {
     pub started_at: Timestamp,
     pub ended_at: Option<Timestamp>,
     pub status: SessionStatus,
-    /// The action's parameters as given.
+    /// The action's parameters as given when their compact JSON takes at
+    /// most 4096 bytes; otherwise a summary of them:
+    /// `{"truncated": true, "original_size_bytes": N, "key_count": K,
+    /// "keys": [...]}` (N: the parameters' JSON size in bytes; K: how many
+    /// top-level keys; `keys`: those keys sorted, as many as fit in 4096
+    /// bytes). The provider always gets the whole parameters.
     pub input_summary: Value,
     /// Driver result (e.g. `{"voltage_v": 5.0, "current_a": 0.12}`).
     pub result_summary: Option<Value>,

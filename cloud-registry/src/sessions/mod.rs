@@ -79,7 +79,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use shared_protocol::artifact::{is_sha256_hex, CapabilityArtifact};
 use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, LeaseStatus};
@@ -209,6 +209,60 @@ pub struct UploadReceipt {
     /// `{artifact_id, checksum, size_bytes, uploaded: true,
     /// metadata_received: false}`.
     pub record: Value,
+}
+
+/// Largest `input_summary` a session keeps, bytes of compact JSON.
+pub const INPUT_SUMMARY_MAX_BYTES: usize = 4096;
+
+/// A session's `input_summary` for action parameters `params` (the
+/// command to the provider always carries them whole):
+/// - `params` as given when their compact JSON takes at most
+///   [`INPUT_SUMMARY_MAX_BYTES`] bytes;
+/// - otherwise `{"truncated": true, "original_size_bytes": N,
+///   "key_count": K, "keys": [...]}`: N the size of the parameters' JSON
+///   in bytes, K the number of top-level keys, `keys` those keys in sorted
+///   order, as many as fit in [`INPUT_SUMMARY_MAX_BYTES`] (all of them
+///   unless there are very many or very long ones).
+///
+/// So a session, its `session_*` events and every listing stay small
+/// whatever the parameters (up to the 1 MiB body limit) hold.
+pub fn input_summary(params: &Map<String, Value>) -> Value {
+    struct ByteCount(usize);
+    impl std::io::Write for ByteCount {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut size = ByteCount(0);
+    let _ = serde_json::to_writer(&mut size, params);
+    if size.0 <= INPUT_SUMMARY_MAX_BYTES {
+        return Value::Object(params.clone());
+    }
+    let mut keys: Vec<&String> = params.keys().collect();
+    keys.sort_unstable();
+    let mut summary = json!({
+        "truncated": true,
+        "original_size_bytes": size.0,
+        "key_count": params.len(),
+        "keys": [],
+    });
+    let mut used = summary.to_string().len();
+    let mut listed = Vec::new();
+    for key in keys {
+        // The key as a JSON string, and a comma.
+        let cost = serde_json::to_string(key).map_or(usize::MAX, |k| k.len() + 1);
+        if used.saturating_add(cost) > INPUT_SUMMARY_MAX_BYTES {
+            break;
+        }
+        used += cost;
+        listed.push(Value::String(key.clone()));
+    }
+    summary["keys"] = Value::Array(listed);
+    summary
 }
 
 fn lease_end_reason(lease: &CapabilityLease) -> Option<String> {
@@ -456,7 +510,7 @@ impl Sessions {
                 started_at: now,
                 ended_at: None,
                 status: SessionStatus::Running,
-                input_summary: Value::Object(req.params.clone()),
+                input_summary: input_summary(&req.params),
                 result_summary: None,
                 artifact_refs: vec![],
                 error_message: None,
