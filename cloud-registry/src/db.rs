@@ -20,7 +20,7 @@
 //! of letting it grow without bound under steady writes.
 
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -28,6 +28,13 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
+
+/// What a grouped write hands back after running: told whether the
+/// transaction it ran in committed, it answers its caller.
+type Finish = Box<dyn FnOnce(Result<(), DbError>) + Send + 'static>;
+
+/// A write run by [`Db::write_grouped`].
+type GroupedJob = Box<dyn FnOnce(&mut Connection) -> Finish + Send + 'static>;
 
 /// Errors from the database layer.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +48,10 @@ pub enum DbError {
         path: PathBuf,
         source: rusqlite::Error,
     },
+    /// The shared transaction of a grouped write could not commit; the
+    /// write was rolled back with it.
+    #[error("sqlite commit: {0}")]
+    Commit(String),
 }
 
 /// How often the checkpoint thread copies committed WAL pages into the
@@ -67,6 +78,9 @@ fn wal_path(db: &Path) -> PathBuf {
 pub struct Db {
     writer: mpsc::Sender<Job>,
     reader: mpsc::Sender<Job>,
+    /// Grouped writes waiting for the writer thread (see
+    /// [`Db::write_grouped`]).
+    grouped: Arc<Mutex<Vec<GroupedJob>>>,
     path: PathBuf,
     /// Dropped with the last handle: the checkpoint thread then runs a
     /// final checkpoint and stops.
@@ -212,6 +226,7 @@ impl Db {
                 Some((wal_path(path), wal_limit.max(0) as u64)),
             ),
             reader: spawn_worker("db-reader", reader, None),
+            grouped: Arc::default(),
             path: path.to_path_buf(),
             _checkpointer: Arc::new(spawn_checkpointer(checkpointer)),
         })
@@ -245,6 +260,47 @@ impl Db {
         Self::run(&self.writer, f).await
     }
 
+    /// Run `f` on the write connection inside a transaction it may share
+    /// with other grouped writes queued meanwhile (group commit), and
+    /// return its result once that transaction has committed.
+    ///
+    /// Under concurrent writers this turns one commit (WAL frames, locks,
+    /// a `pwrite` per page) per write into one per batch. `f` must keep its
+    /// changes inside a savepoint (`conn.savepoint()`, which also works
+    /// alone, outside any transaction) and must not open a transaction:
+    /// an `Err` it returns after rolling back its savepoint leaves the
+    /// other writes of the batch untouched.
+    ///
+    /// Errors: [`DbError::Closed`] when the writer thread has stopped;
+    /// [`DbError::Commit`] when the shared transaction could not commit
+    /// (then nothing of `f` is stored).
+    pub async fn write_grouped<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> R + Send + 'static,
+    ) -> Result<R, DbError> {
+        let (tx, rx) = oneshot::channel();
+        let job: GroupedJob = Box::new(move |conn| {
+            let out = f(conn);
+            Box::new(move |committed: Result<(), DbError>| {
+                let _ = tx.send(committed.map(|()| out));
+            })
+        });
+        let first = {
+            let mut queue = lock(&self.grouped);
+            queue.push(job);
+            queue.len() == 1
+        };
+        if first {
+            // The first write of a batch sends the job that runs it; the
+            // ones queued before that job starts join the same batch.
+            let queue = self.grouped.clone();
+            self.writer
+                .send(Box::new(move |conn| run_grouped(conn, &queue)))
+                .map_err(|_| DbError::Closed)?;
+        }
+        rx.await.map_err(|_| DbError::Closed)?
+    }
+
     /// Run `f` on the read-only connection.
     pub async fn read<R: Send + 'static>(
         &self,
@@ -267,6 +323,41 @@ impl Db {
             }))
             .map_err(|_| DbError::Closed)?;
         rx.recv().map_err(|_| DbError::Closed)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Run every grouped write queued now in one transaction, then answer
+/// each with the commit's outcome (on the writer thread).
+fn run_grouped(conn: &mut Connection, queue: &Mutex<Vec<GroupedJob>>) {
+    let jobs = std::mem::take(&mut *lock(queue));
+    if jobs.is_empty() {
+        return;
+    }
+    // Should BEGIN fail, each write's savepoint commits on its own: the
+    // answers below are then still true.
+    let began = conn.execute_batch("BEGIN").is_ok();
+    let mut finishers = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        finishers.push(job(conn));
+    }
+    let committed = if began {
+        conn.execute_batch("COMMIT")
+            .map_err(|e| DbError::Commit(e.to_string()))
+    } else {
+        Ok(())
+    };
+    if committed.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for finish in finishers {
+        finish(match &committed {
+            Ok(()) => Ok(()),
+            Err(e) => Err(DbError::Commit(e.to_string())),
+        });
     }
 }
 
@@ -316,5 +407,63 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(rows, 5000, "every committed row is readable");
+    }
+
+    /// Grouped writes that arrive together share commits, each is readable
+    /// by the time its caller is answered, and one that fails (rolling back
+    /// its savepoint) takes nothing of the others with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn grouped_writes_commit_together_and_fail_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("g.db"), |c| {
+            c.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+        })
+        .unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..200i64 {
+            let db = db.clone();
+            tasks.push(tokio::spawn(async move {
+                let written = db
+                    .write_grouped(move |c| -> rusqlite::Result<()> {
+                        let sp = c.savepoint()?;
+                        sp.execute("INSERT INTO t (id, v) VALUES (?1, 'first')", [i])?;
+                        if i % 10 == 0 {
+                            // Half done, then refused: the first row must
+                            // not survive either.
+                            sp.execute("INSERT INTO t (id, v) VALUES (?1, 'dup')", [i])?;
+                        }
+                        sp.commit()
+                    })
+                    .await
+                    .unwrap();
+                // Answered: a fresh read sees exactly what was answered.
+                let seen: i64 = db
+                    .read(move |c| {
+                        c.query_row("SELECT COUNT(*) FROM t WHERE id = ?1", [i], |r| r.get(0))
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                (i, written.is_ok(), seen)
+            }));
+        }
+        for t in tasks {
+            let (i, ok, seen) = t.await.unwrap();
+            assert_eq!(ok, i % 10 != 0, "write {i}");
+            assert_eq!(seen, i64::from(ok), "rows of write {i} after its answer");
+        }
+        let rows: i64 = db
+            .read(|c| c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows, 180);
+        // A plain write after the batches: the connection is back in
+        // autocommit mode.
+        db.write(|c| c.execute("INSERT INTO t (id, v) VALUES (1000, 'plain')", []))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(db.write(|c| c.is_autocommit()).await.unwrap());
     }
 }

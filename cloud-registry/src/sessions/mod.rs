@@ -526,7 +526,7 @@ impl Sessions {
         let stored = row.clone();
         let started = self
             .db
-            .write(move |c| store::insert_session(c, &stored))
+            .write_grouped(move |c| store::insert_session(c, &stored))
             .await??;
         // Wait before the command leaves, so the end cannot be missed.
         let ended = (req.wait_ms > 0).then(|| self.await_final(&session_id));
@@ -968,7 +968,9 @@ impl Sessions {
         let session_id = update.session_id.clone();
         let applied = self
             .db
-            .write(move |c| store::apply_update(c, &provider, &update, lease_reason, Utc::now()))
+            .write_grouped(move |c| {
+                store::apply_update(c, &provider, &update, lease_reason, Utc::now())
+            })
             .await;
         match applied {
             Ok(Ok(out)) => {

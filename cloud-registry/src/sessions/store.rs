@@ -7,7 +7,7 @@
 
 use chrono::{SecondsFormat, Utc};
 use rusqlite::types::Type;
-use rusqlite::{params, Connection, OptionalExtension, Row as SqlRow, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Row as SqlRow};
 use serde_json::{json, Map, Value};
 use shared_protocol::artifact::CapabilityArtifact;
 use shared_protocol::event::{CapabilityEvent, EventType};
@@ -286,12 +286,14 @@ fn final_event_type(status: SessionStatus) -> EventType {
     }
 }
 
-/// Store a new running session and append `session_started`.
+/// Store a new running session and append `session_started`, in a
+/// savepoint (its own transaction, or part of a group commit's: see
+/// [`crate::db::Db::write_grouped`]).
 pub fn insert_session(
     conn: &mut Connection,
     row: &SessionRow,
 ) -> rusqlite::Result<CapabilityEvent> {
-    let tx = conn.transaction()?;
+    let tx = conn.savepoint()?;
     write_session(&tx, row)?;
     let ev = append(
         &tx,
@@ -398,6 +400,8 @@ pub fn lease_end_message(reason: &str, provider_message: Option<&str>) -> String
 ///   `failed` with the reason first in `error_message`.
 /// - Artifact metadata is stored (`uploaded = 0`), or bound at once to
 ///   bytes the same provider sent earlier with the same sha256.
+///
+/// Runs in a savepoint, like [`insert_session`]; a refusal rolls it back.
 pub fn apply_update(
     conn: &mut Connection,
     provider_id: &str,
@@ -405,7 +409,7 @@ pub fn apply_update(
     lease_end_reason: Option<String>,
     now: Timestamp,
 ) -> Result<UpdateApplied, UpdateRefused> {
-    let tx = conn.transaction()?;
+    let tx = conn.savepoint()?;
     let mut row =
         load_session(&tx, &update.session_id)?.ok_or_else(|| UpdateRefused::UnknownSession {
             session_id: update.session_id.clone(),
@@ -487,7 +491,7 @@ pub fn apply_update(
 
 /// Insert one artifact's metadata; `Some(reason)` when it is ignored.
 fn insert_artifact(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     provider_id: &str,
     session: &SessionRow,
     a: &CapabilityArtifact,
