@@ -156,23 +156,40 @@ fn log_ansi(stream_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> b
     stream_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
+/// Whether a span or event may reach the log: not the broker's spans.
+///
+/// rumqttd opens `error`-level spans around every packet it routes, with
+/// the topic formatted into a field, so they pass any filter that keeps
+/// its errors; the log formatter then renders each one (a measurable part
+/// of the broker's CPU per message) only to use it as context. Its events
+/// (warnings, errors) still pass, without that context.
+fn keep_in_log(meta: &tracing::Metadata<'_>) -> bool {
+    !(meta.is_span() && meta.target().starts_with("rumqttd"))
+}
+
 fn init_logging(json: bool) {
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn"));
     let ansi = log_ansi(
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR"),
     );
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let layer = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
+    let layer = if json {
+        layer.json().boxed()
     } else {
-        builder.init();
-    }
+        layer.boxed()
+    };
+    tracing_subscriber::registry()
+        .with(layer.with_filter(tracing_subscriber::filter::filter_fn(keep_in_log)))
+        .with(filter)
+        .init();
 }
 
 async fn shutdown_signal() {
