@@ -869,12 +869,15 @@ impl Outbox {
         let conn = lock(&self.inner.conn);
         let relax = self.inner.durability == Durability::Fsync;
         let run = || -> rusqlite::Result<T> {
+            // Prepared once and kept: these run twice per queued update.
             if relax {
-                conn.pragma_update(None, "synchronous", "NORMAL")?;
+                conn.prepare_cached("PRAGMA synchronous = NORMAL")?
+                    .execute([])?;
             }
             let out = f(&conn);
             if relax {
-                conn.pragma_update(None, "synchronous", "FULL")?;
+                conn.prepare_cached("PRAGMA synchronous = FULL")?
+                    .execute([])?;
             }
             out
         };
@@ -1081,4 +1084,32 @@ pub fn hash_file(path: &Path) -> std::io::Result<String> {
         hasher.update(&buf[..n]);
     }
     Ok(hex::encode(hasher.finalize()))
+}
+
+#[cfg(test)]
+mod pragma_tests {
+    /// `with_conn_unsynced` switches `synchronous` with cached prepared
+    /// statements; SQLite runs some pragmas when a statement is prepared
+    /// rather than stepped, so check that each run of the cached statement
+    /// takes effect again (artifact rows must be back at FULL after every
+    /// session update).
+    #[test]
+    fn cached_synchronous_pragmas_take_effect_on_every_run() {
+        let c = rusqlite::Connection::open_in_memory().unwrap();
+        let level = |c: &rusqlite::Connection| -> i64 {
+            c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap()
+        };
+        for _ in 0..3 {
+            c.prepare_cached("PRAGMA synchronous = NORMAL")
+                .unwrap()
+                .execute([])
+                .unwrap();
+            assert_eq!(level(&c), 1, "NORMAL");
+            c.prepare_cached("PRAGMA synchronous = FULL")
+                .unwrap()
+                .execute([])
+                .unwrap();
+            assert_eq!(level(&c), 2, "FULL");
+        }
+    }
 }
