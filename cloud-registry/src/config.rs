@@ -817,7 +817,7 @@ mod tests {
         assert_eq!(cfg.mqtt.listen.to_string(), "127.0.0.1:18830");
         assert_eq!(cfg.heartbeat.interval_seconds, 10);
         assert_eq!(cfg.heartbeat.offline_after_missed, 3);
-        assert_eq!(cfg.sessions.unbound_upload_ttl_seconds, 3600);
+        assert_eq!(cfg.sessions.unbound_upload_ttl_seconds, 604_800);
         assert_eq!(cfg.sessions.max_unbound_bytes_per_provider, 1 << 30);
     }
 

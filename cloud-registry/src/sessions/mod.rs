@@ -126,7 +126,7 @@ pub struct SessionsConfig {
     /// revocation until it finishes, so this only covers the report.
     pub revoke_grace_ms: u64,
     /// How long bytes that no artifact binds are kept from their first
-    /// upload, seconds (3600). Bytes uploaded before their metadata must
+    /// upload, seconds (604800, 7 days). Bytes uploaded before their metadata must
     /// be bound within this time (the metadata arrives), or they are
     /// deleted; a blob an uploaded artifact shares is never deleted. At
     /// least 1.
@@ -146,7 +146,7 @@ impl Default for SessionsConfig {
             default_timeout_ms: 30_000,
             result_grace_ms: 15_000,
             revoke_grace_ms: 15_000,
-            unbound_upload_ttl_seconds: 3600,
+            unbound_upload_ttl_seconds: 7 * 24 * 3600,
             max_unbound_bytes_per_provider: 1024 * 1024 * 1024,
         }
     }
