@@ -578,6 +578,11 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
+    /// The broker's process id while it runs (0 when stopped).
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().map(Proc::pid).unwrap_or(0)
+    }
+
     /// The `mosquitto` binary, when installed.
     pub fn binary() -> Option<PathBuf> {
         [

@@ -19,6 +19,12 @@
 //!
 //! Both at 1 and at 20 concurrent callers; p50 and p99 in milliseconds. The
 //! target is an action p50 within 5× the bare MQTT p50.
+//!
+//! A second table gives the CPU time (user + system, from `/proc`) each
+//! process spent per request at each level, and the requests per second
+//! the machine's cores could serve at that cost (on the embedded broker
+//! the registry's figure includes the broker's). With many callers in
+//! flight a round trip is bound by that ceiling: p50 ≥ callers / ceiling.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -64,6 +70,66 @@ fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Instant>>>>;
+
+/// CPU time (user + system) process `pid` has used so far, from
+/// `/proc/<pid>/stat`; `None` when it cannot be read (no such process,
+/// not Linux).
+fn cpu_time(pid: u32) -> Option<Duration> {
+    if pid == 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (in parentheses, may hold spaces) come the
+    // fields from `state` (3rd) on: utime is the 14th, stime the 15th.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|h| *h > 0)?;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
+/// The processes whose CPU time is counted: name and pid.
+type Counted = Vec<(&'static str, u32)>;
+
+/// CPU time of each counted process now.
+fn cpu_times(procs: &Counted) -> Vec<Option<Duration>> {
+    procs.iter().map(|(_, pid)| cpu_time(*pid)).collect()
+}
+
+/// One row of the CPU table: CPU milliseconds per request of each process
+/// between `before` and `after`, their total, and the requests per second
+/// `cores` could serve at that total.
+fn cpu_row(
+    before: &[Option<Duration>],
+    after: &[Option<Duration>],
+    requests: usize,
+    cores: usize,
+) -> Vec<String> {
+    let mut total = 0.0;
+    let mut cells = Vec::new();
+    for (b, a) in before.iter().zip(after) {
+        match (b, a) {
+            (Some(b), Some(a)) => {
+                let ms = a.saturating_sub(*b).as_secs_f64() * 1000.0 / requests.max(1) as f64;
+                total += ms;
+                cells.push(format!("{ms:.3}"));
+            }
+            _ => cells.push("-".into()),
+        }
+    }
+    cells.push(format!("{total:.3}"));
+    cells.push(if total > 0.0 {
+        format!("{:.0}", cores as f64 * 1000.0 / total)
+    } else {
+        "-".into()
+    });
+    cells
+}
 
 /// Two clients on the broker: `ping` publishes, `echo` sends each message
 /// back on another topic.
@@ -293,13 +359,31 @@ async fn bench(args: Args) -> Result<()> {
         "p99 ms",
         "p50 ratio"
     );
+    let mut counted: Counted = vec![
+        (
+            "registry",
+            lab.registry.as_ref().map(|p| p.pid()).unwrap_or(0),
+        ),
+        ("edge", lab.edge.as_ref().map(|p| p.pid()).unwrap_or(0)),
+    ];
+    if let Some(m) = &private {
+        counted.push(("broker", m.pid()));
+    }
+    counted.push(("bench", std::process::id()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut cpu_rows = Vec::new();
     let mut id_base = 1_000_000u64;
     for &c in &args.concurrency {
         let offset = id_base;
         id_base += 1_000_000;
         let bare_c = bare.clone();
+        let t0 = cpu_times(&counted);
         let mut b = run_level(c, args.requests, move |k, i| bare_c(k, offset + i)).await?;
+        let t1 = cpu_times(&counted);
         let mut a = run_level(c, args.requests, action.clone()).await?;
+        let t2 = cpu_times(&counted);
+        cpu_rows.push((c, "bare MQTT", cpu_row(&t0, &t1, b.len(), cores)));
+        cpu_rows.push((c, "action", cpu_row(&t1, &t2, a.len(), cores)));
         let (b50, b99) = percentiles(&mut b);
         let (a50, a99) = percentiles(&mut a);
         println!(
@@ -314,6 +398,25 @@ async fn bench(args: Args) -> Result<()> {
         );
     }
     println!("\ntarget: action p50 within 5x the bare MQTT p50");
+    println!("\nCPU ms per request (user + system, {cores} cores):");
+    let mut header = format!("{:>11} {:>10}", "concurrency", "what");
+    for (name, _) in &counted {
+        header.push_str(&format!(" {name:>9}"));
+    }
+    header.push_str(&format!(" {:>9} {:>15}", "total", "ceiling req/s"));
+    println!("{header}");
+    for (c, what, cells) in cpu_rows {
+        let mut line = format!("{c:>11} {what:>10}");
+        let n = cells.len();
+        for (i, cell) in cells.into_iter().enumerate() {
+            if i + 1 == n {
+                line.push_str(&format!(" {cell:>15}"));
+            } else {
+                line.push_str(&format!(" {cell:>9}"));
+            }
+        }
+        println!("{line}");
+    }
     drop(lab);
     drop(private);
     Ok(())
