@@ -3,9 +3,16 @@
 //! client: it receives `action_invoke` on its commands topic, answers with
 //! `session_update` on its results topic, and PUTs artifact bytes over
 //! HTTP, as the edge daemon does.
+//!
+//! Artifact bytes that no artifact binds are deleted after
+//! `sessions.unbound_upload_ttl_seconds`; bytes bound to an artifact (also
+//! when they arrived first, and when another upload shares them) stay;
+//! `sessions.max_unbound_bytes_per_provider` limits what a provider may
+//! hold unbound.
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -233,6 +240,55 @@ impl Bench {
         )
     }
 
+    /// Lease the camera and start a snapshot in the background; returns
+    /// the command the provider got and the call, which answers once the
+    /// session ends.
+    async fn snapshot(&mut self) -> (ActionCommand, tokio::task::JoinHandle<(StatusCode, Value)>) {
+        let lease = self.lease(&self.agent, AGENT, "cam-1", 50).await;
+        let call = self.invoke(
+            &self.agent,
+            &lease,
+            json!({"action": "snapshot", "wait_ms": 10000}),
+        );
+        (self.next_command().await, call)
+    }
+
+    /// PUT `bytes` as the provider, with their sha256.
+    async fn put(&self, artifact_id: &str, bytes: &[u8]) -> (StatusCode, Value) {
+        self.put_bytes(&self.provider_token, artifact_id, &sha256_hex(bytes), bytes)
+            .await
+    }
+
+    /// The bytes of an artifact as the first agent downloads them.
+    async fn download(&self, artifact_id: &str) -> (StatusCode, Vec<u8>) {
+        let resp = self
+            .api
+            .http
+            .get(format!(
+                "{}/api/v1/artifacts/{artifact_id}/content",
+                self.api.base
+            ))
+            .bearer_auth(&self.agent)
+            .send()
+            .await
+            .unwrap();
+        (resp.status(), resp.bytes().await.unwrap().to_vec())
+    }
+
+    /// Where the registry keeps a blob of `bytes` (the default
+    /// `artifact_dir`, `artifacts` next to the SQLite file).
+    fn blob_file(&self, bytes: &[u8]) -> PathBuf {
+        let sum = sha256_hex(bytes);
+        self.reg
+            .db_path()
+            .parent()
+            .unwrap()
+            .join("artifacts")
+            .join("sha256")
+            .join(&sum[..2])
+            .join(&sum[2..])
+    }
+
     async fn sessions_of(&self, lease_id: &str) -> Vec<Value> {
         let (s, body) = self
             .api
@@ -296,6 +352,7 @@ fn artifact_meta(artifact_id: &str, session_id: &str, bytes: &[u8]) -> Value {
     })
 }
 
+/// `n` bytes after a JPEG start marker; different `n`, different bytes.
 fn jpeg_like(n: usize) -> Vec<u8> {
     let mut v = vec![0xFF, 0xD8, 0xFF, 0xE0];
     v.extend((0..n).map(|i| (i * 7 % 251) as u8));
@@ -1403,5 +1460,139 @@ async fn large_params_reach_the_provider_whole_and_the_session_keeps_a_summary()
     );
     let (_, running) = call.await.unwrap();
     assert_eq!(running["input_summary"], json!({"data": "reboot\n"}));
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn bytes_no_artifact_binds_are_deleted_after_the_grace_time_and_bound_bytes_stay() {
+    let mut b = Bench::start_with(|cfg| cfg.sessions.unbound_upload_ttl_seconds = 3).await;
+    let (cmd, call) = b.snapshot().await;
+    let early = jpeg_like(40_000);
+    let bound = jpeg_like(20_000);
+    let stray = jpeg_like(30_000);
+    let replaced = jpeg_like(10_000);
+    let replacement = jpeg_like(11_000);
+
+    // Bytes ahead of their metadata; bytes no metadata will name; the
+    // bytes of an artifact (`art-bound`, below) under an id nobody names;
+    // bytes replaced by other bytes under the same id. The last PUT is the
+    // newest upload of all.
+    for (id, bytes) in [
+        ("art-early", &early),
+        ("art-stray", &stray),
+        ("art-copy", &bound),
+        ("art-twice", &replaced),
+        ("art-twice", &replacement),
+    ] {
+        let r = b.put(id, bytes).await;
+        assert_eq!(r.0, StatusCode::CREATED, "{id}: {}", r.1);
+        assert_eq!(r.1["metadata_received"], false, "{id}: {}", r.1);
+        assert!(b.blob_file(bytes).is_file(), "{id} stored");
+    }
+    b.report(
+        &cmd,
+        "completed",
+        json!({"artifacts": [
+            artifact_meta("art-early", &cmd.session_id, &early),
+            artifact_meta("art-bound", &cmd.session_id, &bound),
+        ]}),
+    )
+    .await;
+    assert_eq!(call.await.unwrap().1["status"], "completed");
+    // `art-early` was bound by its metadata; `art-bound`'s bytes come
+    // after it, and share the blob `art-copy` stored.
+    let r = b.put("art-bound", &bound).await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["uploaded"], true, "{}", r.1);
+    let (s, meta) = b
+        .api
+        .get("/api/v1/artifacts/art-early", Some(&b.agent))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{meta}");
+    assert_eq!(meta["uploaded"], true, "{meta}");
+
+    // Past the grace time the watchdog deletes what nothing binds.
+    eventually(
+        Duration::from_secs(30),
+        "the unbound blobs to be deleted",
+        || async {
+            [&stray, &replaced, &replacement]
+                .iter()
+                .all(|bytes| !b.blob_file(bytes).exists())
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Bound bytes stay, also the blob `art-copy` shared with `art-bound`.
+    for (id, bytes) in [("art-early", &early), ("art-bound", &bound)] {
+        assert!(b.blob_file(bytes).is_file(), "{id} kept");
+        let (s, got) = b.download(id).await;
+        assert_eq!(s, StatusCode::OK, "{id}");
+        assert_eq!(sha256_hex(&got), sha256_hex(bytes), "{id} intact");
+    }
+    // The held records went with them: the same PUT stores anew (201),
+    // where a repeat of held bytes answers 200.
+    for (id, bytes) in [("art-stray", &stray), ("art-copy", &bound)] {
+        let r = b.put(id, bytes).await;
+        assert_eq!(r.0, StatusCode::CREATED, "{id}: {}", r.1);
+        assert_eq!(r.1["metadata_received"], false, "{id}: {}", r.1);
+    }
+    let r = b.put("art-stray", &stray).await;
+    assert_eq!(r.0, StatusCode::OK, "held again: {}", r.1);
+    // Bound artifacts answer as before.
+    let r = b.put("art-early", &early).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert_eq!(r.1["uploaded"], true, "{}", r.1);
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_provider_holding_too_many_unbound_bytes_is_refused_until_metadata_binds_them() {
+    let mut b = Bench::start_with(|cfg| cfg.sessions.max_unbound_bytes_per_provider = 50_000).await;
+    let (cmd, call) = b.snapshot().await;
+    let first = jpeg_like(30_000);
+    let second = jpeg_like(30_001);
+    let big = jpeg_like(60_000);
+
+    let r = b.put("art-1", &first).await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = b.put("art-2", &second).await;
+    assert_error(&r, StatusCode::CONFLICT, "unbound_upload_limit");
+    let details = &r.1["error"]["details"];
+    assert_eq!(details["provider_id"], PROVIDER);
+    assert_eq!(details["artifact_id"], "art-2");
+    assert_eq!(details["unbound_bytes"], first.len());
+    assert_eq!(details["incoming_bytes"], second.len());
+    assert_eq!(details["limit_bytes"], 50_000);
+    assert!(!b.blob_file(&second).exists(), "nothing stored");
+
+    // Bytes the provider already stored add nothing: a repeat, and the
+    // same bytes under another id, pass.
+    let r = b.put("art-1", &first).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = b.put("art-1-copy", &first).await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+
+    // The metadata binds `art-1`; an artifact whose metadata is known is
+    // never limited, whatever its size.
+    b.report(
+        &cmd,
+        "completed",
+        json!({"artifacts": [
+            artifact_meta("art-1", &cmd.session_id, &first),
+            artifact_meta("art-big", &cmd.session_id, &big),
+        ]}),
+    )
+    .await;
+    assert_eq!(call.await.unwrap().1["status"], "completed");
+    let r = b.put("art-big", &big).await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["uploaded"], true, "{}", r.1);
+
+    // `art-1`'s bytes are evidence now and no longer count.
+    let r = b.put("art-2", &second).await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["metadata_received"], false, "{}", r.1);
     b.reg.shutdown().await;
 }
