@@ -395,6 +395,38 @@ impl Lab {
         }
     }
 
+    /// [`Lab::start`] for a test that stops and restarts the broker: on a
+    /// private [`Mosquitto`] in a new temporary directory, with a
+    /// [`unique_topic_prefix`] (they replace `opts`' broker and topic
+    /// prefix). Returns the directory (hold it as long as the broker), the
+    /// broker and the lab. Where `mosquitto` is not installed: `None` with
+    /// a printed reason (the test skips), or a panic under `CI=true`.
+    ///
+    /// Panics: the broker or the lab does not start.
+    pub async fn start_on_private_mosquitto(opts: LabOptions) -> Option<(TempDir, Mosquitto, Lab)> {
+        if Mosquitto::binary().is_none() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "mosquitto is not installed and CI=true"
+            );
+            eprintln!("SKIPPED: mosquitto is not installed");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let broker = Mosquitto::start(dir.path()).expect("private mosquitto starts");
+        let lab = Lab::start(LabOptions {
+            broker: Broker::External {
+                host: "127.0.0.1".into(),
+                port: broker.port,
+            },
+            topic_prefix: unique_topic_prefix(),
+            ..opts
+        })
+        .await
+        .expect("lab");
+        Some((dir, broker, lab))
+    }
+
     /// Keep the directory after the lab stops; returns its path.
     pub fn keep(&mut self) -> PathBuf {
         if let Some(d) = self.dir.take() {
@@ -433,6 +465,12 @@ pub fn uuid_like() -> String {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff)
+}
+
+/// A topic prefix of its own for one test's lab on a shared broker:
+/// `benchlink-e2e-{random}/v1`.
+pub fn unique_topic_prefix() -> String {
+    format!("benchlink-e2e-{}/v1", uuid_like())
 }
 
 /// The bench TOML: four simulated media capabilities and four real serial

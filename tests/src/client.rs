@@ -2,10 +2,12 @@
 //! uses it: leases, actions, sessions, artifacts, and the capability event
 //! stream (SSE).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -24,6 +26,22 @@ pub struct Agent {
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// Capability id → lease id of a lease group answer
+/// ([`Agent::lease_group`]).
+pub fn group_leases(group: &Value) -> BTreeMap<String, String> {
+    group["leases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            (
+                l["capability_id"].as_str().unwrap_or_default().to_string(),
+                l["lease_id"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 /// A downloaded artifact.
@@ -259,6 +277,44 @@ impl Agent {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Wait until `GET /healthz` answers 503: the registry has lost its
+    /// MQTT link.
+    ///
+    /// Errors: still not 503 after `timeout`.
+    pub async fn wait_mqtt_down(&self, timeout: Duration) -> Result<()> {
+        crate::poll_until(timeout, "registry sees the broker gone", || async {
+            let (s, _) = self.get("/healthz").await.ok()?;
+            (s == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+        })
+        .await
+    }
+
+    /// Wait until the registry's MQTT link is up and `provider_id` is
+    /// online with a heartbeat later than `since`: both ends are connected
+    /// again. Needs a token that may read providers.
+    ///
+    /// Errors: not so after `timeout`.
+    pub async fn wait_reconnected(
+        &self,
+        provider_id: &str,
+        since: DateTime<Utc>,
+        timeout: Duration,
+    ) -> Result<()> {
+        crate::poll_until(timeout, "both ends reconnected", || async {
+            let h = self.get_ok("/healthz").await.ok()?;
+            let p = self
+                .get_ok(&format!("/api/v1/capability-providers/{provider_id}"))
+                .await
+                .ok()?;
+            let beat = p["last_heartbeat_at"]
+                .as_str()
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())?;
+            (h["mqtt"]["connected"] == true && p["online_status"] == "online" && beat > since)
+                .then_some(())
+        })
+        .await
     }
 }
 

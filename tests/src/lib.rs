@@ -201,6 +201,39 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
+/// Poll the async `check` every 100 ms until it returns `Some`, for at
+/// most `timeout`.
+///
+/// Errors: `timeout` passed first; the message names `what`.
+pub async fn poll_until<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            return Err(anyhow!("timed out after {timeout:?} waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// [`poll_until`] for a test: panics (failing the test) with its message
+/// when `timeout` passes first.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    poll_until(timeout, what, check)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Read a file to a string, naming it on error.
 pub fn read_to_string(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))

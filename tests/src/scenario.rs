@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::bench::{caps, DUT_BANNER};
-use crate::client::{sha256_hex, Agent, EventLog};
+use crate::client::{group_leases, sha256_hex, Agent, EventLog};
 
 /// Output of the scenario for people (the demo prints, tests log).
 pub type Say<'a> = &'a (dyn Fn(String) + Send + Sync);
@@ -110,13 +110,7 @@ pub async fn run_main_job(
             10,
         )
         .await?;
-    let mut hw_leases = BTreeMap::new();
-    for l in group["leases"].as_array().into_iter().flatten() {
-        hw_leases.insert(
-            l["capability_id"].as_str().unwrap_or_default().to_string(),
-            l["lease_id"].as_str().unwrap_or_default().to_string(),
-        );
-    }
+    let hw_leases = group_leases(&group);
     say(format!(
         "    granted together: group {} -> {}",
         group["lease_group_id"].as_str().unwrap_or("?"),

@@ -10,10 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use benchlink_e2e::bench::{
-    caps, uuid_like, Broker, Lab, LabOptions, Mosquitto, HW_AGENT, PROVIDER_ID,
-};
-use benchlink_e2e::client::{follow_events, Agent, EventLog};
+use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT, PROVIDER_ID};
+use benchlink_e2e::client::{follow_events, group_leases, Agent, EventLog};
+use benchlink_e2e::eventually;
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -31,36 +30,6 @@ const OUTAGE: Duration = Duration::from_secs(30);
 /// A second provider that reports over HTTP only.
 const HTTP_PROVIDER: &str = "provider-http-01";
 const HTTP_CAMERA: &str = "cam-http-01";
-
-async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn private_mosquitto(dir: &std::path::Path) -> Option<Mosquitto> {
-    if Mosquitto::binary().is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "mosquitto is not installed and CI=true"
-        );
-        eprintln!("SKIPPED: mosquitto is not installed");
-        return None;
-    }
-    Some(Mosquitto::start(dir).expect("private mosquitto starts"))
-}
 
 /// `capability_health_changed` events that took a capability of
 /// `provider_id` offline.
@@ -143,22 +112,15 @@ fn http_heartbeats(p: Agent, stop: Arc<AtomicBool>) -> Arc<Mutex<DateTime<Utc>>>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offline() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut broker) = private_mosquitto(dir.path()) else {
-        return;
-    };
-    let lab = Lab::start(LabOptions {
-        broker: Broker::External {
-            host: "127.0.0.1".into(),
-            port: broker.port,
-        },
-        topic_prefix: format!("benchlink-e2e-{}/v1", uuid_like()),
+    let Some((_dir, mut broker, lab)) = Lab::start_on_private_mosquitto(LabOptions {
         heartbeat_interval_seconds: INTERVAL_S,
         offline_after_missed: MISSED,
         ..Default::default()
     })
     .await
-    .expect("lab");
+    else {
+        return;
+    };
     let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let (events, follower) = follow_events(&admin, |_| {});
@@ -192,18 +154,8 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
         )
         .await
         .unwrap();
-    let lease = |cap: &str| -> String {
-        group["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["capability_id"] == cap)
-            .unwrap()["lease_id"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
-    let (camera_lease, console_lease) = (lease(caps::CAMERA), lease(caps::CONSOLE));
+    let leases = group_leases(&group);
+    let (camera_lease, console_lease) = (&leases[caps::CAMERA], &leases[caps::CONSOLE]);
     let (s, v) = hw
         .post(
             &format!("/api/v1/capability-leases/{console_lease}/actions"),
@@ -222,15 +174,7 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
 
     // The broker goes away for twice the offline timeout.
     broker.stop();
-    eventually(
-        Duration::from_secs(10),
-        "registry sees the broker gone",
-        || async {
-            let (s, _) = admin.get("/healthz").await.ok()?;
-            (s == StatusCode::SERVICE_UNAVAILABLE).then_some(())
-        },
-    )
-    .await;
+    admin.wait_mqtt_down(Duration::from_secs(10)).await.unwrap();
     tokio::time::sleep(OUTAGE).await;
     assert_eq!(
         offline_events(&events, PROVIDER_ID),
@@ -241,16 +185,10 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
     broker.resume().expect("broker back");
 
     // Both ends reconnect; the bench is heard again.
-    eventually(Duration::from_secs(40), "both ends reconnected", || async {
-        let h = admin.get_ok("/healthz").await.ok()?;
-        let p = provider(&admin, PROVIDER_ID).await;
-        let beat = p["last_heartbeat_at"]
-            .as_str()
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())?;
-        (h["mqtt"]["connected"] == true && p["online_status"] == "online" && beat > back)
-            .then_some(())
-    })
-    .await;
+    admin
+        .wait_reconnected(PROVIDER_ID, back, Duration::from_secs(40))
+        .await
+        .unwrap();
     let reconnected = Instant::now();
     let session = eventually(Duration::from_secs(60), "the capture completes", || async {
         let s = hw
@@ -266,7 +204,7 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
         "{session}"
     );
     let snap = hw
-        .act_ok(&camera_lease, "snapshot", json!({}))
+        .act_ok(camera_lease, "snapshot", json!({}))
         .await
         .unwrap();
     assert_eq!(snap["status"], "completed");

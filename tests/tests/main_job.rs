@@ -11,12 +11,12 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use benchlink_e2e::bench::{
-    caps, uuid_like, Broker, Lab, LabOptions, Mosquitto, CHIEF_AGENT, DUT_BANNER, HW_AGENT,
+    caps, unique_topic_prefix, Broker, Lab, LabOptions, CHIEF_AGENT, DUT_BANNER, HW_AGENT,
     PROVIDER_ID,
 };
-use benchlink_e2e::client::{follow_events, sha256_hex, Agent, EventLog};
-use benchlink_e2e::require_mosquitto;
+use benchlink_e2e::client::{follow_events, group_leases, sha256_hex, Agent, EventLog};
 use benchlink_e2e::scenario::{run_main_job, MainJobReport};
+use benchlink_e2e::{eventually, require_mosquitto};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -60,10 +60,6 @@ impl Drop for Agents {
     }
 }
 
-fn unique_prefix() -> String {
-    format!("benchlink-e2e-{}/v1", uuid_like())
-}
-
 async fn running_sessions(admin: &Agent) -> Vec<Value> {
     admin
         .get_ok("/api/v1/sessions?status=running")
@@ -72,24 +68,6 @@ async fn running_sessions(admin: &Agent) -> Vec<Value> {
         .as_array()
         .cloned()
         .unwrap_or_default()
-}
-
-async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// What every run of the main job must show.
@@ -169,7 +147,7 @@ async fn main_job_on(broker: Broker, topic_prefix: String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_main_job_runs_end_to_end_on_the_embedded_broker() {
     let _one = one_lab_at_a_time().await;
-    main_job_on(Broker::Embedded, unique_prefix()).await;
+    main_job_on(Broker::Embedded, unique_topic_prefix()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +161,7 @@ async fn the_main_job_runs_end_to_end_on_mosquitto() {
             host: "127.0.0.1".into(),
             port: 1883,
         },
-        unique_prefix(),
+        unique_topic_prefix(),
     )
     .await;
 }
@@ -265,54 +243,14 @@ async fn refused_actions_say_why_and_leave_no_session_running() {
     assert_eq!(s["status"], "completed");
 }
 
-/// Wait until the registry's MQTT link is up and the provider has sent a
-/// heartbeat after `since` (so both ends are connected again).
-async fn wait_reconnected(a: &Agents, since: chrono::DateTime<chrono::Utc>) {
-    eventually(Duration::from_secs(40), "both ends reconnected", || async {
-        let h = a.admin.get_ok("/healthz").await.ok()?;
-        let p = a
-            .admin
-            .get_ok(&format!("/api/v1/capability-providers/{PROVIDER_ID}"))
-            .await
-            .ok()?;
-        let beat = p["last_heartbeat_at"]
-            .as_str()
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())?;
-        (h["mqtt"]["connected"] == true && p["online_status"] == "online" && beat > since)
-            .then_some(())
-    })
-    .await;
-}
-
-fn private_mosquitto(dir: &std::path::Path) -> Option<Mosquitto> {
-    if Mosquitto::binary().is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "mosquitto is not installed and CI=true"
-        );
-        eprintln!("SKIPPED: mosquitto is not installed");
-        return None;
-    }
-    Some(Mosquitto::start(dir).expect("private mosquitto starts"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_broker_restart_mid_lease_the_lease_renews_and_actions_work() {
     let _one = one_lab_at_a_time().await;
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut broker) = private_mosquitto(dir.path()) else {
+    let Some((_dir, mut broker, lab)) =
+        Lab::start_on_private_mosquitto(LabOptions::default()).await
+    else {
         return;
     };
-    let lab = Lab::start(LabOptions {
-        broker: Broker::External {
-            host: "127.0.0.1".into(),
-            port: broker.port,
-        },
-        topic_prefix: unique_prefix(),
-        ..Default::default()
-    })
-    .await
-    .expect("lab");
     let a = Agents::of(&lab);
     let (s, lease) =
         a.hw.lease(caps::CAMERA, 70, "watch the DUT", None, 5)
@@ -326,7 +264,10 @@ async fn after_a_broker_restart_mid_lease_the_lease_renews_and_actions_work() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let restarted_at = chrono::Utc::now();
     broker.resume().expect("broker back");
-    wait_reconnected(&a, restarted_at).await;
+    a.admin
+        .wait_reconnected(PROVIDER_ID, restarted_at, Duration::from_secs(40))
+        .await
+        .unwrap();
 
     let (s, renewed) = a.hw.renew(&cam).await.unwrap();
     assert_eq!(s, StatusCode::OK, "{renewed}");
@@ -357,17 +298,7 @@ async fn an_edge_killed_mid_upload_delivers_every_artifact_exactly_once_after_re
         )
         .await
         .unwrap();
-    let leases: HashMap<String, String> = group["leases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            (
-                l["capability_id"].as_str().unwrap().to_string(),
-                l["lease_id"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let leases = group_leases(&group);
     let lease_ids: Vec<String> = leases.values().cloned().collect();
     // Evidence on three capabilities at once: clips, audio, screenshots.
     let mut calls = Vec::new();
@@ -468,20 +399,11 @@ async fn an_edge_killed_mid_upload_delivers_every_artifact_exactly_once_after_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captures_continue_through_a_30_second_broker_outage_and_nothing_is_lost() {
     let _one = one_lab_at_a_time().await;
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut broker) = private_mosquitto(dir.path()) else {
+    let Some((_dir, mut broker, lab)) =
+        Lab::start_on_private_mosquitto(LabOptions::default()).await
+    else {
         return;
     };
-    let lab = Lab::start(LabOptions {
-        broker: Broker::External {
-            host: "127.0.0.1".into(),
-            port: broker.port,
-        },
-        topic_prefix: unique_prefix(),
-        ..Default::default()
-    })
-    .await
-    .expect("lab");
     let a = Agents::of(&lab);
     let group =
         a.hw.lease_group(
@@ -492,21 +414,11 @@ async fn captures_continue_through_a_30_second_broker_outage_and_nothing_is_lost
         )
         .await
         .unwrap();
-    let lease = |cap: &str| -> String {
-        group["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["capability_id"] == cap)
-            .unwrap()["lease_id"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let leases = group_leases(&group);
     let lease_ids = vec![
-        lease(caps::CAMERA),
-        lease(caps::MICROPHONE),
-        lease(caps::CONSOLE),
+        leases[caps::CAMERA].clone(),
+        leases[caps::MICROPHONE].clone(),
+        leases[caps::CONSOLE].clone(),
     ];
     let mut sessions = Vec::new();
     for (l, action, params) in [
@@ -522,15 +434,10 @@ async fn captures_continue_through_a_30_second_broker_outage_and_nothing_is_lost
     // commands have had a moment to reach the bench).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     broker.stop();
-    eventually(
-        Duration::from_secs(10),
-        "registry sees the broker gone",
-        || async {
-            let (s, _) = a.admin.get("/healthz").await.ok()?;
-            (s == StatusCode::SERVICE_UNAVAILABLE).then_some(())
-        },
-    )
-    .await;
+    a.admin
+        .wait_mqtt_down(Duration::from_secs(10))
+        .await
+        .unwrap();
     let (s, body) =
         a.hw.act(&lease_ids[0], "snapshot", json!({}), 1000)
             .await
@@ -543,7 +450,10 @@ async fn captures_continue_through_a_30_second_broker_outage_and_nothing_is_lost
     tokio::time::sleep(Duration::from_secs(30)).await;
     let back = chrono::Utc::now();
     broker.resume().expect("broker back");
-    wait_reconnected(&a, back).await;
+    a.admin
+        .wait_reconnected(PROVIDER_ID, back, Duration::from_secs(40))
+        .await
+        .unwrap();
 
     for id in &sessions {
         // After the reconnect back-off and the outbox drain; generous
