@@ -1596,3 +1596,88 @@ async fn a_provider_holding_too_many_unbound_bytes_is_refused_until_metadata_bin
     assert_eq!(r.1["metadata_received"], false, "{}", r.1);
     b.reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_command_too_large_for_mqtt_is_refused_with_413_and_starts_nothing() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    // Under the 1 MiB body limit as sent; each `9e9` is encoded again as
+    // `9000000000.0`, so the command would be about three times larger
+    // than the registry's MQTT packet limit.
+    let n = 259_990;
+    let body = format!(
+        "{{\"action\":\"snapshot\",\"params\":{{\"a\":[{}]}}}}",
+        vec!["9e9"; n].join(",")
+    );
+    assert!(body.len() < 1024 * 1024, "{}", body.len());
+    let got = b
+        .api
+        .post_raw(
+            &format!("/api/v1/capability-leases/{lease}/actions"),
+            Some(&b.agent),
+            body,
+        )
+        .await;
+    assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, "command_too_large");
+    let details = &got.1["error"]["details"];
+    let (size, limit) = (
+        details["encoded_bytes"].as_u64().unwrap(),
+        details["limit_bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(limit, 1024 * 1024, "{details}");
+    assert!(size > 3_000_000, "{details}");
+    assert!(b.sessions_of(&lease).await.is_empty(), "no session");
+    assert!(b.events_of("session_started").await.is_empty());
+    assert!(
+        b.provider
+            .next_of(MessageType::ActionInvoke, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "nothing was sent"
+    );
+
+    // The link is intact: the next action reaches the provider.
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "snapshot", "params": {"a": [9e9]}, "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    b.report(&cmd, "completed", json!({})).await;
+    let (status, session) = call.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{session}");
+    assert_eq!(session["status"], "completed");
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_providers_long_error_message_is_cut_in_the_session() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "write", "params": {"data": "x"}, "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    let long = format!("unknown parameter `{}`", "é".repeat(5000));
+    b.report(&cmd, "failed", json!({ "error_message": long }))
+        .await;
+    let (status, session) = call.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{session}");
+    assert_eq!(session["status"], "failed");
+    let expected = format!(
+        "{}… ({} more characters)",
+        long.chars().take(2000).collect::<String>(),
+        long.chars().count() - 2000
+    );
+    assert_eq!(session["error_message"], expected);
+    assert_eq!(b.session(&cmd.session_id).await["error_message"], expected);
+    let failed = b.events_of("session_failed").await;
+    assert_eq!(failed.len(), 1);
+    assert!(
+        serde_json::to_string(&failed[0]).unwrap().len() < 8192,
+        "the event stays small"
+    );
+    b.reg.shutdown().await;
+}

@@ -58,6 +58,18 @@ pub enum SessionError {
     #[error("the registry is not connected to the MQTT broker; no command can be sent")]
     ControlPlaneDown,
 
+    /// The `action_invoke` command, encoded for MQTT, would be `size`
+    /// bytes, more than the registry's MQTT packet limit `limit` (which
+    /// follows `http.body_limit_bytes`, at least 64 KiB): params can grow
+    /// when encoded again (`9e9` becomes `9000000000.0`). Nothing was sent
+    /// and no session was created. HTTP 413 `command_too_large`.
+    #[error("the action command for capability `{capability_id}` would be {size} bytes on MQTT, more than the limit of {limit} bytes; send smaller params")]
+    CommandTooLarge {
+        capability_id: String,
+        size: usize,
+        limit: usize,
+    },
+
     /// No session has this id. HTTP 404.
     #[error("session `{session_id}` not found")]
     SessionNotFound { session_id: String },
@@ -196,6 +208,16 @@ impl From<SessionError> for ApiError {
                 "control_plane_unavailable",
                 message,
             ),
+            SessionError::CommandTooLarge {
+                capability_id,
+                size,
+                limit,
+            } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "command_too_large", message)
+                .with_details(json!({
+                    "capability_id": capability_id,
+                    "encoded_bytes": size,
+                    "limit_bytes": limit,
+                })),
             SessionError::SessionNotFound { session_id } => {
                 ApiError::not_found("session", &session_id)
             }

@@ -74,6 +74,7 @@ pub mod unbound;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -102,6 +103,32 @@ use crate::mqtt::CommandSender;
 use crate::registry::ProviderHooks;
 use crate::store::Store;
 use store::{UpdateRefused, UploadRecorded, UploadRefused};
+
+/// Bytes an `action_invoke` publish adds to its encoded command: the
+/// envelope's other fields, the topic and the MQTT header (a generous
+/// bound, so a command that passes the check is never refused by the
+/// client).
+pub const COMMAND_OVERHEAD_BYTES: usize = 1024;
+
+/// Length of `value` encoded as JSON, bytes (0 if it cannot be encoded),
+/// counted without keeping the encoding.
+fn encoded_len<T: Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    match serde_json::to_writer(&mut n, value) {
+        Ok(()) => n.0,
+        Err(_) => 0,
+    }
+}
 
 /// The `[sessions]` table of the registry's configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,6 +224,9 @@ pub struct Sessions {
     /// choosing blobs until their files are gone. So an upload can never
     /// find a blob already stored that the sweep then deletes.
     blob_gc: RwLock<()>,
+    /// Largest MQTT packet the registry's link sends, bytes (0: not
+    /// checked); see [`Sessions::set_max_command_bytes`].
+    max_command_bytes: AtomicUsize,
 }
 
 /// What an upload did, for the HTTP answer.
@@ -329,6 +359,7 @@ impl Sessions {
             shutdown: OnceLock::new(),
             finals: Mutex::new(HashMap::new()),
             blob_gc: RwLock::new(()),
+            max_command_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -337,6 +368,14 @@ impl Sessions {
     /// `control_plane_unavailable`.
     pub fn attach_commands(&self, sender: CommandSender) {
         let _ = self.commands.set(sender);
+    }
+
+    /// The MQTT packet limit of the registry's link, bytes: an invocation
+    /// whose `action_invoke` command (with its envelope, topic and MQTT
+    /// header) would be larger is refused with 413 `command_too_large`
+    /// before any session exists. 0 (the default) checks nothing.
+    pub fn set_max_command_bytes(&self, bytes: usize) {
+        self.max_command_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// The settings in force.
@@ -420,8 +459,9 @@ impl Sessions {
     ///
     /// Errors: [`SessionError::Lease`] (404, 403 `not_lease_holder`, 409
     /// with the lease status), `CapabilityNotLeased`, `UnknownCapability`,
-    /// `UnsupportedAction` (422), `ProviderOffline`, `ControlPlaneDown`
-    /// (503), `Store`. No session exists after an error.
+    /// `UnsupportedAction` (422), `CommandTooLarge` (413: the command
+    /// would not fit the MQTT packet limit), `ProviderOffline`,
+    /// `ControlPlaneDown` (503), `Store`. No session exists after an error.
     pub async fn invoke(
         &self,
         who: &Principal,
@@ -501,6 +541,25 @@ impl Sessions {
                 i64::from(timeout_ms) + self.cfg.result_grace_ms.min(i64::MAX as u64) as i64,
             );
         let session_id = crate::ids::time_ordered("sess_");
+        let command = ActionCommand {
+            session_id: session_id.clone(),
+            lease_id: lease_id.to_string(),
+            capability_id: capability_id.clone(),
+            action: req.action,
+            params: req.params,
+            timeout_ms,
+        };
+        let limit = self.max_command_bytes.load(Ordering::Relaxed);
+        if limit > 0 {
+            let size = encoded_len(&command) + COMMAND_OVERHEAD_BYTES;
+            if size > limit {
+                return Err(SessionError::CommandTooLarge {
+                    capability_id,
+                    size,
+                    limit,
+                });
+            }
+        }
         let row = store::SessionRow {
             session: CapabilitySession {
                 session_id: session_id.clone(),
@@ -510,7 +569,7 @@ impl Sessions {
                 started_at: now,
                 ended_at: None,
                 status: SessionStatus::Running,
-                input_summary: input_summary(&req.params),
+                input_summary: input_summary(&command.params),
                 result_summary: None,
                 artifact_refs: vec![],
                 error_message: None,
@@ -536,14 +595,6 @@ impl Sessions {
         if req.action.non_interruptible_by_default() {
             self.window_opened(&capability_id, &session_id).await;
         }
-        let command = ActionCommand {
-            session_id: session_id.clone(),
-            lease_id: lease_id.to_string(),
-            capability_id: capability_id.clone(),
-            action: req.action,
-            params: req.params,
-            timeout_ms,
-        };
         if commands
             .send(&provider_id, MessageType::ActionInvoke, &command)
             .is_none()

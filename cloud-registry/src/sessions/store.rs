@@ -368,6 +368,23 @@ pub struct UpdateApplied {
     pub session: Option<CapabilitySession>,
 }
 
+/// Longest `error_message` a session keeps from a provider, characters;
+/// longer ones are cut by [`bound_error_message`].
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 2000;
+
+/// `message` cut to [`MAX_ERROR_MESSAGE_CHARS`] characters (on a character
+/// boundary) followed by "… (N more characters)" when it was longer;
+/// unchanged otherwise.
+pub fn bound_error_message(message: String) -> String {
+    match message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
+        None => message,
+        Some((cut, _)) => {
+            let more = message[cut..].chars().count();
+            format!("{}… ({more} more characters)", &message[..cut])
+        }
+    }
+}
+
 /// `storage_uri` of an uploaded artifact.
 pub fn content_uri(artifact_id: &str) -> String {
     format!("/api/v1/artifacts/{artifact_id}/content")
@@ -466,7 +483,7 @@ pub fn apply_update(
             };
             row.session.status = status;
             row.session.ended_at = Some(update.occurred_at);
-            row.session.error_message = error;
+            row.session.error_message = error.map(bound_error_message);
             row.ended_by = Some(EndedBy::Provider);
             row.provider_status = Some(update.status);
             end_event = Some(final_event_type(status));
