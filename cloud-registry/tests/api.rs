@@ -1967,3 +1967,119 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
         "refusals change nothing"
     );
 }
+
+/// An unknown field in a request body is refused with 422 `invalid_field`
+/// naming it, rather than being ignored: a requirement's `capability_id`
+/// (requirements have none) must not lease some other camera.
+#[tokio::test]
+async fn unknown_fields_in_request_bodies_are_refused_and_named() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let a = reg
+        .auth
+        .create_token(Role::AuditAgent, "audit:hw-01")
+        .await
+        .unwrap();
+
+    let mut group = lease_body("cam-front-01", "audit:hw-01", 50, 60);
+    group.as_object_mut().unwrap().remove("capability_id");
+    group["requirements"] = json!([{
+        "capability_type": "camera",
+        "capability_id": "cam-fake-01",
+        "mode": "exclusive"
+    }]);
+    let r = api
+        .post("/api/v1/capability-leases/request-group", Some(&a), &group)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(
+        r.1["error"]["details"]["field"],
+        "requirements[0].capability_id"
+    );
+    let msg = r.1["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("unknown field `capability_id`"), "{msg}");
+    assert!(msg.contains("`capability_type`"), "{msg}");
+    let (_, leases) = api.get("/api/v1/capability-leases", Some(&admin)).await;
+    assert_eq!(leases["leases"], json!([]), "nothing was leased");
+
+    let mut body = lease_body("cam-front-01", "audit:hw-01", 50, 60);
+    body["priorty"] = json!(90);
+    let r = api
+        .post("/api/v1/capability-leases/request", Some(&a), &body)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "priorty");
+
+    let r = api
+        .post(
+            "/api/v1/capability-leases/request",
+            Some(&a),
+            &lease_body("cam-front-01", "audit:hw-01", 50, 60),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let lease = r.1["lease_id"].as_str().unwrap().to_string();
+    for (path, body, field) in [
+        (
+            format!("/api/v1/capability-leases/{lease}/actions"),
+            json!({"action": "snapshot", "bogus": 1}),
+            "bogus",
+        ),
+        (
+            format!("/api/v1/capability-leases/{lease}/actions"),
+            json!({"action": "snapshot", "wait_msec": 100}),
+            "wait_msec",
+        ),
+        (
+            format!("/api/v1/capability-leases/{lease}/renew"),
+            json!({"duration_seconds": 30}),
+            "duration_seconds",
+        ),
+        (
+            format!("/api/v1/capability-leases/{lease}/release"),
+            json!({"reason": "done", "force": true}),
+            "force",
+        ),
+        (
+            "/api/v1/auth/tokens".to_string(),
+            json!({"role": "viewer", "name": "v-1", "expires": 60}),
+            "expires",
+        ),
+    ] {
+        let token = if path.starts_with("/api/v1/auth") {
+            &admin
+        } else {
+            &a
+        };
+        let r = api.post(&path, Some(token), &body).await;
+        assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+        assert_eq!(r.1["error"]["details"]["field"], field, "{path}: {}", r.1);
+    }
+    let r = api
+        .post(
+            &format!("/api/v1/capability-leases/{lease}/actions"),
+            Some(&a),
+            &json!({"action": "snapshot", "wait_msec": 100}),
+        )
+        .await;
+    assert_eq!(
+        r.1["error"]["message"],
+        "invalid field `wait_msec`: unknown field `wait_msec`, expected one of \
+         `action`, `params`, `wait_ms`, `capability_id`, `timeout_ms`"
+    );
+    let (_, l) = api
+        .get(&format!("/api/v1/capability-leases/{lease}"), Some(&a))
+        .await;
+    assert_eq!(l["status"], "granted", "the lease was not touched: {l}");
+    let (_, sessions) = api
+        .get(
+            &format!("/api/v1/capability-leases/{lease}/sessions"),
+            Some(&a),
+        )
+        .await;
+    assert_eq!(sessions["sessions"], json!([]), "no session was started");
+    reg.shutdown().await;
+}

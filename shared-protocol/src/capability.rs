@@ -235,6 +235,7 @@ impl Validate for CapabilityRegistration {
 
 /// `POST /api/v1/capabilities/register` body (seed 001 §4.2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CapabilityBatchRegisterRequest {
     pub provider_id: String,
     pub capabilities: Vec<CapabilityRegistration>,
@@ -293,6 +294,7 @@ pub struct Capability {
 /// Pick a capability by what it is rather than by id (seed 001 §5.1
 /// `capability_selector`). Every given field must match.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CapabilitySelector {
     pub capability_type: CapabilityType,
     /// The capability must carry all of these tags.
@@ -323,6 +325,7 @@ impl From<RequirementMode> for LeaseMode {
 
 /// A declared need for one capability (seed 001 §13).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CapabilityRequirement {
     pub capability_type: CapabilityType,
     pub mode: RequirementMode,

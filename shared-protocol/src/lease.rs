@@ -72,6 +72,7 @@ pub const MAX_PRIORITY: u8 = 100;
 /// Exactly one of `capability_id` and `capability_selector` is given. The
 /// holder is the authenticated principal; `holder_ref` is checked against it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LeaseRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability_id: Option<String>,
@@ -185,6 +186,7 @@ impl Validate for LeaseRequest {
 /// granted all together or not at all (an audit task's
 /// `capability_requirements`, seed 001 §13).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LeaseGroupRequest {
     /// Ask for these ids ...
     #[serde(default)]
@@ -277,6 +279,7 @@ pub struct LeaseGroup {
 
 /// `POST /api/v1/capability-leases/{lease_id}/renew` body (seed 001 §5.2).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LeaseRenewRequest {
     /// New duration from now, seconds; absent: the lease's original duration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -294,6 +297,7 @@ impl Validate for LeaseRenewRequest {
 
 /// `POST /api/v1/capability-leases/{lease_id}/release` body (seed 001 §5.3).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LeaseReleaseRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

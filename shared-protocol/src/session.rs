@@ -54,6 +54,7 @@ pub struct CapabilitySession {
 /// Invoke an action on a leased capability:
 /// `POST /api/v1/capability-leases/{lease_id}/actions`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ActionInvokeRequest {
     pub action: CapabilityAction,
     /// Action parameters; each driver documents its own (units in names).

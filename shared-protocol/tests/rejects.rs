@@ -29,6 +29,12 @@ fn field_of(err: ParseError) -> String {
         .to_string()
 }
 
+fn field_of_ref(err: &ParseError) -> String {
+    err.field()
+        .unwrap_or_else(|| panic!("error names no field: {err}"))
+        .to_string()
+}
+
 fn parse_lease(v: Value) -> Result<LeaseRequest, ParseError> {
     parse_json(&serde_json::to_vec(&v).unwrap())
 }
@@ -215,4 +221,55 @@ fn envelope_of_another_major_version_is_refused() {
     assert!(Envelope::parse(&serde_json::to_vec(&v).unwrap()).is_ok());
     v["protocol_version"] = json!("2.0");
     assert!(Envelope::parse(&serde_json::to_vec(&v).unwrap()).is_err());
+}
+
+#[test]
+fn an_unknown_field_of_a_request_is_refused_and_named() {
+    let body = br#"{"action":"snapshot","bogus":1}"#;
+    let err = parse_json::<ActionInvokeRequest>(body).unwrap_err();
+    assert_eq!(field_of_ref(&err), "bogus", "{err}");
+    assert!(err.to_string().contains("`wait_ms`"), "{err}");
+
+    let typo = br#"{"action":"snapshot","wait_msec":100}"#;
+    let err = parse_json::<ActionInvokeRequest>(typo).unwrap_err();
+    assert_eq!(field_of(err), "wait_msec");
+}
+
+#[test]
+fn an_unknown_field_of_a_group_requirement_is_named_by_its_path() {
+    let mut v = lease_request();
+    v.as_object_mut().unwrap().remove("capability_id");
+    v["requirements"] = json!([
+        {"capability_type": "camera", "mode": "exclusive"},
+        {"capability_type": "camera", "capability_id": "cam-fake-01", "mode": "exclusive"}
+    ]);
+    let err =
+        parse_json::<shared_protocol::lease::LeaseGroupRequest>(&serde_json::to_vec(&v).unwrap())
+            .unwrap_err();
+    assert_eq!(field_of(err), "requirements[1].capability_id");
+
+    let mut v = lease_request();
+    v.as_object_mut().unwrap().remove("capability_id");
+    v["capability_selector"] = json!({"capability_type": "camera", "capabilty_id": "x"});
+    assert_eq!(
+        field_of(parse_lease(v).unwrap_err()),
+        "capability_selector.capabilty_id"
+    );
+}
+
+#[test]
+fn an_audit_requests_requirement_refuses_unknown_fields_but_its_top_level_does_not() {
+    let seed: Value = serde_json::from_str(include_str!(
+        "seed_examples/001_s8.1_audit_task_request.json"
+    ))
+    .unwrap();
+    let mut v = seed.clone();
+    v["capability_requirements"] =
+        json!([{"capability_type": "camera", "mode": "exclusive", "capability_id": "cam-1"}]);
+    let err = parse_json::<AuditTaskRequest>(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert_eq!(field_of(err), "capability_requirements[0].capability_id");
+
+    let mut v = seed;
+    v["x_extension"] = json!(1);
+    parse_json::<AuditTaskRequest>(&serde_json::to_vec(&v).unwrap()).unwrap();
 }

@@ -109,6 +109,7 @@ fn only_super_admin(who: &Principal, message: String) -> ApiError {
 
 /// Body of `POST /api/v1/auth/tokens`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenCreateRequest {
     pub role: Role,
     /// The principal, e.g. a provider id or `audit:hardware-auditor-01`.

@@ -29,6 +29,7 @@ fn check_text(field: &str, value: &str, max: usize) -> Result<(), ValidationErro
 
 /// `POST /api/v1/audit-requests/claim` body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     /// Audit types this agent can run (at least one).
     pub audit_types: Vec<AuditType>,
@@ -55,6 +56,7 @@ impl Validate for ClaimRequest {
 
 /// `POST /api/v1/audit-requests/{id}/extend` body (may be empty).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExtendRequest {
     /// New deadline = now + this, seconds (1..=86 400); absent: the claim's
     /// visibility timeout.
@@ -73,6 +75,7 @@ impl Validate for ExtendRequest {
 
 /// `POST /api/v1/audit-requests/{id}/release` body (may be empty).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     /// Why the agent gives the task back (kept on the event).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -255,6 +258,7 @@ pub struct AuditRequestPage {
 /// `POST /api/v1/threads` body: a worker or agent thread (seed 001 §14
 /// `thread_registry`). Registering an existing `thread_ref` updates it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ThreadRegistration {
     /// `<node>:<thread>`, e.g. `mac-01:thread-ui-22`.
     pub thread_ref: String,
@@ -328,6 +332,7 @@ pub struct ThreadFilter {
 /// `POST /api/v1/threads/{thread_ref}/messages` body (seed 001 §14
 /// `inter_thread_messages`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MessagePost {
     /// The sending thread, when a thread sends (must be registered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
