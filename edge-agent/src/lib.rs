@@ -13,4 +13,5 @@ pub mod link;
 pub mod notify;
 pub mod outbox;
 pub mod runner;
+pub mod update_size;
 pub mod uploader;

@@ -39,7 +39,8 @@ use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, QueuedUpdate};
+use crate::update_size::{shrink_queued, MAX_SESSION_UPDATE_BYTES};
 
 /// Longest wait between reconnection attempts.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(10);
@@ -778,17 +779,16 @@ impl Publisher {
                 };
                 for update in batch {
                     after = update.seq;
-                    if update.payload.len() > MAX_PACKET_BYTES - 1024 {
-                        // The client would refuse it and drop the
-                        // connection, again on every retry: skip it, keep
-                        // it queued.
-                        tracing::error!(
-                            message_id = %update.message_id,
-                            session_id = %update.session_id,
-                            size_bytes = update.payload.len(),
-                            "mqtt: a queued session update is larger than the MQTT packet limit; it stays in the outbox database, unsent"
-                        );
-                        continue;
+                    let mut update = update;
+                    if update.payload.len() > MAX_SESSION_UPDATE_BYTES {
+                        // Queued by an older version, or larger than the
+                        // bounds allow: sent as it is, a broker could drop
+                        // the connection on every reconnect. Rewrite it
+                        // shorter, or drop it.
+                        match self.rewrite_oversized(&update).await {
+                            Some(payload) => update.payload = payload,
+                            None => continue,
+                        }
                     }
                     match self
                         .send_qos1(TopicKind::Results, false, update.payload)
@@ -847,6 +847,57 @@ impl Publisher {
         // Nothing taken is left unacknowledged unless the pass failed.
         self.drained_clean = result.is_ok();
         result
+    }
+
+    /// A queued update larger than [`MAX_SESSION_UPDATE_BYTES`]: shortened
+    /// ([`shrink_queued`]) and stored so, returning the new payload; or,
+    /// when it cannot be shortened enough, deleted from the outbox (logged
+    /// as an error with its session) and `None`. Either way it is never
+    /// sent at its old size.
+    async fn rewrite_oversized(&self, update: &QueuedUpdate) -> Option<Vec<u8>> {
+        let outbox = self.outbox.clone();
+        let queued = update.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            match shrink_queued(&queued.payload, MAX_SESSION_UPDATE_BYTES) {
+                Some(payload) => outbox
+                    .replace_update_payload(queued.seq, &payload)
+                    .map(|()| Some(payload)),
+                None => outbox.remove_update(queued.seq).map(|()| None),
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Ok(Some(payload))) => {
+                tracing::error!(
+                    message_id = %update.message_id,
+                    session_id = %update.session_id,
+                    size_bytes = update.payload.len(),
+                    new_size_bytes = payload.len(),
+                    "mqtt: a queued session update was larger than {MAX_SESSION_UPDATE_BYTES} bytes; its error message and result summary were shortened"
+                );
+                Some(payload)
+            }
+            Ok(Ok(None)) => {
+                tracing::error!(
+                    message_id = %update.message_id,
+                    session_id = %update.session_id,
+                    size_bytes = update.payload.len(),
+                    "mqtt: a queued session update is larger than {MAX_SESSION_UPDATE_BYTES} bytes and cannot be shortened; dropped (the registry ends the session at its deadline)"
+                );
+                None
+            }
+            Ok(Err(e)) => {
+                tracing::error!(
+                    message_id = %update.message_id,
+                    "outbox: cannot rewrite an oversized session update, skipped for now: {e}"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::error!("outbox: rewriting an oversized session update failed: {e}");
+                None
+            }
+        }
     }
 
     /// Delete acknowledged update rows on a blocking thread, without making

@@ -779,6 +779,22 @@ impl Outbox {
         self.with_conn(|c| select_updates_after(c, after, limit))
     }
 
+    /// Replace the payload of queued update `seq` (kept at its place in the
+    /// queue), e.g. with a shortened envelope of the same message id. A row
+    /// no longer queued is left alone.
+    pub fn replace_update_payload(&self, seq: i64, payload: &[u8]) -> Result<(), OutboxError> {
+        self.with_conn_unsynced(|c| {
+            c.prepare_cached("UPDATE pending_updates SET payload = ?2 WHERE seq = ?1")?
+                .execute(params![seq, payload])
+                .map(|_| ())
+        })?;
+        let mut follow = lock(&self.inner.follow);
+        for row in follow.rows.iter_mut().filter(|r| r.seq == seq) {
+            row.payload = payload.to_vec();
+        }
+        Ok(())
+    }
+
     /// The broker acknowledged queued update `seq`.
     pub fn remove_update(&self, seq: i64) -> Result<(), OutboxError> {
         self.remove_updates(&[seq])

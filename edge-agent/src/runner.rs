@@ -47,6 +47,7 @@ use tokio::sync::Notify;
 use crate::config::CapabilityConfig;
 use crate::drivers::{ActionRequest, CancelToken, Driver, DriverError, DriverHealth};
 use crate::outbox::{Outbox, OutboxError};
+use crate::update_size::{bound_envelope, MAX_ERROR_MESSAGE_CHARS, MAX_SESSION_UPDATE_BYTES};
 
 /// Deadline when a command gives `timeout_ms = 0`, milliseconds.
 pub const DEFAULT_TIMEOUT_MS: u32 = 30_000;
@@ -86,11 +87,40 @@ impl UpdateSink {
 
     /// Queue `update` for publishing (blocking: SQLite). The update is in
     /// the database when this returns, so a restart does not lose it.
+    ///
+    /// What is queued is bounded by [`crate::update_size`]: `error_message`
+    /// at most [`MAX_ERROR_MESSAGE_CHARS`] characters, the envelope at most
+    /// [`MAX_SESSION_UPDATE_BYTES`] (an oversized `result_summary` is
+    /// replaced by its size); the status and artifact metadata are kept.
     pub fn emit(&self, update: &SessionUpdate) -> Result<(), OutboxError> {
-        let env = crate::link::envelope(MessageType::SessionUpdate, update);
+        let mut env = crate::link::envelope(MessageType::SessionUpdate, update);
+        let long_error = update
+            .error_message
+            .as_deref()
+            .is_some_and(|m| m.len() > MAX_ERROR_MESSAGE_CHARS);
+        let mut bytes = if long_error {
+            Vec::new()
+        } else {
+            env.to_bytes()
+        };
+        let mut bounded = None;
+        if long_error || bytes.len() > MAX_SESSION_UPDATE_BYTES {
+            let mut u = update.clone();
+            bytes = bound_envelope(&mut env, &mut u, MAX_SESSION_UPDATE_BYTES);
+            if bytes.len() > MAX_SESSION_UPDATE_BYTES {
+                tracing::error!(
+                    session_id = %update.session_id,
+                    size_bytes = bytes.len(),
+                    artifacts = update.artifacts.len(),
+                    "session update still larger than {MAX_SESSION_UPDATE_BYTES} bytes after shortening (artifact metadata); queued as it is"
+                );
+            }
+            bounded = Some(u);
+        }
+        let update = bounded.as_ref().unwrap_or(update);
         let result = self
             .outbox
-            .queue_update(&env.message_id, &update.session_id, &env.to_bytes());
+            .queue_update(&env.message_id, &update.session_id, &bytes);
         match &result {
             Ok(_) => {
                 tracing::info!(

@@ -839,3 +839,97 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
     let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
     cleaner.clear_retained(&bench.topic("status")).await;
 }
+
+/// A session update queued too large to publish (by an older version:
+/// an unknown 1,000,000-character parameter named twice in the error) is
+/// sent shortened, with its message id, status and a cut error message;
+/// the updates queued after it arrive too and nothing stays queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_later_ones() {
+    if !broker_available() {
+        return;
+    }
+    let bench = Bench::new();
+    let config = bench.write_config(1883, true);
+    let cfg = EdgeConfig::load(&config).expect("config");
+    let key = "K".repeat(1_000_000);
+    let error = format!("unknown parameter `{key}` (`{key}` is not a parameter of write)");
+    let big_id;
+    {
+        let (outbox, _) =
+            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
+        let queue = |session: &str, error: Option<String>| {
+            let update = edge_agent::runner::session_update(
+                session,
+                "cam-test-01",
+                shared_protocol::session::SessionStatus::Failed,
+                error,
+            );
+            let env = envelope(MessageType::SessionUpdate, &update);
+            // Straight into the queue, as an older version did.
+            outbox
+                .queue_update(&env.message_id, &update.session_id, &env.to_bytes())
+                .unwrap();
+            env.message_id
+        };
+        queue("sess-before", Some("small".into()));
+        big_id = queue("sess-huge", Some(error.clone()));
+        queue("sess-after", Some("small".into()));
+    }
+    let mut obs = Observer::connect(
+        &format!("obs-huge-{}", bench.provider_id),
+        &bench.topic("results"),
+    )
+    .await;
+    let mut agent = Agent::start(&config);
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let s = obs
+            .expect(WAIT, "the queued updates", |s| {
+                s.env.body["session_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("sess-"))
+            })
+            .await;
+        seen.push(s);
+    }
+    let order: Vec<&str> = seen
+        .iter()
+        .map(|s| s.env.body["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["sess-before", "sess-huge", "sess-after"]);
+    let huge = &seen[1].env;
+    assert_eq!(huge.message_id, big_id, "the same message id");
+    assert_eq!(huge.body["status"], "failed");
+    let message = huge.body["error_message"].as_str().unwrap();
+    let more = error.chars().count() - 2000;
+    assert_eq!(
+        message,
+        format!(
+            "{}… ({more} more characters)",
+            error.chars().take(2000).collect::<String>()
+        )
+    );
+    assert!(huge.to_bytes().len() <= edge_agent::update_size::MAX_SESSION_UPDATE_BYTES);
+
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (outbox, _) =
+            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
+        let left = outbox.stats().unwrap().queued_updates;
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "{left} updates still queued");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent.signal(libc::SIGTERM);
+    assert_eq!(
+        agent.wait_exit(Duration::from_secs(15)),
+        Some(0),
+        "log:\n{}",
+        agent.log()
+    );
+    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
+    cleaner.clear_retained(&bench.topic("status")).await;
+}
