@@ -447,23 +447,28 @@ impl<S: Send + Sync> FromRequestParts<S> for Principal {
             .extensions
             .get::<Arc<Authenticator>>()
             .ok_or_else(|| ApiError::internal("authenticator layer missing"))?;
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                ApiError::unauthenticated("missing `Authorization: Bearer <token>` header")
-            })?;
-        // The scheme name is case-insensitive (RFC 9110 §11.1).
-        let token = header
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token)
-            .ok_or_else(|| ApiError::unauthenticated("expected a Bearer token"))?;
-        auth.authenticate_fresh(token.trim())
+        let token = bearer_token(&parts.headers)?;
+        auth.authenticate_fresh(token)
             .await
             .ok_or_else(|| ApiError::unauthenticated("unknown or revoked token"))
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (the scheme in
+/// any letter case, RFC 9110 §11.1), trimmed. 401 `unauthenticated` when
+/// the header is missing or not a Bearer token.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, ApiError> {
+    let header = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            ApiError::unauthenticated("missing `Authorization: Bearer <token>` header")
+        })?;
+    header
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .ok_or_else(|| ApiError::unauthenticated("expected a Bearer token"))
 }
 
 #[cfg(test)]

@@ -2083,3 +2083,111 @@ async fn unknown_fields_in_request_bodies_are_refused_and_named() {
     assert_eq!(sessions["sessions"], json!([]), "no session was started");
     reg.shutdown().await;
 }
+
+// ------------------------------------------ revoked tokens and SSE ----
+
+/// Reads `sse` until its response ends, at most `timeout`: the events it
+/// still delivered, or `Err` with them when it was still open.
+async fn read_until_end(
+    sse: &mut SseReader,
+    timeout: Duration,
+) -> Result<Vec<SseEvent>, Vec<SseEvent>> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, sse.stream.next()).await {
+            Ok(Some(Ok(chunk))) => sse.buf.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(_) => break,
+            Err(_) => {
+                let mut events = Vec::new();
+                while let Some(ev) = sse.next(Duration::from_millis(1)).await {
+                    events.push(ev);
+                }
+                return Err(events);
+            }
+        }
+    }
+    let mut events = Vec::new();
+    while let Some(ev) = sse.next(Duration::from_millis(1)).await {
+        events.push(ev);
+    }
+    Ok(events)
+}
+
+async fn viewer_stream(api: &Api, admin: &str) -> (String, SseReader) {
+    let (status, minted) = api
+        .post(
+            "/api/v1/auth/tokens",
+            Some(admin),
+            &json!({"role": "viewer", "name": "viewer-sse"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{minted}");
+    let viewer = minted["token"].as_str().unwrap().to_string();
+    let mut sse = SseReader::open(api, "/api/v1/capability-events/stream", &viewer, None).await;
+    flip_health(api, admin, 1).await;
+    let ev = sse
+        .next(Duration::from_secs(5))
+        .await
+        .expect("a live event");
+    assert_eq!(ev.event, "capability_health_changed");
+    (viewer, sse)
+}
+
+#[tokio::test]
+async fn an_open_event_stream_ends_when_its_token_is_revoked_over_http() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let (viewer, mut sse) = viewer_stream(&api, &admin).await;
+
+    let r = delete(&api, "/api/v1/tokens/viewer-sse", &admin).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    // Events published after the revocation reach nobody holding it.
+    flip_health(&api, &admin, 3).await;
+    let after = read_until_end(&mut sse, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|evs| panic!("the stream is still open; it sent {}", evs.len()));
+    assert!(
+        after.is_empty(),
+        "events after the revocation: {:?}",
+        after.iter().map(|e| e.id).collect::<Vec<_>>()
+    );
+    let r = api
+        .get("/api/v1/capability-events/stream", Some(&viewer))
+        .await;
+    assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_open_event_stream_ends_when_another_process_revokes_its_token() {
+    let dir = TempDir::new().unwrap();
+    let cfg = test_config(&dir);
+    let store = cfg.store.path.clone();
+    let reg = start(cfg).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+    let (_viewer, mut sse) = viewer_stream(&api, &admin).await;
+
+    // What `cloud-registry token revoke` does: a write to the store the
+    // running registry learns of only by reading it.
+    tokio::task::spawn_blocking(move || {
+        let mut conn = rusqlite::Connection::open(store).unwrap();
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        cloud_registry::auth::revoke_tokens_sync(&mut conn, "viewer-sse").unwrap();
+    })
+    .await
+    .unwrap();
+    // No request of that token comes to refresh the cache: the stream
+    // has to notice by itself, within a few seconds.
+    let ended = read_until_end(&mut sse, Duration::from_secs(5)).await;
+    assert!(ended.is_ok(), "the stream is still open");
+    // It stays ended: later events go nowhere.
+    flip_health(&api, &admin, 2).await;
+    assert!(sse.next(Duration::from_millis(500)).await.is_none());
+    reg.shutdown().await;
+}

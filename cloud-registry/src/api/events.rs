@@ -24,6 +24,15 @@
 //! `?types=lease_granted,lease_released` (event types),
 //! `?capability_id=`, `?provider_id=`, `?lease_id=`: only matching events
 //! are sent. A keep-alive comment goes out every 15 s.
+//!
+//! # Revoked tokens
+//! The stream re-checks its token every [`TOKEN_RECHECK_INTERVAL`]
+//! through the same lookup the HTTP authentication uses (the in-memory
+//! cache; the store is read at most once per
+//! [`crate::auth::REVOCATION_CHECK_INTERVAL`] for revocations made by
+//! another process), and before each event against the cache. Once the
+//! token is revoked (or its principal's role changed) the stream ends,
+//! and nothing is sent after that check; a reconnect gets 401.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -44,6 +53,9 @@ use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::follow::{EventFollower, Followed};
 use shared_protocol::api::Role;
+
+/// How often an open stream re-checks its token.
+pub const TOKEN_RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(super) fn routes() -> axum::Router<ApiState> {
     Router::new().route("/capability-events/stream", get(stream))
@@ -149,9 +161,13 @@ async fn stream(
         None => log_end,
     };
     follower.skip_to(after);
+    let token = crate::auth::bearer_token(&headers)?.to_string();
+    let auth = st.auth.clone();
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let mut shutdown = st.shutdown.clone();
     tokio::spawn(async move {
+        let mut recheck = tokio::time::interval(TOKEN_RECHECK_INTERVAL);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if *shutdown.borrow() {
                 break;
@@ -160,7 +176,22 @@ async fn stream(
                 n = follower.next() => n,
                 _ = shutdown.changed() => break,
                 _ = tx.closed() => break,
+                // `next` is cancel-safe (a replay page not yet taken is
+                // read again; the bus receiver keeps its place).
+                _ = recheck.tick() => {
+                    if auth.authenticate_fresh(&token).await.as_ref() != Some(&who) {
+                        tracing::info!(principal = %who.name, "token revoked; ending its event stream");
+                        break;
+                    }
+                    continue;
+                }
             };
+            // Revocations through the API drop the token from the cache at
+            // once: a revoked token gets no further event.
+            if auth.authenticate(&token).as_ref() != Some(&who) {
+                tracing::info!(principal = %who.name, "token revoked; ending its event stream");
+                break;
+            }
             let out = match next {
                 Ok(Followed::Event(ev)) if filter.matches(&ev) => sse_event(&ev),
                 Ok(Followed::Event(_)) => continue,
