@@ -370,6 +370,9 @@ impl Registry {
                         topic_prefix: config.mqtt.topic_prefix.clone(),
                         keep_alive: Duration::from_secs(u64::from(config.mqtt.keep_alive_seconds)),
                         max_packet_bytes: max_packet,
+                        // The embedded broker starts and stops with the
+                        // registry: there is no queue to come back to.
+                        persistent_session: false,
                     },
                 )
             }
@@ -394,6 +397,10 @@ impl Registry {
                         topic_prefix: config.mqtt.topic_prefix.clone(),
                         keep_alive: Duration::from_secs(u64::from(config.mqtt.keep_alive_seconds)),
                         max_packet_bytes: max_packet,
+                        // The broker outlives the registry: it queues the
+                        // providers' QoS 1 messages while the registry is
+                        // away (session updates must not be lost).
+                        persistent_session: true,
                     },
                 )
             }

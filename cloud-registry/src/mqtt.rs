@@ -18,8 +18,26 @@
 //! parses as an [`Envelope`] of the type that topic carries and its body
 //! names provider `{p}` (`results`: its capability belongs to `{p}`). QoS 1
 //! delivers at least once: a repeated `(provider, message_id)` is dropped.
+//!
+//! # Persistent session
+//! With [`MqttSettings::persistent_session`] (an external broker) the client
+//! connects with `clean_session = false` and QoS 1 subscriptions, so the
+//! broker keeps the subscriptions and queues QoS 1 messages (session
+//! updates, status, registrations) while the registry is away, and hands
+//! them over when it reconnects. The client id must therefore be stable
+//! across restarts and unique: two registries sharing one would take the
+//! session from each other.
+//!
+//! # Offline status
+//! An `offline` status (a provider's last will, or its own graceful
+//! `offline`) is acted on only after [`OFFLINE_CONFIRM_DELAY`], and only
+//! if meanwhile the registry's own link stayed up and the provider was not
+//! heard from (an `online` status, a registration or a heartbeat). A broker
+//! that shuts down gracefully publishes the wills of the clients it closes
+//! just before it closes the registry's connection: those wills are
+//! dropped, as the outage is the broker's, not the providers'.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,9 +53,9 @@ use shared_protocol::mqtt::{
     parse_topic, topic, topic_filter_all, Envelope, LeaseRevoked, MessageType, RegisterAck,
     RegisterBody, SessionUpdate, StatusBody, TopicKind,
 };
-use shared_protocol::provider::HeartbeatRequest;
+use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
 use shared_protocol::Validate;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Mutex};
 use tokio::task::JoinHandle;
 
 use crate::events::EventBus;
@@ -57,7 +75,17 @@ pub struct MqttSettings {
     pub keep_alive: Duration,
     /// Largest message in either direction, bytes.
     pub max_packet_bytes: usize,
+    /// Connect with `clean_session = false`, so the broker queues QoS 1
+    /// messages for the registry while it is disconnected (external
+    /// broker). `client_id` must then be stable and used by this registry
+    /// alone.
+    pub persistent_session: bool,
 }
+
+/// How long an `offline` status waits before it is acted on: it is
+/// dropped if the registry's link goes down (or reconnects) or the
+/// provider is heard from within this delay.
+pub const OFFLINE_CONFIRM_DELAY: Duration = Duration::from_secs(2);
 
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
@@ -207,7 +235,7 @@ impl MqttLink {
     ) -> Self {
         let mut opts = MqttOptions::new(&settings.client_id, &settings.host, settings.port);
         opts.set_keep_alive(settings.keep_alive)
-            .set_clean_session(true)
+            .set_clean_session(!settings.persistent_session)
             .set_max_packet_size(settings.max_packet_bytes, settings.max_packet_bytes);
         if let Some(user) = &settings.username {
             opts.set_credentials(user, settings.password.clone().unwrap_or_default());
@@ -248,7 +276,11 @@ impl MqttLink {
             tokio::spawn(run_ingest(
                 in_rx,
                 out_tx.clone(),
-                registry.clone(),
+                OfflineConfirm {
+                    registry: registry.clone(),
+                    heard: Arc::new(Mutex::new(HashMap::new())),
+                    link_up_since: up_since.clone(),
+                },
                 stats.clone(),
                 prefix.clone(),
             )),
@@ -390,7 +422,9 @@ async fn run_event_loop(
                 stats.connects.fetch_add(1, Ordering::Relaxed);
                 backoff = Duration::from_millis(200);
                 tracing::info!("connected to the MQTT broker");
-                // Clean session: subscribe again after every connect.
+                // Subscribe after every connect: a clean session has lost
+                // its subscriptions, and repeating them on a persistent one
+                // is harmless (and covers a broker that lost its state).
                 let _ = outbound.send(Outbound::Subscribe);
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
@@ -492,16 +526,106 @@ fn same_provider(topic_p: &str, body_p: &str) -> Result<(), Refused> {
     }
 }
 
+/// Per provider, how many messages have shown it connected (an `online`
+/// status, a registration, a heartbeat). Locked by the ingest task while
+/// it processes a message and by a pending offline confirmation while it
+/// decides, so the two never interleave.
+type Heard = HashMap<String, u64>;
+
+/// What a pending `offline` status needs to be confirmed or dropped.
+#[derive(Clone)]
+struct OfflineConfirm {
+    registry: Arc<CapabilityRegistry>,
+    heard: Arc<Mutex<Heard>>,
+    link_up_since: watch::Receiver<Option<Instant>>,
+}
+
+/// Whether an `offline` status received when the provider's heard count
+/// was `heard_then` and the link's `up_since` was `link_then` still holds
+/// after the delay, with `heard_now` and `link_now`: the link was up then
+/// and is the same connection now, and the provider was not heard since.
+fn offline_confirmed(
+    heard_then: u64,
+    heard_now: u64,
+    link_then: Option<Instant>,
+    link_now: Option<Instant>,
+) -> bool {
+    link_then.is_some() && link_now == link_then && heard_now == heard_then
+}
+
+impl OfflineConfirm {
+    /// Act on `body` (an `offline` status of `provider_id`) after
+    /// [`OFFLINE_CONFIRM_DELAY`] unless it is contradicted meanwhile.
+    fn schedule(&self, heard: &Heard, provider_id: &str, body: StatusBody) {
+        let heard_then = heard.get(provider_id).copied().unwrap_or(0);
+        let mut link = self.link_up_since.clone();
+        let link_then = *link.borrow_and_update();
+        let this = self.clone();
+        let provider_id = provider_id.to_string();
+        tracing::info!(
+            provider_id,
+            delay_ms = OFFLINE_CONFIRM_DELAY.as_millis() as u64,
+            "offline status received; acting on it if the link stays up and the provider stays silent"
+        );
+        tokio::spawn(async move {
+            let delay = tokio::time::sleep(OFFLINE_CONFIRM_DELAY);
+            tokio::pin!(delay);
+            loop {
+                tokio::select! {
+                    _ = &mut delay => break,
+                    changed = link.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        if link.borrow_and_update().is_none() {
+                            break;
+                        }
+                    }
+                }
+            }
+            let heard = this.heard.lock().await;
+            let heard_now = heard.get(&provider_id).copied().unwrap_or(0);
+            let link_now = *this.link_up_since.borrow();
+            if !offline_confirmed(heard_then, heard_now, link_then, link_now) {
+                tracing::info!(
+                    provider_id,
+                    link_lost = link_now != link_then,
+                    heard_again = heard_now != heard_then,
+                    "offline status dropped: the registry's link went down or the provider was heard from"
+                );
+                return;
+            }
+            match this.registry.provider_status(&provider_id, body).await {
+                Ok(()) => {}
+                Err(StoreError::NotFound { .. }) => {
+                    tracing::debug!(
+                        provider_id,
+                        "status of a provider that never registered; ignored"
+                    );
+                }
+                Err(e) => tracing::error!(provider_id, error = %e, "status not stored"),
+            }
+            drop(heard);
+        });
+    }
+}
+
 async fn run_ingest(
     mut incoming: mpsc::Receiver<Publish>,
     outbound: mpsc::UnboundedSender<Outbound>,
-    registry: Arc<CapabilityRegistry>,
+    confirm: OfflineConfirm,
     stats: Arc<MqttStats>,
     prefix: String,
 ) {
     let mut dedup = Dedup::new(16_384);
     while let Some(p) = incoming.recv().await {
-        if let Err(e) = ingest_one(&p, &mut dedup, &outbound, &registry, &stats, &prefix).await {
+        let mut heard = confirm.heard.lock().await;
+        let done = ingest_one(
+            &p, &mut dedup, &mut heard, &outbound, &confirm, &stats, &prefix,
+        )
+        .await;
+        drop(heard);
+        if let Err(e) = done {
             stats.rejected.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(topic = %p.topic, error = %e, "MQTT message refused");
         }
@@ -511,11 +635,13 @@ async fn run_ingest(
 async fn ingest_one(
     p: &Publish,
     dedup: &mut Dedup,
+    heard: &mut Heard,
     outbound: &mpsc::UnboundedSender<Outbound>,
-    registry: &CapabilityRegistry,
+    confirm: &OfflineConfirm,
     stats: &MqttStats,
     prefix: &str,
 ) -> Result<(), Refused> {
+    let registry = &*confirm.registry;
     let (provider_id, kind) = match parse_topic(prefix, &p.topic) {
         Ok(t) => t,
         Err(e) => {
@@ -548,6 +674,11 @@ async fn ingest_one(
         TopicKind::Status => {
             let body: StatusBody = env.body_as(MessageType::Status)?;
             same_provider(provider_id, &body.provider_id)?;
+            if body.online_status != OnlineStatus::Online {
+                confirm.schedule(heard, provider_id, body);
+                return Ok(());
+            }
+            *heard.entry(provider_id.to_string()).or_default() += 1;
             match registry.provider_status(provider_id, body).await {
                 Ok(()) => {}
                 Err(StoreError::NotFound { .. }) => {
@@ -562,6 +693,7 @@ async fn ingest_one(
         TopicKind::Register => {
             let body: RegisterBody = env.body_as(MessageType::Register)?;
             same_provider(provider_id, &body.provider.provider_id)?;
+            *heard.entry(provider_id.to_string()).or_default() += 1;
             let ack = register(registry, provider_id, body).await;
             if let Some(payload) = envelope_bytes(MessageType::RegisterAck, &ack) {
                 let _ = outbound.send(Outbound::Publish {
@@ -573,6 +705,7 @@ async fn ingest_one(
         TopicKind::Heartbeat => {
             let body: HeartbeatRequest = env.body_as(MessageType::Heartbeat)?;
             same_provider(provider_id, &body.provider_id)?;
+            *heard.entry(provider_id.to_string()).or_default() += 1;
             match registry.heartbeat(provider_id, body).await {
                 Ok(_) => {}
                 Err(StoreError::NotFound { .. }) => {
@@ -778,5 +911,26 @@ async fn run_forwarder(
                 payload,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_offline_status_holds_only_if_the_link_stayed_up_and_the_provider_stayed_silent() {
+        let up = Instant::now();
+        let reconnected = up + Duration::from_secs(1);
+        // Same connection, provider silent: acted on.
+        assert!(offline_confirmed(3, 3, Some(up), Some(up)));
+        // The provider was heard from meanwhile (came back).
+        assert!(!offline_confirmed(3, 4, Some(up), Some(up)));
+        // The link went down (the broker is going away) ...
+        assert!(!offline_confirmed(3, 3, Some(up), None));
+        // ... or went down and came back within the delay.
+        assert!(!offline_confirmed(3, 3, Some(up), Some(reconnected)));
+        // Received while the link was already down.
+        assert!(!offline_confirmed(3, 3, None, None));
     }
 }
