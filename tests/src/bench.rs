@@ -672,6 +672,15 @@ impl Mosquitto {
         })
     }
 
+    /// Stop the broker with SIGTERM, as `systemctl restart mosquitto`
+    /// does: it closes every client's connection itself (and publishes
+    /// their last wills) before it exits.
+    pub fn terminate(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.terminate(Duration::from_secs(10));
+        }
+    }
+
     /// Kill the broker (every client loses its connection at once).
     pub fn stop(&mut self) {
         if let Some(mut p) = self.proc.take() {

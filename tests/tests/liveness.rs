@@ -255,3 +255,143 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
     );
     follower.abort();
 }
+
+/// Start a `capture_log` of `duration_ms` on the bench's console (with the
+/// camera leased alongside); returns the camera lease and the session id.
+async fn start_capture(hw: &Agent, duration_ms: u64, purpose: &str) -> (String, String) {
+    let group = hw
+        .lease_group(&[caps::CAMERA, caps::CONSOLE], 70, purpose, 10)
+        .await
+        .unwrap();
+    let leases = group_leases(&group);
+    let (s, v) = hw
+        .post(
+            &format!(
+                "/api/v1/capability-leases/{}/actions",
+                leases[caps::CONSOLE]
+            ),
+            &json!({
+                "action": "capture_log",
+                "params": {"duration_ms": duration_ms},
+                "wait_ms": 0,
+                "timeout_ms": 180_000
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    (
+        leases[caps::CAMERA].to_string(),
+        v["session_id"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Wait for the session to leave `running`; returns it.
+async fn session_end(hw: &Agent, session_id: &str, timeout: Duration) -> Value {
+    eventually(timeout, "the capture ends", || async {
+        let s = hw
+            .get_ok(&format!("/api/v1/sessions/{session_id}"))
+            .await
+            .ok()?;
+        (s["status"] != "running").then_some(s)
+    })
+    .await
+}
+
+/// `systemctl restart mosquitto`: on SIGTERM the broker publishes the last
+/// wills of the clients it closes (the bench's "offline") before it closes
+/// the registry's own connection. The registry drops those wills: its link
+/// went down within the confirmation delay, so the outage is the broker's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_broker_restart_takes_no_provider_offline() {
+    let Some((_dir, mut broker, lab)) = Lab::start_on_private_mosquitto(LabOptions {
+        heartbeat_interval_seconds: INTERVAL_S,
+        offline_after_missed: MISSED,
+        ..Default::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let (events, follower) = follow_events(&admin, |_| {});
+
+    // The capture outlasts the restart and both reconnections, so it ends
+    // while both ends are connected again.
+    let (camera_lease, session_id) = start_capture(&hw, 25_000, "capture through a restart").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    broker.terminate();
+    admin.wait_mqtt_down(Duration::from_secs(10)).await.unwrap();
+    // Longer than the confirmation delay: a will acted on would show.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let back = Utc::now();
+    broker.resume().expect("broker back");
+    admin
+        .wait_reconnected(PROVIDER_ID, back, Duration::from_secs(40))
+        .await
+        .unwrap();
+
+    let session = session_end(&hw, &session_id, Duration::from_secs(60)).await;
+    assert_eq!(session["status"], "completed", "{session}");
+    assert!(
+        !session["artifact_refs"].as_array().unwrap().is_empty(),
+        "{session}"
+    );
+    let snap = hw
+        .act_ok(&camera_lease, "snapshot", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(snap["status"], "completed");
+    assert_eq!(
+        offline_events(&events, PROVIDER_ID),
+        Vec::<Value>::new(),
+        "the bench was taken offline by the wills of a broker shutdown"
+    );
+    assert_eq!(events.of("session_failed"), Vec::<Value>::new());
+    assert_eq!(
+        provider(&admin, PROVIDER_ID).await["online_status"],
+        "online"
+    );
+    follower.abort();
+}
+
+/// The registry is away while the bench reports the end of a session: the
+/// broker holds the registry's persistent session and queues the final
+/// `session_update` (which it acknowledges to the bench at once), and hands
+/// it over when the registry is back, so the session completes with its
+/// result instead of failing for want of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_ends_while_the_registry_is_down_completes_when_it_returns() {
+    let Some((_dir, _broker, mut lab)) = Lab::start_on_private_mosquitto(LabOptions {
+        heartbeat_interval_seconds: INTERVAL_S,
+        offline_after_missed: MISSED,
+        ..Default::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+
+    let (_camera, session_id) =
+        start_capture(&hw, 4000, "capture while the registry is away").await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    lab.stop_registry();
+    // The capture ends and the bench sends its final update meanwhile.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    lab.start_registry().expect("registry back");
+
+    let session = session_end(&hw, &session_id, Duration::from_secs(60)).await;
+    assert_eq!(session["status"], "completed", "{session}");
+    assert!(
+        !session["artifact_refs"].as_array().unwrap().is_empty(),
+        "{session}"
+    );
+    assert_eq!(
+        provider(&admin, PROVIDER_ID).await["online_status"],
+        "online"
+    );
+}
