@@ -4,7 +4,11 @@
 //! registry itself can hear: while its MQTT link is down nobody is judged,
 //! and after the link returns every provider has a full offline timeout to
 //! be heard again. A provider that really goes silent is still marked
-//! offline. Under `CI=true` a missing `mosquitto` fails the test.
+//! offline. The last wills a broker publishes as it shuts down gracefully
+//! take nobody offline, and a session that ends while the registry is
+//! stopped completes once it is back (the broker queued the result in the
+//! registry's persistent session). Under `CI=true` a missing `mosquitto`
+//! fails the test.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
