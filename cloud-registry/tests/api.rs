@@ -2191,3 +2191,32 @@ async fn an_open_event_stream_ends_when_another_process_revokes_its_token() {
     assert!(sse.next(Duration::from_millis(500)).await.is_none());
     reg.shutdown().await;
 }
+
+/// A path parameter that does not parse is a JSON error like any other,
+/// not axum's plain text.
+#[tokio::test]
+async fn a_path_parameter_that_does_not_parse_is_a_json_400() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    for verb in ["apply", "reject"] {
+        let r = api
+            .post(
+                &format!("/api/v1/agents/proposals/x/{verb}"),
+                Some(&admin),
+                &json!({}),
+            )
+            .await;
+        assert_error(&r, StatusCode::BAD_REQUEST, "invalid_path");
+        assert_eq!(r.1["error"]["details"]["param"], "proposal_id", "{}", r.1);
+        assert_eq!(
+            r.1["error"]["message"],
+            "invalid path parameter `proposal_id`: cannot parse `x` as an integer"
+        );
+    }
+    // Not UTF-8 once percent-decoded.
+    let r = api.get("/api/v1/capabilities/%FF", Some(&admin)).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "invalid_path");
+    reg.shutdown().await;
+}

@@ -62,21 +62,33 @@ pub struct ActionInvokeRequest {
     pub params: Map<String, Value>,
     /// Wait up to this long for the session to end before answering,
     /// milliseconds (0 = answer at once with the running session).
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::u32_in::<0, MAX_WAIT_MS, _>"
+    )]
     pub wait_ms: u32,
     /// The capability; required when the lease covers several.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability_id: Option<String>,
     /// Deadline for the driver, milliseconds (default 30,000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::validate::opt_u32_in::<1, MAX_TIMEOUT_MS, _>"
+    )]
     pub timeout_ms: Option<u32>,
 }
 
+/// Longest `wait_ms` of an action request, milliseconds.
+pub const MAX_WAIT_MS: u32 = 300_000;
+/// Longest `timeout_ms` of an action request, milliseconds.
+pub const MAX_TIMEOUT_MS: u32 = 600_000;
+
 impl Validate for ActionInvokeRequest {
     fn validate(&self) -> Result<(), ValidationError> {
-        check_range("wait_ms", self.wait_ms, 0, 300_000)?;
+        check_range("wait_ms", self.wait_ms, 0, MAX_WAIT_MS)?;
         if let Some(t) = self.timeout_ms {
-            check_range("timeout_ms", t, 1, 600_000)?;
+            check_range("timeout_ms", t, 1, MAX_TIMEOUT_MS)?;
         }
         Ok(())
     }

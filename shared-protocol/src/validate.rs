@@ -78,11 +78,13 @@ fn from_path_error(err: serde_path_to_error::Error<serde_json::Error>) -> ParseE
             ParseError::Syntax(inner.to_string())
         }
         _ => {
-            // serde reports a missing field at its parent's path; put the
-            // field's own name into the path so the caller sees it.
+            // serde reports a missing or a duplicate field at its parent's
+            // path; put the field's own name into the path so the caller
+            // sees it.
             let msg = inner.to_string();
             let missing = msg
                 .strip_prefix("missing field `")
+                .or_else(|| msg.strip_prefix("duplicate field `"))
                 .and_then(|rest| rest.split('`').next())
                 .map(str::to_string);
             let field = match missing {
@@ -249,6 +251,48 @@ fn accepted_values<T: DeserializeOwned>(
         .to_string()
         .strip_prefix(&format!("unknown variant `{PROBE}`, expected "))
         .map(str::to_string)
+}
+
+/// `#[serde(deserialize_with = "u32_in::<MIN, MAX, _>")]` for a `u32`
+/// field whose rules allow `MIN..=MAX`: a value of another type, or a whole
+/// number outside `u32`, is refused with "expected an integer from MIN to
+/// MAX" (the range in force, not the type's). A `u32` outside the range
+/// still parses, for [`check_range`] to name it in [`Validate`].
+pub fn u32_in<'de, const MIN: u32, const MAX: u32, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<u32, D::Error> {
+    d.deserialize_u32(RangeVisitor::<MIN, MAX>)
+}
+
+/// [`u32_in`] for an optional field (`null` is absent).
+pub fn opt_u32_in<'de, const MIN: u32, const MAX: u32, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u32>, D::Error> {
+    struct In<const MIN: u32, const MAX: u32>(u32);
+    impl<'de, const MIN: u32, const MAX: u32> serde::Deserialize<'de> for In<MIN, MAX> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            u32_in::<MIN, MAX, D>(d).map(In)
+        }
+    }
+    Ok(<Option<In<MIN, MAX>> as serde::Deserialize>::deserialize(d)?.map(|v| v.0))
+}
+
+struct RangeVisitor<const MIN: u32, const MAX: u32>;
+
+impl<const MIN: u32, const MAX: u32> serde::de::Visitor<'_> for RangeVisitor<MIN, MAX> {
+    type Value = u32;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "an integer from {MIN} to {MAX}")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u32, E> {
+        u32::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u32, E> {
+        u32::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+    }
 }
 
 /// Check `value` lies in `range`, naming `field` otherwise.

@@ -273,3 +273,68 @@ fn an_audit_requests_requirement_refuses_unknown_fields_but_its_top_level_does_n
     v["x_extension"] = json!(1);
     parse_json::<AuditTaskRequest>(&serde_json::to_vec(&v).unwrap()).unwrap();
 }
+
+#[test]
+fn a_wait_or_timeout_of_the_wrong_type_names_the_range_in_force() {
+    for (body, field, message) in [
+        (
+            r#"{"action":"snapshot","wait_ms":"soon"}"#,
+            "wait_ms",
+            "invalid type: string \"soon\", expected an integer from 0 to 300000",
+        ),
+        (
+            r#"{"action":"snapshot","wait_ms":-1}"#,
+            "wait_ms",
+            "invalid value: integer `-1`, expected an integer from 0 to 300000",
+        ),
+        (
+            r#"{"action":"snapshot","timeout_ms":1.5}"#,
+            "timeout_ms",
+            "invalid type: floating point `1.5`, expected an integer from 1 to 600000",
+        ),
+        (
+            r#"{"action":"snapshot","timeout_ms":5000000000}"#,
+            "timeout_ms",
+            "invalid value: integer `5000000000`, expected an integer from 1 to 600000",
+        ),
+    ] {
+        let err = parse_json::<ActionInvokeRequest>(body.as_bytes()).unwrap_err();
+        match err {
+            ParseError::Field {
+                field: f,
+                message: m,
+            } => {
+                assert_eq!((f.as_str(), m.as_str()), (field, message), "{body}")
+            }
+            other => panic!("{body}: {other}"),
+        }
+    }
+    // Within u32 but out of range: the range check names it.
+    let err = parse_json::<ActionInvokeRequest>(br#"{"action":"snapshot","wait_ms":400000}"#)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "wait_ms: 400000 is out of range 0..=300000"
+    );
+    let ok = parse_json::<ActionInvokeRequest>(
+        br#"{"action":"snapshot","wait_ms":300000,"timeout_ms":null}"#,
+    )
+    .unwrap();
+    assert_eq!((ok.wait_ms, ok.timeout_ms), (300_000, None));
+}
+
+#[test]
+fn a_duplicate_field_is_named() {
+    let err =
+        parse_json::<ActionInvokeRequest>(br#"{"action":"snapshot","action":"tap"}"#).unwrap_err();
+    assert_eq!(field_of_ref(&err), "action", "{err}");
+    let mut v = lease_request();
+    v.as_object_mut().unwrap().remove("capability_id");
+    let body = serde_json::to_string(&v).unwrap().replacen(
+        '{',
+        r#"{"capability_selector":{"capability_type":"camera","tags":[],"tags":[]},"#,
+        1,
+    );
+    let err = parse_json::<LeaseRequest>(body.as_bytes()).unwrap_err();
+    assert_eq!(field_of(err), "capability_selector.tags");
+}

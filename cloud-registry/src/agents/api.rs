@@ -242,10 +242,17 @@ fn optional_body<T: serde::de::DeserializeOwned + Validate + Default>(
     Ok(shared_protocol::parse_json(body)?)
 }
 
+/// The `{proposal_id}` of a proposal route, named so that a value that is
+/// not an integer is refused naming it (400 `invalid_path`).
+#[derive(Deserialize)]
+struct ProposalPath {
+    proposal_id: i64,
+}
+
 async fn apply_proposal(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
-    Path(proposal_id): Path<i64>,
+    Path(ProposalPath { proposal_id }): Path<ProposalPath>,
     body: Bytes,
 ) -> ApiResult<Json<AgentProposal>> {
     let req: ApplyProposalRequest = optional_body(&body)?;
@@ -258,7 +265,7 @@ async fn apply_proposal(
 async fn reject_proposal(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
-    Path(proposal_id): Path<i64>,
+    Path(ProposalPath { proposal_id }): Path<ProposalPath>,
     body: Bytes,
 ) -> ApiResult<Json<AgentProposal>> {
     let req: RejectProposalRequest = optional_body(&body)?;

@@ -60,7 +60,11 @@ impl Validate for ClaimRequest {
 pub struct ExtendRequest {
     /// New deadline = now + this, seconds (1..=86 400); absent: the claim's
     /// visibility timeout.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "shared_protocol::validate::opt_u32_in::<1, 86_400, _>"
+    )]
     pub extend_seconds: Option<u32>,
 }
 
