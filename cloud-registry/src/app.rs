@@ -45,6 +45,10 @@ use crate::registry::{CapabilityRegistry, LeaseSync, RegistrySettings};
 use crate::sessions::{self, FsBlobStore, Sessions};
 use crate::store::sqlite::{self, SqliteStore};
 
+/// Smallest MQTT packet limit of the embedded broker and the registry's
+/// client, bytes: an edge's session update may take 256 KiB.
+const MIN_MQTT_PACKET_BYTES: usize = 320 * 1024;
+
 /// A feature module's migration.
 pub type MigrateFn = fn(&Connection) -> rusqlite::Result<()>;
 
@@ -348,7 +352,10 @@ impl Registry {
         );
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let max_packet = config.http.body_limit_bytes.max(64 * 1024);
+        // Large enough for an action's params (the HTTP body limit) and for
+        // the largest session update an edge sends (256 KiB, plus the
+        // envelope and topic), whatever the body limit.
+        let max_packet = config.http.body_limit_bytes.max(MIN_MQTT_PACKET_BYTES);
         let (mqtt_addr, settings) = match config.mqtt.mode {
             MqttMode::Embedded => {
                 let listen = config.mqtt.listen;
