@@ -595,16 +595,7 @@ impl OfflineConfirm {
                 );
                 return;
             }
-            match this.registry.provider_status(&provider_id, body).await {
-                Ok(()) => {}
-                Err(StoreError::NotFound { .. }) => {
-                    tracing::debug!(
-                        provider_id,
-                        "status of a provider that never registered; ignored"
-                    );
-                }
-                Err(e) => tracing::error!(provider_id, error = %e, "status not stored"),
-            }
+            store_status(&this.registry, &provider_id, body).await;
             drop(heard);
         });
     }
@@ -679,16 +670,7 @@ async fn ingest_one(
                 return Ok(());
             }
             *heard.entry(provider_id.to_string()).or_default() += 1;
-            match registry.provider_status(provider_id, body).await {
-                Ok(()) => {}
-                Err(StoreError::NotFound { .. }) => {
-                    tracing::debug!(
-                        provider_id,
-                        "status of a provider that never registered; ignored"
-                    );
-                }
-                Err(e) => tracing::error!(provider_id, error = %e, "status not stored"),
-            }
+            store_status(registry, provider_id, body).await;
         }
         TopicKind::Register => {
             let body: RegisterBody = env.body_as(MessageType::Register)?;
@@ -911,6 +893,21 @@ async fn run_forwarder(
                 payload,
             });
         }
+    }
+}
+
+/// Store a provider's status message; a provider that never registered
+/// is ignored, a store failure logged.
+async fn store_status(registry: &CapabilityRegistry, provider_id: &str, body: StatusBody) {
+    match registry.provider_status(provider_id, body).await {
+        Ok(()) => {}
+        Err(StoreError::NotFound { .. }) => {
+            tracing::debug!(
+                provider_id,
+                "status of a provider that never registered; ignored"
+            );
+        }
+        Err(e) => tracing::error!(provider_id, error = %e, "status not stored"),
     }
 }
 
