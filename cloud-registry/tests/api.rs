@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use cloud_registry::app::RunningRegistry;
 use common::*;
 use futures::StreamExt;
 use reqwest::StatusCode;
@@ -19,11 +20,7 @@ async fn a_provider_registers_over_http_and_is_listed_with_its_capabilities() {
     let dir = TempDir::new().unwrap();
     let reg = start(test_config(&dir)).await;
     let api = Api::new(&reg.base_url());
-    let token = reg
-        .auth
-        .create_token(Role::Provider, "provider-winlab-01")
-        .await
-        .unwrap();
+    let token = new_token(&reg, Role::Provider, "provider-winlab-01").await;
 
     let r = api
         .post(
@@ -212,12 +209,8 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
     let reg = start(cfg).await;
     let api = Api::new(&reg.base_url());
     let admin = reg.admin_token.clone().unwrap();
-    let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
-    let viewer = reg
-        .auth
-        .create_token(Role::Viewer, "viewer-1")
-        .await
-        .unwrap();
+    let p1 = new_token(&reg, Role::Provider, "p1").await;
+    let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
     api.post(
         "/api/v1/capability-providers/register",
         Some(&p1),
@@ -827,16 +820,9 @@ fn lease_body(capability_id: &str, holder_ref: &str, priority: u8, seconds: u32)
 #[tokio::test]
 async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_queue() {
     let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
-    let a = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:hw-01")
-        .await
-        .unwrap();
-    let b = reg.auth.create_token(Role::Operator, "op-7").await.unwrap();
+    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
+    let b = new_token(&reg, Role::Operator, "op-7").await;
 
     let r = api
         .post(
@@ -957,29 +943,29 @@ async fn register_p1(api: &Api, admin: &str) {
     .await;
 }
 
-#[tokio::test]
-async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
+/// A registry on `cfg` with provider `p1` and its capabilities registered:
+/// the registry, an HTTP client for it and the bootstrap admin token.
+async fn start_with_p1(cfg: cloud_registry::config::Config) -> (RunningRegistry, Api, String) {
+    let reg = start(cfg).await;
     let api = Api::new(&reg.base_url());
     let admin = reg.admin_token.clone().unwrap();
     register_p1(&api, &admin).await;
-    let a = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:hw-01")
-        .await
-        .unwrap();
-    let other = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:sw-01")
-        .await
-        .unwrap();
-    let viewer = reg
-        .auth
-        .create_token(Role::Viewer, "viewer-1")
-        .await
-        .unwrap();
-    let provider = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
+    (reg, api, admin)
+}
+
+/// A token for `name` with `role` on `reg`.
+async fn new_token(reg: &RunningRegistry, role: Role, name: &str) -> String {
+    reg.auth.create_token(role, name).await.unwrap()
+}
+
+#[tokio::test]
+async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
+    let dir = TempDir::new().unwrap();
+    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
+    let other = new_token(&reg, Role::AuditAgent, "audit:sw-01").await;
+    let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
+    let provider = new_token(&reg, Role::Provider, "p1").await;
 
     let r = api
         .post(
@@ -1172,15 +1158,8 @@ async fn out_of_range_lease_numbers_name_the_range_in_force() {
     let dir = TempDir::new().unwrap();
     let mut cfg = test_config(&dir);
     cfg.leases.max_duration_seconds = 600;
-    let reg = start(cfg).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
-    let a = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:hw-01")
-        .await
-        .unwrap();
+    let (reg, api, _) = start_with_p1(cfg).await;
+    let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
     let r = api
         .post(
             "/api/v1/capability-leases/request",
@@ -1303,17 +1282,10 @@ async fn out_of_range_lease_numbers_name_the_range_in_force() {
 #[tokio::test]
 async fn a_waiting_request_whose_client_disconnects_leaves_the_queue() {
     let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
-    let holder = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:hw-01")
-        .await
-        .unwrap();
-    let gone = reg.auth.create_token(Role::Operator, "op-7").await.unwrap();
-    let next = reg.auth.create_token(Role::Operator, "op-8").await.unwrap();
+    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let holder = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
+    let gone = new_token(&reg, Role::Operator, "op-7").await;
+    let next = new_token(&reg, Role::Operator, "op-8").await;
 
     let r = api
         .post(
@@ -1412,15 +1384,8 @@ async fn a_waiting_request_whose_client_disconnects_leaves_the_queue() {
 #[tokio::test]
 async fn a_group_request_grants_all_capabilities_together() {
     let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
-    let a = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:mm-01")
-        .await
-        .unwrap();
+    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let a = new_token(&reg, Role::AuditAgent, "audit:mm-01").await;
     let mut body = lease_body("x", "audit:mm-01", 70, 60);
     body.as_object_mut().unwrap().remove("capability_id");
     body["capability_ids"] = json!(["cam-front-01", "thumb-robot-01"]);
@@ -1604,10 +1569,7 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
 #[tokio::test]
 async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_it_closes() {
     let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
+    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
     let mut rear = capabilities_body("p1", "");
     rear["capabilities"] = json!([rear["capabilities"][0].clone()]);
     rear["capabilities"][0]["capability_id"] = json!("cam-rear-01");
@@ -1619,12 +1581,8 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
         &provider_body("p2"),
     )
     .await;
-    let a = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:sw-01")
-        .await
-        .unwrap();
-    let op = reg.auth.create_token(Role::Operator, "op-1").await.unwrap();
+    let a = new_token(&reg, Role::AuditAgent, "audit:sw-01").await;
+    let op = new_token(&reg, Role::Operator, "op-1").await;
     let mut held = Vec::new();
     for cap in ["cam-front-01", "cam-rear-01"] {
         let r = api
@@ -1746,11 +1704,7 @@ async fn a_provider_token_cannot_read_the_event_stream() {
     let dir = TempDir::new().unwrap();
     let reg = start(test_config(&dir)).await;
     let admin = reg.admin_token.clone().unwrap();
-    let provider = reg
-        .auth
-        .create_token(Role::Provider, "provider-a")
-        .await
-        .unwrap();
+    let provider = new_token(&reg, Role::Provider, "provider-a").await;
     let http = reqwest::Client::new();
     let url = format!("{}/api/v1/capability-events/stream", reg.base_url());
     let refused = http.get(&url).bearer_auth(&provider).send().await.unwrap();
@@ -1785,12 +1739,8 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     let reg = start(test_config(&dir)).await;
     let api = Api::new(&reg.base_url());
     let root = reg.admin_token.clone().unwrap();
-    let admin = reg.auth.create_token(Role::Admin, "admin-1").await.unwrap();
-    let viewer = reg
-        .auth
-        .create_token(Role::Viewer, "viewer-1")
-        .await
-        .unwrap();
+    let admin = new_token(&reg, Role::Admin, "admin-1").await;
+    let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
 
     // Minted over HTTP, used (and so cached) before it is revoked.
     let r = api
@@ -1847,7 +1797,7 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
         json!(["super_admin"])
     );
     assert_eq!(r.1["error"]["details"]["role"], "admin");
-    reg.auth.create_token(Role::Admin, "admin-2").await.unwrap();
+    new_token(&reg, Role::Admin, "admin-2").await;
     let r = delete(&api, "/api/v1/tokens/admin-2", &admin).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
     assert_eq!(
@@ -1911,7 +1861,7 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
     let dir = TempDir::new().unwrap();
     let reg = start(test_config(&dir)).await;
     let api = Api::new(&reg.base_url());
-    let admin = reg.auth.create_token(Role::Admin, "admin-2").await.unwrap();
+    let admin = new_token(&reg, Role::Admin, "admin-2").await;
     reg.auth
         .create_token(Role::AuditAgent, "audit:hw-1")
         .await
@@ -1974,15 +1924,8 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
 #[tokio::test]
 async fn unknown_fields_in_request_bodies_are_refused_and_named() {
     let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
-    let a = reg
-        .auth
-        .create_token(Role::AuditAgent, "audit:hw-01")
-        .await
-        .unwrap();
+    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
 
     let mut group = lease_body("cam-front-01", "audit:hw-01", 50, 60);
     group.as_object_mut().unwrap().remove("capability_id");
@@ -2137,10 +2080,7 @@ async fn viewer_stream(api: &Api, admin: &str) -> (String, SseReader) {
 #[tokio::test]
 async fn an_open_event_stream_ends_when_its_token_is_revoked_over_http() {
     let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
+    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
     let (viewer, mut sse) = viewer_stream(&api, &admin).await;
 
     let r = delete(&api, "/api/v1/tokens/viewer-sse", &admin).await;
@@ -2167,10 +2107,7 @@ async fn an_open_event_stream_ends_when_another_process_revokes_its_token() {
     let dir = TempDir::new().unwrap();
     let cfg = test_config(&dir);
     let store = cfg.store.path.clone();
-    let reg = start(cfg).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
+    let (reg, api, admin) = start_with_p1(cfg).await;
     let (_viewer, mut sse) = viewer_stream(&api, &admin).await;
 
     // What `cloud-registry token revoke` does: a write to the store the
