@@ -65,7 +65,12 @@ pub const MIGRATIONS: &[(&str, MigrateFn)] = &[
 
 /// Run every migration in one transaction.
 pub fn migrate_all(conn: &mut Connection) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+    // IMMEDIATE: take the write lock first (waiting behind a running
+    // registry's commits) rather than read the schema and then try to
+    // write, which fails at once with `database is locked` when another
+    // connection committed in between (a CLI command while the registry
+    // runs).
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for (name, migrate) in MIGRATIONS {
         tracing::debug!(module = name, "migrating");
         migrate(&tx)?;
@@ -540,5 +545,50 @@ impl RunningRegistry {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
         }
         tracing::info!("registry stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command-line tool opening the store (migrations included) while
+    /// the registry commits without pause waits its turn instead of
+    /// failing with `database is locked`.
+    #[test]
+    fn opening_the_store_while_another_connection_commits_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite3");
+        drop(open_db(&path).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("CREATE TABLE busy_probe (n INTEGER NOT NULL)")
+            .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let c = Connection::open(&path).unwrap();
+                c.busy_timeout(Duration::from_secs(5)).unwrap();
+                let mut n = 0i64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    c.execute("INSERT INTO busy_probe (n) VALUES (?1)", [n])
+                        .unwrap();
+                    n += 1;
+                    std::thread::yield_now();
+                }
+                n
+            })
+        };
+        let mut failures = Vec::new();
+        for _ in 0..40 {
+            if let Err(e) = open_db(&path) {
+                failures.push(e.to_string());
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let commits = writer.join().unwrap();
+        assert!(commits > 0, "the other connection committed meanwhile");
+        assert!(failures.is_empty(), "{failures:?}");
     }
 }

@@ -88,10 +88,12 @@ pub struct Db {
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    // First: every statement after it, `journal_mode` included, waits for
+    // a lock another process holds instead of failing at once.
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
 }
