@@ -195,10 +195,11 @@ fn read_session(r: &SqlRow<'_>) -> rusqlite::Result<SessionRow> {
     })
 }
 
-fn write_session(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
+/// Insert a new session row (`insert_session`).
+fn insert_session_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
     let s = &row.session;
     let mut stmt = conn.prepare_cached(&format!(
-        "INSERT OR REPLACE INTO capability_sessions ({SESSION_COLUMNS})
+        "INSERT INTO capability_sessions ({SESSION_COLUMNS})
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
     ))?;
     stmt.execute(params![
@@ -221,6 +222,39 @@ fn write_session(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
         row.provider_status.map(SessionStatus::as_str),
         row.revoke_reason,
     ])?;
+    Ok(())
+}
+
+/// Store the columns of an existing session row that change over its life
+/// (status, end, results, artifacts, error, deadline, who ended it). An
+/// `UPDATE` of these columns leaves the primary-key, lease and provider
+/// index entries where they are (an `INSERT OR REPLACE` deleted and
+/// re-inserted all of them).
+///
+/// Errors: `QueryReturnedNoRows` when no session has the row's id.
+fn update_session_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
+    let s = &row.session;
+    let mut stmt = conn.prepare_cached(
+        "UPDATE capability_sessions SET ended_at = ?2, status = ?3, result_summary = ?4,
+             artifact_refs = ?5, error_message = ?6, deadline_at = ?7, ended_by = ?8,
+             provider_status = ?9, revoke_reason = ?10
+         WHERE session_id = ?1",
+    )?;
+    let n = stmt.execute(params![
+        s.session_id,
+        s.ended_at.as_ref().map(ts),
+        s.status.as_str(),
+        s.result_summary.as_ref().map(Value::to_string),
+        serde_json::to_string(&s.artifact_refs).unwrap_or_else(|_| "[]".into()),
+        s.error_message,
+        ts(&row.deadline_at),
+        row.ended_by.map(EndedBy::as_str),
+        row.provider_status.map(SessionStatus::as_str),
+        row.revoke_reason,
+    ])?;
+    if n == 0 {
+        return Err(rusqlite::Error::QueryReturnedNoRows);
+    }
     Ok(())
 }
 
@@ -294,7 +328,7 @@ pub fn insert_session(
     row: &SessionRow,
 ) -> rusqlite::Result<CapabilityEvent> {
     let tx = conn.savepoint()?;
-    write_session(&tx, row)?;
+    insert_session_row(&tx, row)?;
     let ev = append(
         &tx,
         session_event(EventType::SessionStarted, &row.principal, row),
@@ -324,7 +358,7 @@ pub fn end_by_registry(
     row.session.ended_at = Some(now);
     row.session.error_message = Some(message.to_string());
     row.ended_by = Some(EndedBy::Registry);
-    write_session(&tx, &row)?;
+    update_session_row(&tx, &row)?;
     let ev = append(&tx, session_event(final_event_type(status), "system", &row))?;
     tx.commit()?;
     Ok(Some((row, ev)))
@@ -495,7 +529,7 @@ pub fn apply_update(
         changed = true;
     }
     if changed {
-        write_session(&tx, &row)?;
+        update_session_row(&tx, &row)?;
     }
     if let Some(t) = end_event {
         out.events
@@ -818,7 +852,7 @@ pub fn record_upload(
         {
             session.session.status = SessionStatus::Completed;
             session.session.error_message = None;
-            write_session(&tx, &session)?;
+            update_session_row(&tx, &session)?;
             events.push(append(
                 &tx,
                 session_event(EventType::SessionCompleted, "system", &session),
@@ -890,7 +924,7 @@ pub fn provider_lost(
             row.session.ended_at = Some(now);
             row.ended_by = Some(EndedBy::Registry);
         }
-        write_session(&tx, &row)?;
+        update_session_row(&tx, &row)?;
         events.push(append(
             &tx,
             session_event(EventType::SessionFailed, "system", &row),
@@ -933,7 +967,7 @@ pub fn lease_ended(
         if deadline < row.deadline_at {
             row.deadline_at = deadline;
         }
-        write_session(&tx, &row)?;
+        update_session_row(&tx, &row)?;
         out.push(row);
     }
     tx.commit()?;
@@ -969,7 +1003,7 @@ pub fn fail_overdue(
         row.session.ended_at = Some(now);
         row.session.error_message = Some(message);
         row.ended_by = Some(EndedBy::Registry);
-        write_session(&tx, &row)?;
+        update_session_row(&tx, &row)?;
         events.push(append(
             &tx,
             session_event(EventType::SessionFailed, "system", &row),
