@@ -289,6 +289,26 @@ impl Bench {
             .join(&sum[2..])
     }
 
+    /// Wait until `n` upload bodies are being received (staged files in
+    /// the artifact store's `staging` directory): their checks have passed.
+    async fn wait_staged(&self, n: usize) {
+        let dir = self
+            .reg
+            .db_path()
+            .parent()
+            .unwrap()
+            .join("artifacts")
+            .join("staging");
+        for _ in 0..500 {
+            let staged = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+            if staged >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no upload body arrived in {}", dir.display());
+    }
+
     async fn sessions_of(&self, lease_id: &str) -> Vec<Value> {
         let (s, body) = self
             .api
@@ -1594,6 +1614,94 @@ async fn a_provider_holding_too_many_unbound_bytes_is_refused_until_metadata_bin
     let r = b.put("art-2", &second).await;
     assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
     assert_eq!(r.1["metadata_received"], false, "{}", r.1);
+    b.reg.shutdown().await;
+}
+
+/// Start a PUT of `bytes` for `artifact_id` whose body the caller feeds
+/// through the returned sender (its declared `Content-Length` is the full
+/// length); the handle answers with the status once the body ends.
+fn put_streamed(
+    b: &Bench,
+    artifact_id: &str,
+    bytes: &[u8],
+) -> (
+    tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let req = b
+        .api
+        .http
+        .put(format!(
+            "{}/api/v1/artifacts/{artifact_id}/content",
+            b.api.base
+        ))
+        .bearer_auth(&b.provider_token)
+        .header("X-Checksum-Sha256", sha256_hex(bytes))
+        .header("content-type", "image/jpeg")
+        .header("content-length", bytes.len())
+        .body(reqwest::Body::wrap_stream(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+    (tx, tokio::spawn(req.send()))
+}
+
+#[tokio::test]
+async fn parallel_uploads_of_unknown_artifacts_cannot_pass_the_unbound_limit_together() {
+    let b = Bench::start_with(|cfg| cfg.sessions.max_unbound_bytes_per_provider = 50_000).await;
+    let first = jpeg_like(30_000);
+    let second = jpeg_like(30_001);
+
+    // The first upload's body is still arriving: its declared 30,000
+    // bytes count, and a second 30,001 would take the provider over.
+    let (tx, first_put) = put_streamed(&b, "art-1", &first);
+    tx.send(Ok(first[..10_000].to_vec())).await.unwrap();
+    b.wait_staged(1).await;
+    let r = b.put("art-2", &second).await;
+    assert_error(&r, StatusCode::CONFLICT, "unbound_upload_limit");
+    let details = &r.1["error"]["details"];
+    assert_eq!(details["unbound_bytes"], 0, "{}", r.1);
+    assert_eq!(details["in_flight_bytes"], first.len(), "{}", r.1);
+    assert_eq!(details["incoming_bytes"], second.len(), "{}", r.1);
+    assert!(!b.blob_file(&second).exists(), "nothing stored");
+
+    // The first completes and is held; its bytes now count as stored.
+    tx.send(Ok(first[10_000..].to_vec())).await.unwrap();
+    drop(tx);
+    let resp = first_put.await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let r = b.put("art-2", &second).await;
+    assert_error(&r, StatusCode::CONFLICT, "unbound_upload_limit");
+    assert_eq!(r.1["error"]["details"]["unbound_bytes"], first.len());
+    assert_eq!(r.1["error"]["details"]["in_flight_bytes"], 0);
+
+    // An upload that breaks off gives its share back: 19,000 bytes fit
+    // beside the 30,000 held once the broken one is gone.
+    let third = jpeg_like(19_000);
+    let (tx, broken) = put_streamed(&b, "art-3", &third);
+    tx.send(Ok(third[..5_000].to_vec())).await.unwrap();
+    b.wait_staged(1).await;
+    let r = b.put("art-4", &jpeg_like(19_001)).await;
+    assert_error(&r, StatusCode::CONFLICT, "unbound_upload_limit");
+    tx.send(Err(std::io::Error::other("cable pulled")))
+        .await
+        .unwrap();
+    drop(tx);
+    let _ = broken.await;
+    assert!(
+        !b.blob_file(&third).exists(),
+        "the broken upload stored nothing"
+    );
+    let fourth = jpeg_like(19_002);
+    let mut last = (StatusCode::CONFLICT, Value::Null);
+    for _ in 0..50 {
+        last = b.put("art-4", &fourth).await;
+        if last.0 != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(last.0, StatusCode::CREATED, "{}", last.1);
     b.reg.shutdown().await;
 }
 

@@ -245,7 +245,9 @@ async fn upload(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let declared = svc
+    // Held until the upload is recorded: its declared length counts toward
+    // the provider's unbound bytes meanwhile (unknown artifacts only).
+    let permit = svc
         .precheck_upload(&who, &artifact_id, declared, length)
         .await?;
     let limit = svc.config().max_artifact_bytes;
@@ -267,8 +269,9 @@ async fn upload(
         staged.write(&chunk).await.map_err(SessionError::from)?;
     }
     let receipt = svc
-        .finish_upload(&who, &artifact_id, &declared, staged)
+        .finish_upload(&who, &artifact_id, &permit.sha256, staged)
         .await?;
+    drop(permit);
     let status = if receipt.first {
         StatusCode::CREATED
     } else {

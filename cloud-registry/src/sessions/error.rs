@@ -114,15 +114,17 @@ pub enum SessionError {
     TooLarge { artifact_id: String, limit: u64 },
 
     /// Bytes for an artifact whose metadata is unknown, from a provider
-    /// that already holds `held` bytes no artifact binds: with `incoming`
-    /// more (the declared length, 0 when not declared) it would be over
-    /// `limit` (`sessions.max_unbound_bytes_per_provider`). Nothing was
-    /// read or stored. HTTP 409 `unbound_upload_limit`.
-    #[error("provider `{provider_id}` already holds {held} bytes of uploads that no artifact metadata names; {incoming} more for artifact `{artifact_id}` would exceed the limit of {limit} bytes; send the session update with the metadata first, or retry once earlier uploads are bound")]
+    /// that already holds `held` bytes no artifact binds and is sending
+    /// `in_flight` more in other such uploads: with `incoming` more (the
+    /// declared length; `max_artifact_bytes` when not declared) it would be
+    /// over `limit` (`sessions.max_unbound_bytes_per_provider`). Nothing
+    /// was read or stored. HTTP 409 `unbound_upload_limit`.
+    #[error("provider `{provider_id}` already holds {held} bytes of uploads that no artifact metadata names (and is sending {in_flight} more in other uploads); {incoming} more for artifact `{artifact_id}` would exceed the limit of {limit} bytes; send the session update with the metadata first, or retry once earlier uploads are bound")]
     UnboundLimit {
         provider_id: String,
         artifact_id: String,
         held: u64,
+        in_flight: u64,
         incoming: u64,
         limit: u64,
     },
@@ -262,12 +264,14 @@ impl From<SessionError> for ApiError {
                 provider_id,
                 artifact_id,
                 held,
+                in_flight,
                 incoming,
                 limit,
             } => ApiError::conflict("unbound_upload_limit", message).with_details(json!({
                 "provider_id": provider_id,
                 "artifact_id": artifact_id,
                 "unbound_bytes": held,
+                "in_flight_bytes": in_flight,
                 "incoming_bytes": incoming,
                 "limit_bytes": limit,
             })),

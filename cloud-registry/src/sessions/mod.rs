@@ -224,9 +224,23 @@ pub struct Sessions {
     /// choosing blobs until their files are gone. So an upload can never
     /// find a blob already stored that the sweep then deletes.
     blob_gc: RwLock<()>,
+    /// Declared bytes of uploads for unknown artifacts whose bodies are
+    /// arriving, per provider: they count toward the unbound-bytes limit.
+    unbound_in_flight: unbound::InFlight,
     /// Largest MQTT packet the registry's link sends, bytes (0: not
     /// checked); see [`Sessions::set_max_command_bytes`].
     max_command_bytes: AtomicUsize,
+}
+
+/// An upload that passed [`Sessions::precheck_upload`]: the declared
+/// sha256 (lowercase hex) and, for an artifact whose metadata is unknown,
+/// the bytes it counts toward the provider's unbound limit while its body
+/// arrives (released on drop).
+#[derive(Debug)]
+pub struct UploadPermit {
+    /// The declared `X-Checksum-Sha256`, lowercase hex.
+    pub sha256: String,
+    _reservation: Option<unbound::Reservation>,
 }
 
 /// What an upload did, for the HTTP answer.
@@ -359,6 +373,7 @@ impl Sessions {
             shutdown: OnceLock::new(),
             finals: Mutex::new(HashMap::new()),
             blob_gc: RwLock::new(()),
+            unbound_in_flight: unbound::InFlight::default(),
             max_command_bytes: AtomicUsize::new(0),
         })
     }
@@ -791,7 +806,10 @@ impl Sessions {
 
     /// Check an upload before its body is read: the caller may upload this
     /// artifact, and the declared sha256 agrees with the metadata (when
-    /// known). Returns the declared sha256 in lowercase.
+    /// known). Returns the declared sha256 in lowercase and, for an
+    /// artifact whose metadata is unknown, the reservation that counts its
+    /// declared length toward the provider's unbound bytes: keep the
+    /// permit until [`Sessions::finish_upload`] has returned.
     ///
     /// Errors: `BadChecksumHeader`, `NotArtifactOwner`, `ChecksumMismatch`
     /// (against the recorded checksum), `TooLarge` (declared length),
@@ -803,7 +821,7 @@ impl Sessions {
         artifact_id: &str,
         declared_sha256: Option<&str>,
         content_length: Option<u64>,
-    ) -> Result<String, SessionError> {
+    ) -> Result<UploadPermit, SessionError> {
         let declared = declared_sha256
             .map(|s| s.trim().to_ascii_lowercase())
             .filter(|s| is_sha256_hex(s))
@@ -835,18 +853,28 @@ impl Sessions {
                     actual: declared,
                 });
             }
-        } else {
-            self.check_unbound_limit(who, artifact_id, &declared, content_length)
-                .await?;
+            return Ok(UploadPermit {
+                sha256: declared,
+                _reservation: None,
+            });
         }
-        Ok(declared)
+        let reservation = self
+            .check_unbound_limit(who, artifact_id, &declared, content_length)
+            .await?;
+        Ok(UploadPermit {
+            sha256: declared,
+            _reservation: reservation,
+        })
     }
 
     /// Bytes for an artifact whose metadata is unknown are about to come:
-    /// refuse them when they would take `who` over
-    /// `max_unbound_bytes_per_provider`. Bytes the provider already stored
-    /// (a repeated upload) add nothing and always pass; so does everything
-    /// when the limit is 0.
+    /// refuse them when, with what `who` already stores unbound and what
+    /// its other such uploads are sending now, they would take it over
+    /// `max_unbound_bytes_per_provider`; otherwise count them as in flight
+    /// until the returned reservation drops. An upload without
+    /// `Content-Length` counts as `max_artifact_bytes`. Bytes the provider
+    /// already stored (a repeated upload) add nothing and always pass; so
+    /// does everything when the limit is 0.
     ///
     /// Errors: `UnboundLimit`, `Store`.
     async fn check_unbound_limit(
@@ -855,11 +883,14 @@ impl Sessions {
         artifact_id: &str,
         sha256: &str,
         content_length: Option<u64>,
-    ) -> Result<(), SessionError> {
+    ) -> Result<Option<unbound::Reservation>, SessionError> {
         let limit = self.cfg.max_unbound_bytes_per_provider;
         if limit == 0 {
-            return Ok(());
+            return Ok(None);
         }
+        let incoming = content_length.unwrap_or(self.cfg.max_artifact_bytes);
+        // Before the stored usage is read (see `InFlight::reserve`).
+        let (in_flight, reservation) = self.unbound_in_flight.reserve(&who.name, incoming);
         let (p, a, s) = (
             who.name.clone(),
             artifact_id.to_string(),
@@ -869,15 +900,23 @@ impl Sessions {
             .db
             .read(move |c| unbound::unbound_usage(c, &p, &a, &s))
             .await??;
-        let incoming = content_length.unwrap_or(0);
-        if usage.already_stored || usage.bytes.saturating_add(incoming) <= limit {
-            return Ok(());
+        if usage.already_stored {
+            return Ok(None);
         }
-        tracing::warn!(artifact_id, provider_id = %who.name, unbound_bytes = usage.bytes, incoming, limit, "artifact upload refused: the provider holds too many bytes no metadata has named");
+        if usage
+            .bytes
+            .saturating_add(in_flight)
+            .saturating_add(incoming)
+            <= limit
+        {
+            return Ok(Some(reservation));
+        }
+        tracing::warn!(artifact_id, provider_id = %who.name, unbound_bytes = usage.bytes, in_flight, incoming, limit, "artifact upload refused: the provider holds too many bytes no metadata has named");
         Err(SessionError::UnboundLimit {
             provider_id: who.name.clone(),
             artifact_id: artifact_id.to_string(),
             held: usage.bytes,
+            in_flight,
             incoming,
             limit,
         })

@@ -18,6 +18,14 @@
 //! The functions run on a database thread; deleting the files is the
 //! caller's (off the async workers), between [`expire_unbound`] and
 //! [`forget_deleted`].
+//!
+//! Uploads still arriving count too: [`InFlight`] keeps, per provider, the
+//! declared lengths of the uploads for unknown artifacts whose bodies are
+//! being received, so parallel uploads cannot together pass the
+//! per-provider limit that each alone would respect.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use shared_protocol::Timestamp;
@@ -273,6 +281,62 @@ pub fn forget_deleted(conn: &Connection, sha256: &str, cutoff: Timestamp) -> rus
     Ok(())
 }
 
+/// Bytes of uploads for unknown artifacts being received now, per
+/// provider id (in memory: nothing is in flight after a restart).
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<Mutex<HashMap<String, u64>>>);
+
+impl InFlight {
+    /// Count `bytes` more for `provider_id` until the returned reservation
+    /// is dropped. Returns the bytes the provider's other uploads had in
+    /// flight just before, and the reservation.
+    ///
+    /// Reserve *before* reading the stored usage: an upload that finishes
+    /// in between is then counted once in the store, once here or both
+    /// times (a cautious refusal, retried), never not at all.
+    pub fn reserve(&self, provider_id: &str, bytes: u64) -> (u64, Reservation) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = m.entry(provider_id.to_string()).or_insert(0);
+        let before = *slot;
+        *slot = slot.saturating_add(bytes);
+        (
+            before,
+            Reservation {
+                map: self.clone(),
+                provider_id: provider_id.to_string(),
+                bytes,
+            },
+        )
+    }
+
+    /// Bytes in flight for `provider_id` now.
+    pub fn bytes(&self, provider_id: &str) -> u64 {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(provider_id).copied().unwrap_or(0)
+    }
+}
+
+/// Bytes counted in [`InFlight`] while an upload's body arrives; released
+/// on drop (after the upload's row is committed, or when it fails).
+#[derive(Debug)]
+pub struct Reservation {
+    map: InFlight,
+    provider_id: String,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut m = self.map.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = m.get_mut(&self.provider_id) {
+            *slot = slot.saturating_sub(self.bytes);
+            if *slot == 0 {
+                m.remove(&self.provider_id);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,5 +511,21 @@ mod tests {
                 .bytes,
             100
         );
+    }
+
+    #[test]
+    fn in_flight_bytes_count_until_their_reservation_drops() {
+        let f = InFlight::default();
+        let (before, a) = f.reserve("bench-a", 300);
+        assert_eq!(before, 0);
+        let (before, b) = f.reserve("bench-a", 200);
+        assert_eq!(before, 300);
+        let (before, _c) = f.reserve("bench-b", 50);
+        assert_eq!(before, 0, "providers are counted apart");
+        drop(a);
+        assert_eq!(f.bytes("bench-a"), 200);
+        drop(b);
+        assert_eq!(f.bytes("bench-a"), 0);
+        assert_eq!(f.bytes("bench-b"), 50);
     }
 }
