@@ -862,7 +862,7 @@ impl Publisher {
                 Some(payload) => outbox
                     .replace_update_payload(queued.seq, &payload)
                     .map(|()| Some(payload)),
-                None => outbox.remove_update(queued.seq).map(|()| None),
+                None => outbox.drop_update(queued.seq).map(|()| None),
             }
         })
         .await;

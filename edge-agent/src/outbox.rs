@@ -1,7 +1,12 @@
 //! The evidence outbox: every artifact a driver produces is a file on disk
-//! plus a row in SQLite (WAL) before anything else happens to it; the
-//! uploader ([`crate::uploader`]) deletes the file only after the registry
-//! confirmed its sha256.
+//! plus a row in SQLite (WAL) before anything else happens to it. The file
+//! is deleted only once the registry has both halves of the artifact: its
+//! bytes (the uploader, [`crate::uploader`], saw the registry confirm their
+//! sha256) and its metadata (the session update carrying it was queued with
+//! [`Outbox::queue_update_with_artifacts`] and the broker acknowledged it,
+//! [`Outbox::remove_updates`]). Until then the registry may still drop
+//! bytes it cannot bind (its unbound-upload sweep), and the local copy is
+//! the evidence.
 //!
 //! Layout under the configured `dir`:
 //! - `{artifact_id}`: the bytes of a pending (or corrupt) artifact;
@@ -53,7 +58,8 @@ const UPLOADED_RETENTION_DAYS: i64 = 30;
 pub enum UploadState {
     /// On disk, waiting for (or retrying) upload.
     Pending,
-    /// The registry confirmed the sha256; the local file is gone.
+    /// The registry confirmed the sha256. The local file is gone once the
+    /// artifact's metadata was acknowledged too (see the module docs).
     Uploaded,
     /// The local file no longer matches its recorded sha256 (disk
     /// corruption). Kept on disk for inspection, not retried.
@@ -135,8 +141,12 @@ pub struct ArtifactRecord {
     /// Upload attempts that failed.
     pub attempts: u32,
     pub last_error: Option<String>,
-    /// Where the bytes are while pending.
+    /// Where the bytes are while pending (and, once uploaded, until the
+    /// metadata was acknowledged).
     pub path: PathBuf,
+    /// The broker acknowledged a session update carrying this artifact's
+    /// metadata.
+    pub metadata_acked: bool,
 }
 
 /// An artifact the uploader should send now.
@@ -202,8 +212,8 @@ struct Follow {
     rows: std::collections::VecDeque<QueuedUpdate>,
 }
 
-/// Bytes on disk not yet confirmed by the registry, including reservations
-/// of ingests in progress.
+/// Bytes on disk not yet confirmed by the registry (bytes and metadata),
+/// including reservations of ingests in progress.
 struct Budget {
     limit: u64,
     used: u64,
@@ -266,6 +276,7 @@ impl Outbox {
         conn.pragma_update(None, "synchronous", sync)
             .map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
+        migrate(&conn).map_err(db_err)?;
 
         let outbox = Outbox {
             inner: Arc::new(Inner {
@@ -287,7 +298,8 @@ impl Outbox {
         let (files, used) = outbox.with_conn(|c| {
             c.query_row(
                 "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM artifacts
-                 WHERE upload_state IN ('pending', 'corrupt')",
+                 WHERE upload_state IN ('pending', 'corrupt')
+                    OR (upload_state = 'uploaded' AND metadata_acked = 0)",
                 [],
                 |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
             )
@@ -514,16 +526,24 @@ impl Outbox {
         Ok(next.map(|t| Duration::from_millis((t - now).max(0) as u64)))
     }
 
-    /// The registry confirmed `artifact_id`'s sha256: mark it uploaded, then
-    /// delete the local file (a crash in between leaves a file that the
-    /// next start finds with an `uploaded` row and removes).
+    /// The registry confirmed `artifact_id`'s sha256: mark it uploaded.
+    /// The local file is deleted now only if the session update carrying
+    /// the artifact's metadata was already acknowledged; otherwise it stays
+    /// (still counted against the disk budget) until
+    /// [`Self::remove_updates`] records that acknowledgment. A crash
+    /// between the commit and the delete leaves a file that the next start
+    /// removes.
+    ///
+    /// Errors: [`OutboxError::UnknownArtifact`] without such a row; SQLite
+    /// and file-removal errors.
     pub fn mark_uploaded(&self, artifact_id: &str) -> Result<(), OutboxError> {
-        let size = self.with_conn(|c| {
-            let size: Option<(i64, String)> = c
+        let row = self.with_conn(|c| {
+            let row: Option<(i64, String, bool)> = c
                 .query_row(
-                    "SELECT size_bytes, upload_state FROM artifacts WHERE artifact_id = ?1",
+                    "SELECT size_bytes, upload_state, metadata_acked FROM artifacts
+                     WHERE artifact_id = ?1",
                     [artifact_id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? != 0)),
                 )
                 .optional()?;
             c.execute(
@@ -531,24 +551,39 @@ impl Outbox {
                  WHERE artifact_id = ?1",
                 params![artifact_id, now_text()],
             )?;
-            Ok(size)
+            Ok(row)
         })?;
-        let Some((size, state)) = size else {
+        let Some((size, state, metadata_acked)) = row else {
             return Err(OutboxError::UnknownArtifact(artifact_id.to_string()));
         };
-        let path = self.file_path(artifact_id);
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(OutboxError::Io { path, source }),
-        }
-        if matches!(
+        let was_on_disk = matches!(
             UploadState::parse(&state),
             UploadState::Pending | UploadState::Corrupt
-        ) {
+        );
+        if !metadata_acked {
+            if was_on_disk {
+                tracing::info!(
+                    artifact_id,
+                    "outbox: bytes confirmed by the registry; the file is kept until its metadata is acknowledged"
+                );
+            }
+            return Ok(());
+        }
+        self.remove_file(artifact_id)?;
+        if was_on_disk {
             self.release(size.max(0) as u64, 1);
         }
         Ok(())
+    }
+
+    /// Delete the local file of `artifact_id` (already gone is fine).
+    fn remove_file(&self, artifact_id: &str) -> Result<(), OutboxError> {
+        let path = self.file_path(artifact_id);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(OutboxError::Io { path, source }),
+        }
     }
 
     /// An upload attempt failed with `error`; try again after `retry_after`.
@@ -618,7 +653,8 @@ impl Outbox {
         let row = self.with_conn(|c| {
             c.query_row(
                 "SELECT artifact_id, session_id, artifact_type, content_type, size_bytes, sha256,
-                        captured_at, duration_ms, metadata_json, upload_state, attempts, last_error
+                        captured_at, duration_ms, metadata_json, upload_state, attempts, last_error,
+                        metadata_acked
                  FROM artifacts WHERE artifact_id = ?1",
                 [artifact_id],
                 |r| {
@@ -635,6 +671,7 @@ impl Outbox {
                         r.get::<_, String>(9)?,
                         r.get::<_, i64>(10)?,
                         r.get::<_, Option<String>>(11)?,
+                        r.get::<_, i64>(12)? != 0,
                     ))
                 },
             )
@@ -653,6 +690,7 @@ impl Outbox {
             state,
             attempts,
             last_error,
+            metadata_acked,
         )) = row
         else {
             return Ok(None);
@@ -683,32 +721,60 @@ impl Outbox {
             state,
             attempts: attempts.max(0) as u32,
             last_error,
+            metadata_acked,
         }))
     }
 
     /// Keep a session update (an MQTT envelope's bytes) until it has been
-    /// published; returns its queue position.
+    /// published; returns its queue position. For an update that carries
+    /// artifact metadata use [`Self::queue_update_with_artifacts`].
     pub fn queue_update(
         &self,
         message_id: &str,
         session_id: &str,
         payload: &[u8],
     ) -> Result<i64, OutboxError> {
+        self.queue_update_with_artifacts(message_id, session_id, payload, &[])
+    }
+
+    /// [`Self::queue_update`] for an update that carries the metadata of
+    /// `artifact_ids` (rows of this outbox): their files are kept until the
+    /// broker acknowledged this update ([`Self::remove_updates`]) and the
+    /// registry confirmed their bytes ([`Self::mark_uploaded`]). Ids without
+    /// a row are ignored. Returns the update's queue position.
+    pub fn queue_update_with_artifacts(
+        &self,
+        message_id: &str,
+        session_id: &str,
+        payload: &[u8],
+        artifact_ids: &[&str],
+    ) -> Result<i64, OutboxError> {
         self.with_conn_unsynced(|c| {
+            let tx = c.unchecked_transaction()?;
             let inserted = c
                 .prepare_cached(
                     "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
                      VALUES (?1, ?2, ?3, ?4)",
                 )?
                 .execute(params![message_id, session_id, payload, now_text()])?;
-            if inserted == 0 {
+            let seq = if inserted == 0 {
                 // Queued before (same message id): its position.
-                return c
-                    .prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
-                    .query_row([message_id], |r| r.get(0));
+                c.prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
+                    .query_row([message_id], |r| r.get(0))?
+            } else {
+                c.last_insert_rowid()
+            };
+            if !artifact_ids.is_empty() {
+                let mut stmt = c.prepare_cached(
+                    "UPDATE artifacts SET metadata_seq = ?2
+                     WHERE artifact_id = ?1 AND metadata_acked = 0",
+                )?;
+                for id in artifact_ids {
+                    stmt.execute(params![id, seq])?;
+                }
             }
-            let seq = c.last_insert_rowid();
-            {
+            tx.commit()?;
+            if inserted > 0 {
                 // Still under the connection lock: rows reach `follow` in
                 // the order of their `seq`.
                 let mut follow = lock(&self.inner.follow);
@@ -802,20 +868,66 @@ impl Outbox {
 
     /// The broker acknowledged the queued updates `seqs`: delete them in
     /// one transaction (no fsync: a delete lost to a power cut only means
-    /// the update is sent again, and receivers de-duplicate by message id).
+    /// the update is sent again, and receivers de-duplicate by message id),
+    /// record that the metadata of the artifacts they carry was
+    /// acknowledged, and delete the files of those whose bytes the registry
+    /// already confirmed (the others go at [`Self::mark_uploaded`]).
     pub fn remove_updates(&self, seqs: &[i64]) -> Result<(), OutboxError> {
         if seqs.is_empty() {
             return Ok(());
         }
-        self.with_conn_unsynced(|c| {
+        let done: Vec<(String, i64)> = self.with_conn_unsynced(|c| {
             let tx = c.unchecked_transaction()?;
+            let mut done = Vec::new();
             {
-                let mut stmt = tx.prepare_cached("DELETE FROM pending_updates WHERE seq = ?1")?;
+                let mut select = tx.prepare_cached(
+                    "SELECT artifact_id, size_bytes FROM artifacts
+                     WHERE metadata_seq = ?1 AND metadata_acked = 0 AND upload_state = 'uploaded'",
+                )?;
+                let mut ack = tx.prepare_cached(
+                    "UPDATE artifacts SET metadata_acked = 1
+                     WHERE metadata_seq = ?1 AND metadata_acked = 0",
+                )?;
+                let mut delete = tx.prepare_cached("DELETE FROM pending_updates WHERE seq = ?1")?;
                 for seq in seqs {
-                    stmt.execute([seq])?;
+                    let rows = select
+                        .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect::<Result<Vec<(String, i64)>, _>>()?;
+                    done.extend(rows);
+                    ack.execute([seq])?;
+                    delete.execute([seq])?;
                 }
             }
-            tx.commit()
+            tx.commit()?;
+            Ok(done)
+        })?;
+        let mut first_error = None;
+        for (artifact_id, size) in done {
+            match self.remove_file(&artifact_id) {
+                Ok(()) => {
+                    tracing::info!(
+                        %artifact_id,
+                        "outbox: artifact metadata acknowledged, local copy removed"
+                    );
+                }
+                // The next start removes it.
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+            self.release(size.max(0) as u64, 1);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Delete queued update `seq` although the broker never acknowledged it
+    /// (it can never be sent). The artifacts it carries keep their files:
+    /// their metadata did not reach the registry.
+    pub fn drop_update(&self, seq: i64) -> Result<(), OutboxError> {
+        self.with_conn_unsynced(|c| {
+            c.prepare_cached("DELETE FROM pending_updates WHERE seq = ?1")?
+                .execute([seq])
+                .map(|_| ())
         })
     }
 
@@ -946,8 +1058,9 @@ impl Outbox {
                 continue;
             }
             match self.row_state(&name)? {
-                Some((UploadState::Uploaded, _)) => {
-                    // Uploaded, but the delete did not happen before a crash.
+                Some((UploadState::Uploaded, _)) if self.metadata_acked(&name)? => {
+                    // Bytes and metadata acknowledged, but the delete did
+                    // not happen before a crash.
                     let _ = fs::remove_file(&path);
                 }
                 Some(_) => {}
@@ -1003,12 +1116,25 @@ impl Outbox {
         })
     }
 
+    fn metadata_acked(&self, artifact_id: &str) -> Result<bool, OutboxError> {
+        self.with_conn(|c| {
+            c.query_row(
+                "SELECT metadata_acked FROM artifacts WHERE artifact_id = ?1",
+                [artifact_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map(|v| v.unwrap_or(0) != 0)
+        })
+    }
+
     fn prune_uploaded(&self) -> Result<(), OutboxError> {
         let cutoff = (Utc::now() - chrono::Duration::days(UPLOADED_RETENTION_DAYS))
             .to_rfc3339_opts(SecondsFormat::Millis, true);
         self.with_conn(|c| {
             c.execute(
-                "DELETE FROM artifacts WHERE upload_state = 'uploaded' AND uploaded_at < ?1",
+                "DELETE FROM artifacts
+                 WHERE upload_state = 'uploaded' AND metadata_acked = 1 AND uploaded_at < ?1",
                 [cutoff],
             )
         })?;
@@ -1032,7 +1158,9 @@ CREATE TABLE IF NOT EXISTS artifacts (
     attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt_at_ms INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
-    uploaded_at TEXT
+    uploaded_at TEXT,
+    metadata_seq INTEGER,
+    metadata_acked INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS artifacts_by_state ON artifacts (upload_state, next_attempt_at_ms);
 CREATE TABLE IF NOT EXISTS pending_updates (
@@ -1043,6 +1171,30 @@ CREATE TABLE IF NOT EXISTS pending_updates (
     queued_at TEXT NOT NULL
 );
 ";
+
+/// Add the columns that tie an artifact to the session update carrying its
+/// metadata to a database made before they existed. Rows already there
+/// keep the former rule (the file goes once the bytes are confirmed): which
+/// queued update carries them is not recorded.
+fn migrate(c: &Connection) -> rusqlite::Result<()> {
+    let has: bool = c.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('artifacts') WHERE name = 'metadata_acked'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has {
+        c.execute_batch(
+            "BEGIN;
+             ALTER TABLE artifacts ADD COLUMN metadata_seq INTEGER;
+             ALTER TABLE artifacts ADD COLUMN metadata_acked INTEGER NOT NULL DEFAULT 0;
+             UPDATE artifacts SET metadata_acked = 1;
+             COMMIT;",
+        )?;
+    }
+    c.execute_batch(
+        "CREATE INDEX IF NOT EXISTS artifacts_by_metadata_seq ON artifacts (metadata_seq);",
+    )
+}
 
 fn now_text() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)

@@ -118,9 +118,19 @@ impl UpdateSink {
             bounded = Some(u);
         }
         let update = bounded.as_ref().unwrap_or(update);
-        let result = self
-            .outbox
-            .queue_update(&env.message_id, &update.session_id, &bytes);
+        // The files of these artifacts stay until the broker acknowledged
+        // this update (the registry may drop bytes it cannot bind).
+        let artifact_ids: Vec<&str> = update
+            .artifacts
+            .iter()
+            .map(|a| a.artifact_id.as_str())
+            .collect();
+        let result = self.outbox.queue_update_with_artifacts(
+            &env.message_id,
+            &update.session_id,
+            &bytes,
+            &artifact_ids,
+        );
         match &result {
             Ok(_) => {
                 tracing::info!(

@@ -13,7 +13,9 @@
 //! ```
 //!
 //! - `200`/`201` whose JSON `checksum` equals ours: the row is marked
-//!   uploaded, then the local file is deleted. A crash between the PUT and
+//!   uploaded. The local file is deleted once the session update carrying
+//!   the artifact's metadata was acknowledged by the broker too (now, or
+//!   later by the publisher; see [`crate::outbox`]). A crash between the PUT and
 //!   the mark simply sends again; the registry answers a repeated PUT of the
 //!   same bytes with `200` (idempotent), so delivery is exactly-once in
 //!   effect.
@@ -198,8 +200,8 @@ impl Uploader {
         }
     }
 
-    /// Record `outcome` in the outbox (mark uploaded and delete, back off,
-    /// mark corrupt).
+    /// Record `outcome` in the outbox (mark uploaded, back off, mark
+    /// corrupt).
     async fn settle(&self, p: &PendingUpload, outcome: &UploadOutcome) -> Result<(), OutboxError> {
         let outbox = self.outbox.clone();
         let id = p.artifact_id.clone();
@@ -208,7 +210,7 @@ impl Uploader {
         let size = p.size_bytes;
         let result = tokio::task::spawn_blocking(move || match outcome {
             UploadOutcome::Uploaded => {
-                tracing::info!(artifact_id = %id, size_bytes = size, "uploader: artifact uploaded, local copy removed");
+                tracing::info!(artifact_id = %id, size_bytes = size, "uploader: artifact uploaded");
                 outbox.mark_uploaded(&id)
             }
             UploadOutcome::ChecksumMismatch { local_intact: true } => outbox.record_upload_failure(

@@ -186,8 +186,20 @@ fn the_disk_budget_refuses_new_captures_and_never_drops_pending_evidence() {
         })
     ));
 
-    // Once the registry confirmed the first one, there is room again.
+    // Bytes confirmed but metadata not yet acknowledged: the file is still
+    // the evidence and still counts.
+    let seq = outbox
+        .queue_update_with_artifacts("m-1", "sess-1", b"completed", &[&first.artifact_id])
+        .unwrap();
     outbox.mark_uploaded(&first.artifact_id).unwrap();
+    assert!(outbox.file_path(&first.artifact_id).exists());
+    assert!(matches!(
+        outbox.ingest("sess-2", artifact(600 * 1024, 2)),
+        Err(OutboxError::BudgetExhausted { .. })
+    ));
+
+    // Once the registry has both, there is room again.
+    outbox.remove_updates(&[seq]).unwrap();
     assert!(!outbox.file_path(&first.artifact_id).exists());
     assert_eq!(
         outbox.artifact(&first.artifact_id).unwrap().unwrap().state,
@@ -513,4 +525,122 @@ fn every_ingest_that_returned_survives_sigkill() {
         );
         assert_eq!(std::fs::metadata(&p.path).unwrap().len(), p.size_bytes);
     }
+}
+
+/// The registry may drop bytes it cannot bind to metadata: a file stays
+/// after its bytes were confirmed until the session update carrying its
+/// metadata was acknowledged, in either order, and across a restart.
+#[test]
+fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), 64 * MIB);
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+
+    // Bytes first, metadata later.
+    let a = outbox.ingest("sess-1", artifact(1000, 1)).unwrap();
+    let seq_a = outbox
+        .queue_update_with_artifacts("m-a", "sess-1", b"completed", &[&a.artifact_id])
+        .unwrap();
+    outbox.mark_uploaded(&a.artifact_id).unwrap();
+    assert!(
+        outbox.file_path(&a.artifact_id).exists(),
+        "metadata not acknowledged yet"
+    );
+    let rec = outbox.artifact(&a.artifact_id).unwrap().unwrap();
+    assert_eq!(rec.state, UploadState::Uploaded);
+    assert!(!rec.metadata_acked);
+
+    // A restart in this state keeps the file.
+    drop(outbox);
+    let (outbox, report) = Outbox::open(&cfg, "p").unwrap();
+    assert_eq!(report, RecoveryReport::default());
+    assert!(
+        outbox.file_path(&a.artifact_id).exists(),
+        "kept across a restart"
+    );
+    assert_eq!(outbox.queued_updates(10).unwrap().len(), 1);
+
+    outbox.remove_updates(&[seq_a]).unwrap();
+    assert!(
+        !outbox.file_path(&a.artifact_id).exists(),
+        "both acknowledged"
+    );
+    assert!(
+        outbox
+            .artifact(&a.artifact_id)
+            .unwrap()
+            .unwrap()
+            .metadata_acked
+    );
+
+    // Metadata first, bytes later.
+    let b = outbox.ingest("sess-2", artifact(1000, 2)).unwrap();
+    let seq_b = outbox
+        .queue_update_with_artifacts("m-b", "sess-2", b"completed", &[&b.artifact_id])
+        .unwrap();
+    outbox.remove_updates(&[seq_b]).unwrap();
+    assert!(
+        outbox.file_path(&b.artifact_id).exists(),
+        "bytes not uploaded yet"
+    );
+    outbox.mark_uploaded(&b.artifact_id).unwrap();
+    assert!(!outbox.file_path(&b.artifact_id).exists());
+
+    // An update dropped without acknowledgment does not free the file.
+    let c = outbox.ingest("sess-3", artifact(1000, 3)).unwrap();
+    let seq_c = outbox
+        .queue_update_with_artifacts("m-c", "sess-3", b"completed", &[&c.artifact_id])
+        .unwrap();
+    outbox.drop_update(seq_c).unwrap();
+    outbox.mark_uploaded(&c.artifact_id).unwrap();
+    assert!(outbox.file_path(&c.artifact_id).exists());
+
+    // A crash between acknowledgment and delete: the next start removes
+    // the file of an artifact whose bytes and metadata were acknowledged.
+    let kept = std::fs::read(outbox.file_path(&c.artifact_id)).unwrap();
+    std::fs::write(outbox.file_path(&a.artifact_id), &kept).unwrap();
+    drop(outbox);
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+    assert!(
+        !outbox.file_path(&a.artifact_id).exists(),
+        "cleaned at start"
+    );
+    assert!(
+        outbox.file_path(&c.artifact_id).exists(),
+        "still unacknowledged"
+    );
+    assert_eq!(outbox.stats().unwrap().queued_updates, 0);
+}
+
+/// A database from before artifacts were tied to their session update
+/// opens; its artifacts keep the former rule (the file goes once the
+/// registry confirmed the bytes), since which queued update carries their
+/// metadata was never recorded.
+#[test]
+fn a_database_without_metadata_columns_is_migrated_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), 64 * MIB);
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+    let a = outbox.ingest("sess-1", artifact(1000, 1)).unwrap();
+    drop(outbox);
+    let db = rusqlite::Connection::open(&cfg.db).unwrap();
+    db.execute_batch(
+        "DROP INDEX artifacts_by_metadata_seq;
+         ALTER TABLE artifacts DROP COLUMN metadata_seq;
+         ALTER TABLE artifacts DROP COLUMN metadata_acked;",
+    )
+    .unwrap();
+    drop(db);
+
+    let (outbox, report) = Outbox::open(&cfg, "p").unwrap();
+    assert_eq!(report, RecoveryReport::default());
+    let rec = outbox.artifact(&a.artifact_id).unwrap().unwrap();
+    assert_eq!(rec.state, UploadState::Pending);
+    assert!(rec.metadata_acked);
+    outbox.mark_uploaded(&a.artifact_id).unwrap();
+    assert!(!outbox.file_path(&a.artifact_id).exists());
+    // New artifacts follow the new rule.
+    let b = outbox.ingest("sess-2", artifact(1000, 2)).unwrap();
+    outbox.mark_uploaded(&b.artifact_id).unwrap();
+    assert!(outbox.file_path(&b.artifact_id).exists());
 }
