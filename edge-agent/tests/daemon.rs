@@ -160,6 +160,36 @@ async fn an_action_the_capability_lacks_fails_without_running() {
     daemon.shutdown().await;
 }
 
+/// A camera without pan/tilt/zoom controls does not offer `set_ptz`, and a
+/// command for it is refused like any action the capability lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_ptz_on_a_camera_without_ptz_is_refused_without_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-no-ptz",
+        "l-1",
+        "cam-01",
+        "set_ptz",
+        json!({"pan": 3600}),
+        5000,
+    ));
+    let u = final_updates(&daemon, "s-no-ptz", Duration::from_secs(5)).await;
+    assert_eq!(u.len(), 1, "no running update: {u:?}");
+    assert_eq!(u[0]["status"], "failed");
+    let msg = u[0]["error_message"].as_str().unwrap();
+    assert!(
+        msg.contains("action `set_ptz` is not supported by capability `cam-01` (camera)"),
+        "{msg}"
+    );
+    let (_, supported) = msg
+        .split_once("supported: ")
+        .expect("lists what is supported");
+    assert!(supported.contains("snapshot"), "{msg}");
+    assert!(!supported.contains("set_ptz"), "{msg}");
+    daemon.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_capability_fails_and_names_the_known_ones() {
     let dir = tempfile::tempdir().unwrap();

@@ -505,15 +505,44 @@ fn set_ptz_on_a_fixed_camera_is_unsupported() {
     let frame = jpeg_of(&image::RgbImage::new(160, 120));
     let (mut cam, _) = scripted_camera(
         dir.path(),
-        json!({"device": 0, "resolution": "160x120"}),
+        json!({"device": 0, "resolution": "160x120", "ptz": true}),
         vec![fmt(160, 120, FrameFormat::MJPEG, 30)],
         Arc::new(move |_, _| Next::Frame(frame.clone())),
     );
+    // Declared as PTZ in the bench file, but the opened device has no pan.
+    assert!(cam.supported_actions().contains(&CapabilityAction::SetPtz));
     let e = run(cam.as_mut(), CapabilityAction::SetPtz, json!({"pan": 100})).unwrap_err();
     assert!(
         matches!(&e, DriverError::Unsupported { action: CapabilityAction::SetPtz, why, .. } if why.contains("no pan control")),
         "{e:?}"
     );
+}
+
+#[test]
+fn cameras_without_ptz_do_not_advertise_set_ptz_and_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let frame = jpeg_of(&image::RgbImage::new(160, 120));
+    let (v4l2, _) = scripted_camera(
+        dir.path(),
+        json!({"device": 0, "resolution": "160x120"}),
+        vec![fmt(160, 120, FrameFormat::MJPEG, 30)],
+        Arc::new(move |_, _| Next::Frame(frame.clone())),
+    );
+    let fixed_sim = sim_camera(dir.path(), json!({}));
+    for mut cam in [v4l2, fixed_sim] {
+        let actions = cam.supported_actions();
+        assert!(actions.contains(&CapabilityAction::Snapshot), "{actions:?}");
+        assert!(!actions.contains(&CapabilityAction::SetPtz), "{actions:?}");
+        let e = run(cam.as_mut(), CapabilityAction::SetPtz, json!({"pan": 100})).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "action `set_ptz` is not supported by this camera: this camera has no pan/tilt/zoom controls (driver setting `ptz` is false)"
+        );
+    }
+    let ptz_sim = sim_camera(dir.path(), json!({"ptz": true}));
+    assert!(ptz_sim
+        .supported_actions()
+        .contains(&CapabilityAction::SetPtz));
 }
 
 fn free_video_index() -> u32 {

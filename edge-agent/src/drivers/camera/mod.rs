@@ -91,6 +91,13 @@ pub trait CameraBackend: Send + Sync {
     fn device_path(&self) -> Option<String> {
         None
     }
+    /// Whether the device has pan/tilt/zoom controls, as known without
+    /// opening it (from the bench configuration). Only then is `set_ptz`
+    /// advertised and run; the controls the opened device really offers
+    /// are still checked on every call.
+    fn has_ptz(&self) -> bool {
+        false
+    }
 }
 
 /// Settings every camera backend shares (parsed from the bench TOML).
@@ -859,6 +866,15 @@ impl Driver for CameraDriver {
         }
     }
 
+    fn supported_actions(&self) -> Vec<CapabilityAction> {
+        CapabilityType::Camera
+            .supported_actions()
+            .iter()
+            .copied()
+            .filter(|a| *a != CapabilityAction::SetPtz || self.backend.has_ptz())
+            .collect()
+    }
+
     fn execute(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {
         tracing::debug!(capability_id = %self.capability_id, action = %req.action, "camera action");
         match req.action {
@@ -866,6 +882,11 @@ impl Driver for CameraDriver {
             CapabilityAction::RecordClip => self.record_clip(req),
             CapabilityAction::StartStream => self.start_stream(req),
             CapabilityAction::StopStream => self.stop_stream(req),
+            CapabilityAction::SetPtz if !self.backend.has_ptz() => Err(unsupported(
+                CapabilityType::Camera,
+                CapabilityAction::SetPtz,
+                "this camera has no pan/tilt/zoom controls (driver setting `ptz` is false)",
+            )),
             CapabilityAction::SetPtz => self.set_ptz(req),
             other => Err(unsupported(
                 CapabilityType::Camera,

@@ -15,6 +15,7 @@
 //! | `warmup_frames` | `2` | frames skipped after the stream starts |
 //! | `max_clip_ms` | `60000` | longest `record_clip` |
 //! | `field_of_view_deg` | none | registration metadata only |
+//! | `ptz` | `false` | the camera has pan/tilt/zoom controls: `set_ptz` is advertised (each call still checks the controls the device offers) |
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -161,6 +162,8 @@ struct NokhwaToml {
     max_clip_ms: u64,
     #[serde(default)]
     field_of_view_deg: Option<f64>,
+    #[serde(default)]
+    ptz: bool,
 }
 
 fn default_format() -> String {
@@ -232,7 +235,11 @@ fn build_inner(
             message: "a camera opener needs a numeric device index".into(),
         });
     }
-    let backend = NokhwaBackend { selector, opener };
+    let backend = NokhwaBackend {
+        selector,
+        opener,
+        ptz: t.ptz,
+    };
     Ok(Box::new(CameraDriver::new(
         &spec.capability_id,
         "nokhwa",
@@ -245,6 +252,8 @@ fn build_inner(
 pub struct NokhwaBackend {
     selector: DeviceSelector,
     opener: Option<CameraOpener>,
+    /// The `ptz` setting.
+    ptz: bool,
 }
 
 /// What the driver asks nokhwa for when opening; the real mode is chosen
@@ -254,6 +263,10 @@ const USABLE: [FrameFormat; 2] = [FrameFormat::MJPEG, FrameFormat::YUYV];
 impl CameraBackend for NokhwaBackend {
     fn label(&self) -> String {
         self.selector.label()
+    }
+
+    fn has_ptz(&self) -> bool {
+        self.ptz
     }
 
     fn probe(&self) -> Result<(), String> {

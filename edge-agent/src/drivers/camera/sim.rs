@@ -203,6 +203,10 @@ impl CameraBackend for SimCamera {
         }
     }
 
+    fn has_ptz(&self) -> bool {
+        self.ptz
+    }
+
     fn open(&self) -> Result<Box<dyn FrameSource>, DriverError> {
         self.probe().map_err(DriverError::Unavailable)?;
         // Opening a real camera takes a moment.
