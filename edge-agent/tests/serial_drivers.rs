@@ -668,10 +668,17 @@ fn a_pulse_holds_the_relay_for_its_duration_and_cannot_be_cut() {
         held >= Duration::from_millis(250) && held < Duration::from_millis(450),
         "{held:?}"
     );
-    assert!(f(&o, "actual_duration_ms") >= 250.0);
+    // Whole milliseconds: the timeline's span, rounded.
+    let actual = o.result_summary["actual_duration_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("not a whole number of ms: {:?}", o.result_summary));
+    assert!((250..450).contains(&actual), "{actual}");
     let evidence = dump(&o);
     let timeline = evidence["timeline"].as_array().unwrap();
     assert_eq!(timeline.len(), 2);
+    let span = timeline[1]["confirmed_ms"].as_f64().unwrap()
+        - timeline[0]["confirmed_ms"].as_f64().unwrap();
+    assert_eq!(actual, span.round() as u64, "{timeline:?}");
     assert_eq!(timeline[0]["state"], json!("on"));
     assert_eq!(timeline[1]["state"], json!("off"));
 }

@@ -324,10 +324,11 @@ impl RelayDriver {
                 if level { "ON" } else { "OFF" }
             )));
         }
-        let actual = timeline
-            .get(1)
-            .zip(timeline.first())
-            .map_or(0.0, |(b, a)| b.confirmed_ms - a.confirmed_ms);
+        // Whole milliseconds, like every `*_ms` of a result summary (the
+        // timeline in the evidence keeps the fractions).
+        let actual = timeline.get(1).zip(timeline.first()).map_or(0, |(b, a)| {
+            (b.confirmed_ms - a.confirmed_ms).max(0.0).round() as u64
+        });
         let summary = json!({
             "channel": channel,
             "level": if level { "on" } else { "off" },
