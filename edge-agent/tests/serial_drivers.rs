@@ -901,6 +901,74 @@ fn korad_measure_output_reports_constant_current_under_a_heavy_load() {
     assert_eq!(evidence["limits"]["max_voltage_v"], json!(12.0));
 }
 
+/// Settings leave the same evidence as the other PSU actions: the output
+/// measured after the setting, limits and transcript as one `sensor_dump`.
+#[test]
+fn korad_settings_read_the_output_back_as_sensor_dump_evidence() {
+    let psu = KoradSim::start(
+        KoradConfig {
+            load_ohms: Some(100.0),
+            ..KoradConfig::default()
+        },
+        None,
+    )
+    .unwrap();
+    let mut d = korad_driver(psu.path());
+
+    // Output off: the setting is sent and read back, the output measures 0.
+    let v = ok(
+        d.as_mut(),
+        CapabilityAction::SetVoltage,
+        json!({ "voltage_v": 5.0 }),
+    );
+    assert_eq!(f(&v, "voltage_set_v"), 5.0);
+    assert_eq!(v.result_summary["output_on"], json!(false));
+    assert_eq!(f(&v, "voltage_v"), 0.0);
+    let evidence = dump(&v);
+    assert_eq!(evidence["action"], json!("set_voltage"));
+    assert_eq!(evidence["measurement"]["output_on"], json!(false));
+    let sent: Vec<&str> = evidence["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["dir"] == "tx")
+        .filter_map(|e| e["data"].as_str())
+        .collect();
+    assert_eq!(sent.first(), Some(&"VSET1:5.00"), "{sent:?}");
+    assert!(
+        sent.contains(&"VOUT1?") && sent.contains(&"IOUT1?"),
+        "{sent:?}"
+    );
+
+    // Output on: the new setpoint is what the output measures.
+    ok(
+        d.as_mut(),
+        CapabilityAction::PowerOn,
+        json!({ "current_limit_a": 1.0 }),
+    );
+    let v = ok(
+        d.as_mut(),
+        CapabilityAction::SetVoltage,
+        json!({ "voltage_v": 10.0 }),
+    );
+    assert_eq!(f(&v, "voltage_v"), 10.0);
+    assert_eq!(f(&v, "current_a"), 0.1);
+    assert_eq!(dump(&v)["measurement"]["voltage_v"], json!(10.0));
+    let c = ok(
+        d.as_mut(),
+        CapabilityAction::SetCurrentLimit,
+        json!({ "current_limit_a": 0.05 }),
+    );
+    assert_eq!(f(&c, "current_limit_a"), 0.05);
+    // 10 V into 100 ohm wants 0.1 A: limited to 0.05 A, constant current.
+    assert_eq!(s(&c, "mode"), "cc");
+    assert_eq!(f(&c, "current_a"), 0.05);
+    let evidence = dump(&c);
+    assert_eq!(evidence["action"], json!("set_current_limit"));
+    assert_eq!(evidence["measurement"]["mode"], json!("cc"));
+    assert_eq!(evidence["limits"]["max_current_a"], json!(2.0));
+}
+
 #[test]
 fn a_setpoint_above_the_safety_limit_is_refused_before_any_byte_is_sent() {
     let psu = KoradSim::start(KoradConfig::default(), None).unwrap();
@@ -1007,16 +1075,20 @@ fn scpi_over_serial_selects_the_channel_and_checks_the_error_queue() {
                 "settle_ms": 20 }),
     );
     assert_eq!(d.health().status, HealthStatus::Healthy);
-    ok(
+    let v = ok(
         d.as_mut(),
         CapabilityAction::SetVoltage,
         json!({ "voltage_v": 5.0 }),
     );
-    ok(
+    // The readback after a setting is evidence on SCPI supplies too.
+    assert_eq!(v.result_summary["output_on"], json!(false));
+    assert_eq!(dump(&v)["measurement"]["voltage_v"], json!(0.0));
+    let c = ok(
         d.as_mut(),
         CapabilityAction::SetCurrentLimit,
         json!({ "current_limit_a": 0.5 }),
     );
+    assert_eq!(dump(&c)["action"], json!("set_current_limit"));
     let on = ok(d.as_mut(), CapabilityAction::PowerOn, json!({}));
     assert_eq!(f(&on, "voltage_v"), 5.0);
     assert_eq!(f(&on, "current_a"), 0.05);

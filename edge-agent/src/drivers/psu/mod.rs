@@ -15,8 +15,9 @@
 //! the configured safety limits (`max_voltage_v`, `max_current_a`: a request
 //! above them is refused with [`DriverError::LimitExceeded`] before a byte
 //! is sent), output switching as a non-interruptible window (seed §6.4),
-//! settling before the post-switch measurement, and `sensor_dump` evidence
-//! (measurement plus the command transcript with timings).
+//! settling before the measurement that follows a switch or a setting, and
+//! `sensor_dump` evidence of every action (measurement plus the command
+//! transcript with timings).
 
 pub mod korad;
 pub mod scpi;
@@ -332,6 +333,42 @@ impl PsuDriver {
             artifacts: vec![artifact],
         })
     }
+
+    /// `set_voltage` / `set_current_limit`: send `value` with `set`, wait
+    /// the `settle_ms` setting (never past the action's deadline) and read
+    /// the output back, like the switching actions. Result summary: `key`
+    /// (the value set) plus the measurement keys; one `sensor_dump`.
+    fn setting(
+        &mut self,
+        req: &ActionRequest,
+        key: &str,
+        value: f64,
+        set: impl FnOnce(&mut dyn PowerSupply, f64) -> Result<(), DriverError>,
+    ) -> Result<ActionOutcome, DriverError> {
+        if req.cancel.is_cancelled() {
+            return Err(DriverError::Cancelled("cancelled before sending".into()));
+        }
+        let started_at = now_rfc3339();
+        self.psu.transcript().restart();
+        set(self.psu.as_mut(), value)?;
+        let sent = Instant::now();
+        let until = (sent + self.settle).min(req.deadline);
+        self.psu.transcript().note(format!(
+            "{key} {value}; settling {} ms",
+            until.saturating_duration_since(sent).as_millis()
+        ));
+        super::transport::sleep_until(until);
+        let m = self.psu.measure()?;
+        let mut summary = measurement_json(&m);
+        if let Value::Object(s) = &mut summary {
+            s.insert(key.into(), json!(value));
+        }
+        let artifact = self.evidence(req.action, &started_at, Some(&m));
+        Ok(ActionOutcome {
+            result_summary: object(summary),
+            artifacts: vec![artifact],
+        })
+    }
 }
 
 fn measurement_json(m: &Measurement) -> Value {
@@ -375,28 +412,12 @@ impl Driver for PsuDriver {
             CapabilityAction::SetVoltage => {
                 let p: SetVoltageParams = parse_params(&req.params)?;
                 let v = self.check_voltage("voltage_v", p.voltage_v)?;
-                if req.cancel.is_cancelled() {
-                    return Err(DriverError::Cancelled("cancelled before sending".into()));
-                }
-                self.psu.transcript().restart();
-                self.psu.set_voltage(v)?;
-                Ok(ActionOutcome {
-                    result_summary: object(json!({ "voltage_set_v": v })),
-                    artifacts: Vec::new(),
-                })
+                self.setting(req, "voltage_set_v", v, |psu, v| psu.set_voltage(v))
             }
             CapabilityAction::SetCurrentLimit => {
                 let p: SetCurrentParams = parse_params(&req.params)?;
                 let a = self.check_current("current_limit_a", p.current_limit_a)?;
-                if req.cancel.is_cancelled() {
-                    return Err(DriverError::Cancelled("cancelled before sending".into()));
-                }
-                self.psu.transcript().restart();
-                self.psu.set_current_limit(a)?;
-                Ok(ActionOutcome {
-                    result_summary: object(json!({ "current_limit_a": a })),
-                    artifacts: Vec::new(),
-                })
+                self.setting(req, "current_limit_a", a, |psu, a| psu.set_current_limit(a))
             }
             CapabilityAction::PowerOn => self.switch(req, true),
             CapabilityAction::PowerOff => self.switch(req, false),
