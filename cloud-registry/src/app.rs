@@ -350,6 +350,20 @@ impl Registry {
         let agents = Arc::new(AgentService::new(db.clone(), catalog, config.agents.clone()).await?);
         // Before MQTT starts, so no session update is missed.
         registry.add_hooks(sessions.clone());
+        // The embedded broker starts with us: nobody can be connected yet,
+        // so a provider the store holds as online (from before a restart)
+        // is offline until it is heard again. Before the API answers. An
+        // external broker may still hold the providers' connections: the
+        // liveness monitor's full window applies to them instead.
+        if config.mqtt.mode == MqttMode::Embedded {
+            let marked = registry.mark_unheard_providers_offline().await?;
+            if !marked.is_empty() {
+                tracing::info!(
+                    providers = marked.len(),
+                    "providers online before the restart are offline until they reconnect"
+                );
+            }
+        }
         let synced = registry.sync_lease_engine().await?;
         tracing::info!(
             capabilities = synced,

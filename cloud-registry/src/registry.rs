@@ -24,7 +24,7 @@ use shared_protocol::provider::{
 use tokio::sync::watch;
 
 use crate::events::EventBus;
-use crate::store::{boot_changed, Store, StoreError, StoreResult};
+use crate::store::{boot_changed, ProviderFilter, Store, StoreError, StoreResult};
 
 /// What the registry tells the lease engine. Implemented for
 /// [`crate::leases::LeaseEngine`] in `app.rs`; tests may use a recorder.
@@ -54,11 +54,14 @@ pub trait ProviderHooks: Send + Sync + 'static {
         tracing::info!(provider_id, "provider restarted (new boot id): its running sessions should become incomplete_evidence");
     }
 
-    /// A provider went offline (LWT, `offline` status, or missed
-    /// heartbeats).
-    async fn on_provider_offline(&self, provider_id: &str) {
+    /// A provider went offline (LWT, `offline` status, missed heartbeats,
+    /// or not heard since a restart of a registry with the embedded
+    /// broker). `reason` is the one stored with the change, e.g. `missed
+    /// heartbeats` or [`REGISTRY_RESTARTED`].
+    async fn on_provider_offline(&self, provider_id: &str, reason: &str) {
         tracing::info!(
             provider_id,
+            reason,
             "provider offline: its running sessions cannot report until it returns"
         );
     }
@@ -75,6 +78,12 @@ pub struct LoggingHooks;
 
 #[async_trait::async_trait]
 impl ProviderHooks for LoggingHooks {}
+
+/// Why a provider stored as `online` is marked offline when a registry
+/// with the embedded broker starts (see
+/// [`CapabilityRegistry::mark_unheard_providers_offline`]).
+pub const REGISTRY_RESTARTED: &str =
+    "the registry restarted and the provider has not reconnected since";
 
 /// Timing the registry needs from the configuration.
 #[derive(Debug, Clone)]
@@ -155,9 +164,9 @@ impl CapabilityRegistry {
         }
     }
 
-    async fn provider_went_offline(&self, provider_id: &str) {
+    async fn provider_went_offline(&self, provider_id: &str, reason: &str) {
         for h in self.hooks() {
-            h.on_provider_offline(provider_id).await;
+            h.on_provider_offline(provider_id, reason).await;
         }
     }
 
@@ -348,7 +357,7 @@ impl CapabilityRegistry {
         if !online {
             self.clear_windows(provider_id).await;
             if out.changed {
-                self.provider_went_offline(provider_id).await;
+                self.provider_went_offline(provider_id, reason).await;
             }
         } else if boot_changed(out.previous_boot_id.as_deref(), boot_id.as_deref()) {
             self.clear_windows(provider_id).await;
@@ -377,6 +386,45 @@ impl CapabilityRegistry {
             }
         }
         Ok(ids)
+    }
+
+    /// At the start of a registry whose MQTT broker starts with it (the
+    /// embedded broker): no provider can be connected yet, so every
+    /// provider the store still holds as `online` (from before the
+    /// restart) is marked offline, with reason [`REGISTRY_RESTARTED`],
+    /// through the same path as a confirmed offline (status row,
+    /// capability events and snapshots, lease engine, hooks: the sessions
+    /// module fails their open sessions). A provider becomes online again
+    /// when it is next heard (status, registration, heartbeat). Returns the
+    /// ids marked; a second call finds none (idempotent). One query when
+    /// nobody is stored online.
+    ///
+    /// Not for an external broker, whose providers may still be connected
+    /// across a registry restart.
+    ///
+    /// Errors: the store cannot be read or written.
+    pub async fn mark_unheard_providers_offline(&self) -> StoreResult<Vec<String>> {
+        let stored_online = self
+            .store
+            .list_providers(ProviderFilter {
+                online_status: Some(OnlineStatus::Online),
+            })
+            .await?;
+        let mut marked = Vec::with_capacity(stored_online.len());
+        for p in stored_online {
+            match self
+                .set_online("system", &p.provider_id, false, None, REGISTRY_RESTARTED)
+                .await
+            {
+                Ok(()) => {
+                    tracing::warn!(provider_id = %p.provider_id, "provider stored as online before the restart; offline until it reconnects");
+                    marked.push(p.provider_id);
+                }
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(marked)
     }
 
     /// Check for silent providers every heartbeat interval until `shutdown`

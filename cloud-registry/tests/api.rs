@@ -1545,6 +1545,20 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         (850..=900).contains(&remaining),
         "remaining {remaining} s of 900"
     );
+    // The embedded broker restarted with the registry: p1 is offline
+    // until it is heard again, here by a heartbeat over HTTP.
+    let (_, cam) = api
+        .get("/api/v1/capabilities/cam-front-01", Some(&audit))
+        .await;
+    assert_eq!(cam["status"], "offline");
+    let r = api
+        .post(
+            "/api/v1/capabilities/heartbeat",
+            Some(&admin),
+            &json!({"provider_id": "p1", "boot_id": "boot-1"}),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
     let (_, cam) = api
         .get("/api/v1/capabilities/cam-front-01", Some(&audit))
         .await;

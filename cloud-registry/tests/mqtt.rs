@@ -527,7 +527,7 @@ impl cloud_registry::registry::ProviderHooks for Recorder {
     async fn on_provider_restarted(&self, provider_id: &str) {
         self.restarted.lock().unwrap().push(provider_id.to_string());
     }
-    async fn on_provider_offline(&self, provider_id: &str) {
+    async fn on_provider_offline(&self, provider_id: &str, _reason: &str) {
         self.offline.lock().unwrap().push(provider_id.to_string());
     }
 }

@@ -9,6 +9,10 @@
 //! stopped completes once it is back (the broker queued the result in the
 //! registry's persistent session). Under `CI=true` a missing `mosquitto`
 //! fails the test.
+//!
+//! One test runs on the embedded broker instead, which starts with the
+//! registry: there a bench whose edge is dead when the registry restarts is
+//! offline as soon as the API answers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -398,4 +402,106 @@ async fn a_session_that_ends_while_the_registry_is_down_completes_when_it_return
         provider(&admin, PROVIDER_ID).await["online_status"],
         "online"
     );
+}
+
+/// With the embedded broker, which starts with the registry, no provider
+/// can be connected when the registry starts: a bench whose edge daemon
+/// died while the registry was away is offline as soon as the API answers
+/// (not only once the offline timeout has passed), its running session is
+/// failed with the reason, and actions on its capabilities are refused.
+/// When the edge starts again the bench is online and actions work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_embedded_registry_restart_a_dead_edge_is_offline_at_once() {
+    let mut lab = Lab::start(LabOptions {
+        heartbeat_interval_seconds: INTERVAL_S,
+        offline_after_missed: MISSED,
+        ..Default::default()
+    })
+    .await
+    .expect("lab on the embedded broker");
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let (events, follower) = follow_events(&admin, |_| {});
+    let (camera_lease, session_id) =
+        start_capture(&hw, 60_000, "capture when the registry restarts").await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    // The registry stops while the bench is online (the store keeps it
+    // `online`), the edge daemon dies meanwhile, and only the registry
+    // comes back.
+    lab.stop_registry();
+    lab.kill_edge();
+    let restart = Instant::now();
+    lab.start_registry().expect("registry back");
+    let ready_after = restart.elapsed();
+
+    // The first answer already says offline, far inside the offline
+    // timeout.
+    let p = provider(&admin, PROVIDER_ID).await;
+    let answered_after = restart.elapsed();
+    assert_eq!(p["online_status"], "offline", "{p}");
+    assert!(answered_after < OFFLINE_AFTER / 3, "{answered_after:?}");
+    let listed = admin
+        .get_ok(&format!("/api/v1/capabilities?provider_id={PROVIDER_ID}"))
+        .await
+        .unwrap();
+    for c in listed["capabilities"].as_array().unwrap() {
+        assert_eq!(c["status"], "offline", "{c}");
+    }
+    let session = hw
+        .get_ok(&format!("/api/v1/sessions/{session_id}"))
+        .await
+        .unwrap();
+    assert_eq!(session["status"], "failed", "{session}");
+    let why = session["error_message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("registry restarted") && why.contains("not reconnected"),
+        "{session}"
+    );
+    let (s, refused) = hw
+        .act(&camera_lease, "snapshot", json!({}), 0)
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert_eq!(refused["error"]["code"], "provider_offline", "{refused}");
+    let went = events
+        .wait_for(
+            "the bench's camera offline after the restart",
+            Duration::from_secs(10),
+            |e| {
+                e["event_type"] == "capability_health_changed"
+                    && e["capability_id"] == caps::CAMERA
+                    && e["data"]["status"] == "offline"
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        went["data"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("registry restarted"),
+        "{went}"
+    );
+
+    // The edge comes back: online again, and actions work.
+    let back = Instant::now();
+    lab.start_edge().expect("edge back");
+    lab.wait_registered(Duration::from_secs(30)).await.unwrap();
+    let online_after = back.elapsed();
+    assert_eq!(
+        provider(&admin, PROVIDER_ID).await["online_status"],
+        "online"
+    );
+    let snap = hw
+        .act_ok(&camera_lease, "snapshot", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(snap["status"], "completed", "{snap}");
+    eprintln!(
+        "registry ready {ready_after:?} after the restart began, provider answered offline at \
+         {answered_after:?} (offline timeout {OFFLINE_AFTER:?}); edge online again {online_after:?} \
+         after it was started"
+    );
+    follower.abort();
 }

@@ -1361,10 +1361,10 @@ impl ProviderHooks for Sessions {
         .await;
     }
 
-    async fn on_provider_offline(&self, provider_id: &str) {
+    async fn on_provider_offline(&self, provider_id: &str, reason: &str) {
         self.provider_lost(
             provider_id,
-            format!("provider `{provider_id}` went offline"),
+            format!("provider `{provider_id}` went offline ({reason})"),
         )
         .await;
     }
