@@ -1617,6 +1617,9 @@ async fn a_provider_holding_too_many_unbound_bytes_is_refused_until_metadata_bin
     b.reg.shutdown().await;
 }
 
+/// Chunks of a streamed request body; an `Err` breaks the upload off.
+type BodyFeed = tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>;
+
 /// Start a PUT of `bytes` for `artifact_id` whose body the caller feeds
 /// through the returned sender (its declared `Content-Length` is the full
 /// length); the handle answers with the status once the body ends.
@@ -1625,7 +1628,7 @@ fn put_streamed(
     artifact_id: &str,
     bytes: &[u8],
 ) -> (
-    tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
+    BodyFeed,
     tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
 ) {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
