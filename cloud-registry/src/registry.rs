@@ -322,9 +322,9 @@ impl CapabilityRegistry {
             }
         }
         let reason = if online {
-            "provider status online"
+            "online status received"
         } else {
-            "provider status offline (disconnect or last will)"
+            "offline status received: disconnect or last will"
         };
         self.set_online(actor, &status.provider_id, online, status.boot_id, reason)
             .await
