@@ -197,6 +197,9 @@ struct Inner {
     conn: Mutex<Connection>,
     budget: Mutex<Budget>,
     follow: Mutex<Follow>,
+    /// Notified when acknowledged metadata made artifacts due for upload
+    /// again ([`Outbox::due_again`]).
+    due_again: Arc<tokio::sync::Notify>,
 }
 
 /// Most updates kept in memory for the publisher ([`Outbox::followed_updates`]);
@@ -286,6 +289,7 @@ impl Outbox {
                 provider_id: provider_id.to_string(),
                 conn: Mutex::new(conn),
                 follow: Mutex::new(Follow::default()),
+                due_again: Arc::default(),
                 budget: Mutex::new(Budget {
                     limit: cfg.disk_budget_bytes,
                     used: 0,
@@ -299,7 +303,7 @@ impl Outbox {
             c.query_row(
                 "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM artifacts
                  WHERE upload_state IN ('pending', 'corrupt')
-                    OR (upload_state = 'uploaded' AND metadata_acked = 0)",
+                    OR (upload_state = 'uploaded' AND (metadata_acked = 0 OR bytes_bound = 0))",
                 [],
                 |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
             )
@@ -310,6 +314,13 @@ impl Outbox {
             b.used = used;
         }
         Ok((outbox, report))
+    }
+
+    /// Notified when [`Self::remove_updates`] made artifacts due for a
+    /// confirming upload (bytes the registry held without their metadata),
+    /// so the uploader need not wait for its next timer.
+    pub fn due_again(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.due_again.clone()
     }
 
     /// The artifact directory.
@@ -526,8 +537,9 @@ impl Outbox {
         Ok(next.map(|t| Duration::from_millis((t - now).max(0) as u64)))
     }
 
-    /// The registry confirmed `artifact_id`'s sha256: mark it uploaded.
-    /// The local file is deleted now only if the session update carrying
+    /// The registry confirmed `artifact_id`'s sha256 (and did not say it
+    /// lacks the metadata; else [`Self::mark_uploaded_unbound`]): mark it
+    /// uploaded. The local file is deleted now only if the session update carrying
     /// the artifact's metadata was already acknowledged; otherwise it stays
     /// (still counted against the disk budget) until
     /// [`Self::remove_updates`] records that acknowledgment. A crash
@@ -538,28 +550,39 @@ impl Outbox {
     /// and file-removal errors.
     pub fn mark_uploaded(&self, artifact_id: &str) -> Result<(), OutboxError> {
         let row = self.with_conn(|c| {
-            let row: Option<(i64, String, bool)> = c
+            let row: Option<(i64, String, bool, bool)> = c
                 .query_row(
-                    "SELECT size_bytes, upload_state, metadata_acked FROM artifacts
+                    "SELECT size_bytes, upload_state, metadata_acked, bytes_bound FROM artifacts
                      WHERE artifact_id = ?1",
                     [artifact_id],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? != 0)),
+                    |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get::<_, i64>(2)? != 0,
+                            r.get::<_, i64>(3)? != 0,
+                        ))
+                    },
                 )
                 .optional()?;
             c.execute(
-                "UPDATE artifacts SET upload_state = 'uploaded', uploaded_at = ?2, last_error = NULL
+                "UPDATE artifacts SET upload_state = 'uploaded', uploaded_at = ?2, last_error = NULL,
+                    bytes_bound = 1
                  WHERE artifact_id = ?1",
                 params![artifact_id, now_text()],
             )?;
             Ok(row)
         })?;
-        let Some((size, state, metadata_acked)) = row else {
+        let Some((size, state, metadata_acked, bytes_bound)) = row else {
             return Err(OutboxError::UnknownArtifact(artifact_id.to_string()));
         };
-        let was_on_disk = matches!(
-            UploadState::parse(&state),
-            UploadState::Pending | UploadState::Corrupt
-        );
+        // Whether the file was still there (and counted against the
+        // budget): an uploaded one is until both halves were acknowledged.
+        let was_on_disk = match UploadState::parse(&state) {
+            UploadState::Pending | UploadState::Corrupt => true,
+            UploadState::Uploaded => !metadata_acked || !bytes_bound,
+            UploadState::Lost => false,
+        };
         if !metadata_acked {
             if was_on_disk {
                 tracing::info!(
@@ -573,6 +596,49 @@ impl Outbox {
         if was_on_disk {
             self.release(size.max(0) as u64, 1);
         }
+        Ok(())
+    }
+
+    /// The registry stored `artifact_id`'s bytes but did not know its
+    /// metadata yet (`"metadata_received": false`): it holds them unbound
+    /// and may sweep them before the metadata arrives. The file stays.
+    /// Once the session update carrying the metadata was acknowledged
+    /// ([`Self::remove_updates`]) the artifact is due again for a
+    /// confirming upload (a repeated PUT: cheap if the registry still has
+    /// the bytes, a new copy if it swept them). If it was acknowledged
+    /// already (the registry has not processed it yet), that confirming
+    /// upload waits `retry_after`.
+    ///
+    /// Errors: [`OutboxError::UnknownArtifact`] without such a row; SQLite
+    /// errors.
+    pub fn mark_uploaded_unbound(
+        &self,
+        artifact_id: &str,
+        retry_after: Duration,
+    ) -> Result<(), OutboxError> {
+        let at = Utc::now().timestamp_millis() + retry_after.as_millis() as i64;
+        let changed = self.with_conn(|c| {
+            c.execute(
+                "UPDATE artifacts SET
+                    upload_state = CASE WHEN metadata_acked = 1 THEN 'pending' ELSE 'uploaded' END,
+                    attempts = CASE WHEN metadata_acked = 1 THEN attempts + 1 ELSE attempts END,
+                    next_attempt_at_ms = ?2,
+                    last_error = CASE WHEN metadata_acked = 1
+                        THEN 'the registry still holds the bytes without their metadata'
+                        ELSE NULL END,
+                    uploaded_at = ?3,
+                    bytes_bound = 0
+                 WHERE artifact_id = ?1 AND upload_state IN ('pending', 'uploaded')",
+                params![artifact_id, at, now_text()],
+            )
+        })?;
+        if changed == 0 && self.row_state(artifact_id)?.is_none() {
+            return Err(OutboxError::UnknownArtifact(artifact_id.to_string()));
+        }
+        tracing::info!(
+            artifact_id,
+            "outbox: the registry holds the bytes without their metadata; the file is kept for a confirming upload"
+        );
         Ok(())
     }
 
@@ -876,13 +942,22 @@ impl Outbox {
         if seqs.is_empty() {
             return Ok(());
         }
-        let done: Vec<(String, i64)> = self.with_conn_unsynced(|c| {
+        let (done, confirming): (Vec<(String, i64)>, usize) = self.with_conn_unsynced(|c| {
             let tx = c.unchecked_transaction()?;
             let mut done = Vec::new();
+            let mut confirming = 0;
             {
                 let mut select = tx.prepare_cached(
                     "SELECT artifact_id, size_bytes FROM artifacts
-                     WHERE metadata_seq = ?1 AND metadata_acked = 0 AND upload_state = 'uploaded'",
+                     WHERE metadata_seq = ?1 AND metadata_acked = 0 AND upload_state = 'uploaded'
+                       AND bytes_bound = 1",
+                )?;
+                // Bytes the registry held unbound: upload again to confirm
+                // they are bound (or to replace them if swept).
+                let mut confirm = tx.prepare_cached(
+                    "UPDATE artifacts SET upload_state = 'pending', next_attempt_at_ms = 0
+                     WHERE metadata_seq = ?1 AND metadata_acked = 0 AND upload_state = 'uploaded'
+                       AND bytes_bound = 0",
                 )?;
                 let mut ack = tx.prepare_cached(
                     "UPDATE artifacts SET metadata_acked = 1
@@ -894,13 +969,17 @@ impl Outbox {
                         .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?)))?
                         .collect::<Result<Vec<(String, i64)>, _>>()?;
                     done.extend(rows);
+                    confirming += confirm.execute([seq])?;
                     ack.execute([seq])?;
                     delete.execute([seq])?;
                 }
             }
             tx.commit()?;
-            Ok(done)
+            Ok((done, confirming))
         })?;
+        if confirming > 0 {
+            self.inner.due_again.notify_one();
+        }
         let mut first_error = None;
         for (artifact_id, size) in done {
             match self.remove_file(&artifact_id) {
@@ -1058,7 +1137,7 @@ impl Outbox {
                 continue;
             }
             match self.row_state(&name)? {
-                Some((UploadState::Uploaded, _)) if self.metadata_acked(&name)? => {
+                Some((UploadState::Uploaded, _)) if self.fully_acknowledged(&name)? => {
                     // Bytes and metadata acknowledged, but the delete did
                     // not happen before a crash.
                     let _ = fs::remove_file(&path);
@@ -1116,10 +1195,12 @@ impl Outbox {
         })
     }
 
-    fn metadata_acked(&self, artifact_id: &str) -> Result<bool, OutboxError> {
+    /// The metadata was acknowledged and the registry confirmed bytes it
+    /// could bind.
+    fn fully_acknowledged(&self, artifact_id: &str) -> Result<bool, OutboxError> {
         self.with_conn(|c| {
             c.query_row(
-                "SELECT metadata_acked FROM artifacts WHERE artifact_id = ?1",
+                "SELECT metadata_acked AND bytes_bound FROM artifacts WHERE artifact_id = ?1",
                 [artifact_id],
                 |r| r.get::<_, i64>(0),
             )
@@ -1134,7 +1215,8 @@ impl Outbox {
         self.with_conn(|c| {
             c.execute(
                 "DELETE FROM artifacts
-                 WHERE upload_state = 'uploaded' AND metadata_acked = 1 AND uploaded_at < ?1",
+                 WHERE upload_state = 'uploaded' AND metadata_acked = 1 AND bytes_bound = 1
+                   AND uploaded_at < ?1",
                 [cutoff],
             )
         })?;
@@ -1160,7 +1242,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     last_error TEXT,
     uploaded_at TEXT,
     metadata_seq INTEGER,
-    metadata_acked INTEGER NOT NULL DEFAULT 0
+    metadata_acked INTEGER NOT NULL DEFAULT 0,
+    bytes_bound INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS artifacts_by_state ON artifacts (upload_state, next_attempt_at_ms);
 CREATE TABLE IF NOT EXISTS pending_updates (
@@ -1189,6 +1272,16 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
              ALTER TABLE artifacts ADD COLUMN metadata_acked INTEGER NOT NULL DEFAULT 0;
              UPDATE artifacts SET metadata_acked = 1;
              COMMIT;",
+        )?;
+    }
+    let has_bound: bool = c.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('artifacts') WHERE name = 'bytes_bound'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has_bound {
+        c.execute_batch(
+            "ALTER TABLE artifacts ADD COLUMN bytes_bound INTEGER NOT NULL DEFAULT 1;",
         )?;
     }
     c.execute_batch(

@@ -15,7 +15,11 @@
 //! - `200`/`201` whose JSON `checksum` equals ours: the row is marked
 //!   uploaded. The local file is deleted once the session update carrying
 //!   the artifact's metadata was acknowledged by the broker too (now, or
-//!   later by the publisher; see [`crate::outbox`]). A crash between the PUT and
+//!   later by the publisher; see [`crate::outbox`]). When the answer says
+//!   `"metadata_received": false` the registry holds the bytes unbound and
+//!   may sweep them: once the metadata was acknowledged the artifact is
+//!   sent once more to confirm, and only that answer lets the file go.
+//!   A crash between the PUT and
 //!   the mark simply sends again; the registry answers a repeated PUT of the
 //!   same bytes with `200` (idempotent), so delivery is exactly-once in
 //!   effect.
@@ -56,6 +60,9 @@ const BATCH: usize = 16;
 pub enum UploadOutcome {
     /// The registry stored the bytes and confirmed their sha256.
     Uploaded,
+    /// The same, but the registry did not know the artifact's metadata
+    /// (`"metadata_received": false`): it holds the bytes unbound.
+    UploadedUnbound,
     /// `422 checksum_mismatch`; the local file was re-hashed: `local_intact`
     /// tells whether it still matches the recorded sha256.
     ChecksumMismatch { local_intact: bool },
@@ -124,6 +131,7 @@ impl Uploader {
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut backoff = Backoff::new(Duration::from_secs(1), UNREACHABLE_CAP);
         let mut unreachable_since: Option<std::time::Instant> = None;
+        let due_again = self.outbox.due_again();
         loop {
             if *stop.borrow() {
                 return;
@@ -152,6 +160,7 @@ impl Uploader {
             };
             tokio::select! {
                 _ = self.artifacts_ready.notified(), if !report.registry_unavailable => {}
+                _ = due_again.notified(), if !report.registry_unavailable => {}
                 _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => return,
             }
@@ -187,7 +196,9 @@ impl Uploader {
                     }
                 }
                 match outcome {
-                    UploadOutcome::Uploaded => report.uploaded += 1,
+                    UploadOutcome::Uploaded | UploadOutcome::UploadedUnbound => {
+                        report.uploaded += 1
+                    }
                     UploadOutcome::Unreachable(_) | UploadOutcome::AuthRefused(_) => {
                         report.auth_refused = matches!(outcome, UploadOutcome::AuthRefused(_));
                         report.failed += 1;
@@ -212,6 +223,10 @@ impl Uploader {
             UploadOutcome::Uploaded => {
                 tracing::info!(artifact_id = %id, size_bytes = size, "uploader: artifact uploaded");
                 outbox.mark_uploaded(&id)
+            }
+            UploadOutcome::UploadedUnbound => {
+                tracing::info!(artifact_id = %id, size_bytes = size, "uploader: artifact uploaded, its metadata not yet at the registry");
+                outbox.mark_uploaded_unbound(&id, per_artifact_backoff(attempts))
             }
             UploadOutcome::ChecksumMismatch { local_intact: true } => outbox.record_upload_failure(
                 &id,
@@ -267,7 +282,13 @@ impl Uploader {
         let body: Value = response.json().await.unwrap_or(Value::Null);
         match status {
             StatusCode::OK | StatusCode::CREATED => match confirmed_checksum(&body) {
-                Some(sum) if sum == p.sha256 => UploadOutcome::Uploaded,
+                Some(sum) if sum == p.sha256 => {
+                    if body.get("metadata_received").and_then(Value::as_bool) == Some(false) {
+                        UploadOutcome::UploadedUnbound
+                    } else {
+                        UploadOutcome::Uploaded
+                    }
+                }
                 Some(sum) => {
                     tracing::error!(artifact_id = %p.artifact_id, ours = %p.sha256, theirs = %sum, "uploader: the registry confirmed a different checksum; keeping the file");
                     UploadOutcome::Refused(format!(

@@ -53,7 +53,10 @@ fn closed_port() -> u16 {
 type Stored = Arc<Mutex<Vec<(String, String)>>>;
 
 /// `PUT /api/v1/artifacts/{id}/content`: hashes the body and answers `201`
-/// with the checksum, as the registry does. One request per connection.
+/// with the checksum, as the registry does. It never sees the metadata
+/// (MQTT): the first PUT of an id is answered like bytes the registry holds
+/// unbound (`"metadata_received": false`), later ones like bound bytes. One
+/// request per connection.
 fn content_endpoint() -> (u16, Stored) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -101,8 +104,18 @@ fn serve(mut stream: TcpStream, stored: &Stored) {
         .unwrap_or("")
         .to_string();
     let sum = hex::encode(Sha256::digest(&body));
-    stored.lock().unwrap().push((id.clone(), sum.clone()));
-    let reply = json!({"artifact_id": id, "checksum": sum}).to_string();
+    let first = {
+        let mut stored = stored.lock().unwrap();
+        let first = !stored.iter().any(|(i, _)| *i == id);
+        stored.push((id.clone(), sum.clone()));
+        first
+    };
+    let reply = if first {
+        json!({"artifact_id": id, "checksum": sum, "uploaded": true, "metadata_received": false})
+    } else {
+        json!({"artifact_id": id, "checksum": sum, "uploaded": true})
+    }
+    .to_string();
     let _ = write!(
         stream,
         "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
@@ -256,6 +269,15 @@ async fn an_uploaded_file_stays_until_the_update_with_its_metadata_is_acknowledg
     let rec = state(&outbox, &artifact_id);
     assert_eq!(rec.state, UploadState::Uploaded);
     assert!(rec.metadata_acked);
+    // The registry had held the first copy unbound: the file went only
+    // after a second upload, made once the metadata was acknowledged.
+    let puts = stored
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, sum)| *id == artifact_id && *sum == checksum)
+        .count();
+    assert_eq!(puts, 2);
     daemon.shutdown().await;
     clear_retained_status(&provider_id).await;
 }

@@ -644,3 +644,53 @@ fn a_database_without_metadata_columns_is_migrated_at_open() {
     outbox.mark_uploaded(&b.artifact_id).unwrap();
     assert!(outbox.file_path(&b.artifact_id).exists());
 }
+
+/// Bytes the registry held without their metadata (it may sweep them) are
+/// sent once more after the metadata was acknowledged; only a confirmation
+/// of bound bytes lets the file go.
+#[test]
+fn bytes_held_unbound_are_confirmed_by_another_upload_after_the_metadata() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), 64 * MIB);
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+    let a = outbox.ingest("sess-1", artifact(1000, 1)).unwrap();
+    let seq = outbox
+        .queue_update_with_artifacts("m-a", "sess-1", b"completed", &[&a.artifact_id])
+        .unwrap();
+    outbox
+        .mark_uploaded_unbound(&a.artifact_id, Duration::ZERO)
+        .unwrap();
+    assert!(outbox.due_uploads(10).unwrap().is_empty());
+    assert_eq!(
+        outbox.artifact(&a.artifact_id).unwrap().unwrap().state,
+        UploadState::Uploaded
+    );
+
+    // The metadata is acknowledged: the artifact is due again, file kept.
+    outbox.remove_updates(&[seq]).unwrap();
+    assert!(outbox.file_path(&a.artifact_id).exists());
+    let due = outbox.due_uploads(10).unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].artifact_id, a.artifact_id);
+
+    // A restart keeps it too.
+    drop(outbox);
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+    assert!(outbox.file_path(&a.artifact_id).exists());
+
+    // The registry has not bound it yet: still kept, retried later.
+    outbox
+        .mark_uploaded_unbound(&a.artifact_id, Duration::from_secs(3600))
+        .unwrap();
+    assert!(outbox.file_path(&a.artifact_id).exists());
+    assert!(outbox.due_uploads(10).unwrap().is_empty());
+    assert_eq!(
+        outbox.artifact(&a.artifact_id).unwrap().unwrap().state,
+        UploadState::Pending
+    );
+
+    // Bound bytes confirmed: now it goes, and the budget is free again.
+    outbox.mark_uploaded(&a.artifact_id).unwrap();
+    assert!(!outbox.file_path(&a.artifact_id).exists());
+    assert_eq!(outbox.stats().unwrap().pending_artifacts, 0);
+}
