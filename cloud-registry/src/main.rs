@@ -163,8 +163,27 @@ fn log_ansi(stream_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> b
 /// its errors; the log formatter then renders each one (a measurable part
 /// of the broker's CPU per message) only to use it as context. Its events
 /// (warnings, errors) still pass, without that context.
+///
+/// Once the registry is stopping ([`STOPPING`]), the broker's events are
+/// dropped too: rumqttd reports each connection the stop closes (the
+/// registry's own client first) as an `ERROR`, which would end every clean
+/// shutdown's log with errors that are none.
 fn keep_in_log(meta: &tracing::Metadata<'_>) -> bool {
-    !(meta.is_span() && meta.target().starts_with("rumqttd"))
+    if !meta.target().starts_with("rumqttd") {
+        return true;
+    }
+    !meta.is_span() && !STOPPING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Set when the shutdown signal arrives; see [`keep_in_log`].
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, leave the embedded broker's complaints about closing
+/// connections out of the log (the filter's verdicts are cached per
+/// call site, so they are asked again).
+fn quiet_broker_for_shutdown() {
+    STOPPING.store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::callsite::rebuild_interest_cache();
 }
 
 fn init_logging(json: bool) {
@@ -230,6 +249,7 @@ async fn serve(config: PathBuf, token_file: Option<PathBuf>) -> anyhow::Result<(
     }
     shutdown_signal().await;
     tracing::info!("shutdown signal received");
+    quiet_broker_for_shutdown();
     running.shutdown().await;
     Ok(())
 }

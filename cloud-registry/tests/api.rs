@@ -1438,6 +1438,15 @@ impl Drop for Served {
 
 /// Start `cloud-registry serve` and wait for its ready line.
 fn serve(config: &std::path::Path, token_file: &std::path::Path) -> Served {
+    serve_logging_to(config, token_file, std::process::Stdio::inherit())
+}
+
+/// [`serve`] with the registry's log (stderr) going to `log`.
+fn serve_logging_to(
+    config: &std::path::Path,
+    token_file: &std::path::Path,
+    log: std::process::Stdio,
+) -> Served {
     use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-registry"))
         .arg("serve")
@@ -1447,7 +1456,7 @@ fn serve(config: &std::path::Path, token_file: &std::path::Path) -> Served {
         .arg(token_file)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(log)
         .spawn()
         .expect("spawn cloud-registry");
     let stdout = child.stdout.take().unwrap();
@@ -1578,6 +1587,31 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
     let mut second = second;
     let status = second.terminate().expect("exits within 10 s of SIGTERM");
     assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_clean_stop_with_the_embedded_broker_logs_no_error() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("registry.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"{}\"\n",
+            dir.path().join("registry.sqlite3").display()
+        ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("registry.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut served = serve_logging_to(&config, &dir.path().join("admin.token"), log.into());
+    // The HTTP side answers: the registry and its broker are up.
+    let (status, _) = Api::new(&served.http).get("/healthz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let status = served.terminate().expect("exits within 10 s of SIGTERM");
+    assert!(status.success(), "{status:?}");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "a clean stop logged errors: {errors:#?}");
 }
 
 #[tokio::test]
