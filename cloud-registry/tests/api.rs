@@ -1436,6 +1436,21 @@ impl Drop for Served {
     }
 }
 
+/// Write a `cloud-registry serve` configuration into `dir` (HTTP and the
+/// embedded broker on free ports, the store in `dir`); returns its path.
+fn serve_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let config = dir.join("registry.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"{}\"\n",
+            dir.join("registry.sqlite3").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// Start `cloud-registry serve` and wait for its ready line.
 fn serve(config: &std::path::Path, token_file: &std::path::Path) -> Served {
     serve_logging_to(config, token_file, std::process::Stdio::inherit())
@@ -1481,15 +1496,7 @@ fn serve_logging_to(
 #[tokio::test]
 async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
     let dir = TempDir::new().unwrap();
-    let config = dir.path().join("registry.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"{}\"\n",
-            dir.path().join("registry.sqlite3").display()
-        ),
-    )
-    .unwrap();
+    let config = serve_config(dir.path());
     let token_file = dir.path().join("admin.token");
     let first = serve(&config, &token_file);
     let admin = std::fs::read_to_string(&token_file)
@@ -1592,15 +1599,7 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
 #[tokio::test]
 async fn a_clean_stop_with_the_embedded_broker_logs_no_error() {
     let dir = TempDir::new().unwrap();
-    let config = dir.path().join("registry.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[mqtt]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"{}\"\n",
-            dir.path().join("registry.sqlite3").display()
-        ),
-    )
-    .unwrap();
+    let config = serve_config(dir.path());
     let log_path = dir.path().join("registry.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let mut served = serve_logging_to(&config, &dir.path().join("admin.token"), log.into());
