@@ -21,23 +21,8 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use shared_protocol::mqtt::MessageType;
 
-const BROKER: &str = "127.0.0.1:1883";
-
-fn broker_available() -> bool {
-    let reachable = BROKER
-        .parse()
-        .ok()
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
-        .is_some();
-    if reachable {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("Mosquitto is not reachable at {BROKER} and CI=true: start it (mosquitto -d)");
-    }
-    eprintln!("SKIPPED: Mosquitto is not reachable at {BROKER}");
-    false
-}
+mod broker_support;
+use broker_support::broker_available;
 
 /// A port nothing listens on (bound, then released).
 fn closed_port() -> u16 {

@@ -6,7 +6,7 @@
 //! reason, except under `CI=true`, where they fail.
 
 use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,23 +19,8 @@ use serde_json::{json, Value};
 use shared_protocol::mqtt::{Envelope, MessageType};
 use tokio::sync::mpsc;
 
-const BROKER: &str = "127.0.0.1:1883";
-
-fn broker_available() -> bool {
-    let reachable = BROKER
-        .parse()
-        .ok()
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
-        .is_some();
-    if reachable {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("Mosquitto is not reachable at {BROKER} and CI=true: start it (mosquitto -d)");
-    }
-    eprintln!("SKIPPED: Mosquitto is not reachable at {BROKER}");
-    false
-}
+mod broker_support;
+use broker_support::broker_available;
 
 /// A bench under its own topic prefix and provider id.
 struct Bench {
