@@ -375,13 +375,13 @@ impl LinkSource for DaemonSource {
             });
         }
         if let Ok(stats) = self.outbox.stats() {
-            if stats.budget_bytes > 0 && stats.pending_bytes * 10 >= stats.budget_bytes * 9 {
+            if stats.budget_bytes > 0 && stats.budget_used_bytes * 10 >= stats.budget_bytes * 9 {
                 faults.push(ProviderFault {
                     capability_id: None,
                     code: "outbox_near_budget".into(),
                     message: format!(
-                        "{} of {} MiB of the outbox disk budget used by {} artifacts awaiting upload",
-                        stats.pending_bytes / (1024 * 1024),
+                        "{} of {} MiB of the outbox disk budget used ({} artifacts awaiting upload, the rest uploaded and awaiting the acknowledgment of their metadata)",
+                        stats.budget_used_bytes / (1024 * 1024),
                         stats.budget_bytes / (1024 * 1024),
                         stats.pending_artifacts
                     ),

@@ -177,6 +177,10 @@ pub struct OutboxStats {
     pub pending_artifacts: u64,
     /// Bytes of files on disk awaiting upload (pending and corrupt).
     pub pending_bytes: u64,
+    /// Bytes counted against the disk budget: files awaiting upload, files
+    /// uploaded whose metadata is not acknowledged yet, ingests in progress.
+    /// This, not `pending_bytes`, is what fills the budget.
+    pub budget_used_bytes: u64,
     pub corrupt_artifacts: u64,
     pub uploaded_artifacts: u64,
     pub queued_updates: u64,
@@ -1012,7 +1016,10 @@ impl Outbox {
 
     /// Counts of artifacts and queued updates.
     pub fn stats(&self) -> Result<OutboxStats, OutboxError> {
-        let budget_bytes = lock(&self.inner.budget).limit;
+        let (budget_bytes, budget_used_bytes) = {
+            let b = lock(&self.inner.budget);
+            (b.limit, b.used)
+        };
         self.with_conn(|c| {
             let (pending, pending_bytes, corrupt, uploaded) = c.query_row(
                 "SELECT
@@ -1036,6 +1043,7 @@ impl Outbox {
             Ok(OutboxStats {
                 pending_artifacts: pending as u64,
                 pending_bytes: pending_bytes as u64,
+                budget_used_bytes,
                 corrupt_artifacts: corrupt as u64,
                 uploaded_artifacts: uploaded as u64,
                 queued_updates: queued as u64,

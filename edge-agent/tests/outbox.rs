@@ -549,6 +549,12 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
     let rec = outbox.artifact(&a.artifact_id).unwrap().unwrap();
     assert_eq!(rec.state, UploadState::Uploaded);
     assert!(!rec.metadata_acked);
+    let stats = outbox.stats().unwrap();
+    assert_eq!(stats.pending_bytes, 0, "nothing awaits upload");
+    assert_eq!(
+        stats.budget_used_bytes, rec.artifact.size_bytes,
+        "the kept file still fills the budget"
+    );
 
     // A restart in this state keeps the file.
     drop(outbox);
@@ -565,6 +571,7 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
         !outbox.file_path(&a.artifact_id).exists(),
         "both acknowledged"
     );
+    assert_eq!(outbox.stats().unwrap().budget_used_bytes, 0);
     assert!(
         outbox
             .artifact(&a.artifact_id)
