@@ -201,6 +201,12 @@ impl Db {
         };
         let mut writer = Connection::open(path).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
+        // Every transaction of the writer takes the write lock when it
+        // begins, waiting (busy timeout) behind another process's writer,
+        // e.g. `cloud-registry token create`. A deferred one that read first
+        // would fail at its first write, without waiting, if that process
+        // had committed since the read (SQLITE_BUSY_SNAPSHOT).
+        writer.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
         writer
             .pragma_update(None, "journal_size_limit", wal_limit)
             .map_err(open_err)?;
@@ -341,7 +347,8 @@ fn run_grouped(conn: &mut Connection, queue: &Mutex<Vec<GroupedJob>>) {
     }
     // Should BEGIN fail, each write's savepoint commits on its own: the
     // answers below are then still true.
-    let began = conn.execute_batch("BEGIN").is_ok();
+    // IMMEDIATE, as for every transaction of the writer (see `Db::open`).
+    let began = conn.execute_batch("BEGIN IMMEDIATE").is_ok();
     let mut finishers = Vec::with_capacity(jobs.len());
     for job in jobs {
         finishers.push(job(conn));
@@ -409,6 +416,75 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(rows, 5000, "every committed row is readable");
+    }
+
+    /// Another process committing (a CLI command beside the registry)
+    /// never makes the registry's read-then-write transactions, grouped or
+    /// not, fail with `database is locked`: they wait for the lock instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_that_read_first_wait_for_another_processs_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let db = Db::open(&path, |c| {
+            c.execute_batch(
+                "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL);
+                 CREATE TABLE other (n INTEGER NOT NULL);
+                 INSERT INTO t (id, v) VALUES (1, 0);",
+            )
+        })
+        .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let other = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let c = Connection::open(&path).unwrap();
+                c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+                let mut n = 0i64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    c.execute("INSERT INTO other (n) VALUES (?1)", [n]).unwrap();
+                    n += 1;
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                n
+            })
+        };
+        // Read, give the other process time to commit, then write.
+        let read_then_write = |c: &Connection| -> rusqlite::Result<()> {
+            let v: i64 = c.query_row("SELECT v FROM t WHERE id = 1", [], |r| r.get(0))?;
+            std::thread::sleep(std::time::Duration::from_micros(500));
+            c.execute("UPDATE t SET v = ?1 WHERE id = 1", [v + 1])?;
+            Ok(())
+        };
+        let mut failures = Vec::new();
+        for _ in 0..30 {
+            let grouped = db
+                .write_grouped(move |c| -> rusqlite::Result<()> {
+                    let sp = c.savepoint()?;
+                    read_then_write(&sp)?;
+                    sp.commit()
+                })
+                .await
+                .unwrap();
+            let plain = db
+                .write(move |c| -> rusqlite::Result<()> {
+                    let tx = c.transaction()?;
+                    read_then_write(&tx)?;
+                    tx.commit()
+                })
+                .await
+                .unwrap();
+            failures.extend(grouped.err().map(|e| format!("grouped: {e}")));
+            failures.extend(plain.err().map(|e| format!("plain: {e}")));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(other.join().unwrap() > 0, "the other process committed");
+        assert!(failures.is_empty(), "{failures:?}");
+        let v: i64 = db
+            .read(|c| c.query_row("SELECT v FROM t WHERE id = 1", [], |r| r.get(0)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(v, 60, "every increment kept");
     }
 
     /// Grouped writes that arrive together share commits, each is readable
