@@ -17,7 +17,9 @@
 //! A message on `{prefix}/providers/{p}/{kind}` is accepted only when it
 //! parses as an [`Envelope`] of the type that topic carries and its body
 //! names provider `{p}` (`results`: its capability belongs to `{p}`). QoS 1
-//! delivers at least once: a repeated `(provider, message_id)` is dropped.
+//! delivers at least once: a repeated `(provider, message_id)` is dropped,
+//! except on `status` (a state report; a last will repeats its envelope
+//! each time the broker publishes it).
 //!
 //! # Persistent session
 //! With [`MqttSettings::persistent_session`] (an external broker) the client
@@ -656,7 +658,11 @@ async fn ingest_one(
         return Ok(());
     }
     let env = Envelope::parse(&p.payload)?;
-    if !dedup.first_time(provider_id, &env.message_id) {
+    // A status is a state report, applying it twice changes nothing; and
+    // a last will is fixed at connect, so a provider that returned and
+    // vanished again has the broker publish the same envelope (same
+    // message id) once more: that one must count.
+    if kind != TopicKind::Status && !dedup.first_time(provider_id, &env.message_id) {
         stats.duplicates.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(provider_id, message_id = %env.message_id, "duplicate MQTT message dropped");
         return Ok(());

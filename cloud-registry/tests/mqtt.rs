@@ -280,6 +280,74 @@ async fn a_provider_that_vanishes_without_disconnect_goes_offline_through_its_la
     reg.shutdown().await;
 }
 
+/// A client's last will is fixed when it connects, so a provider that
+/// comes back on the same connection settings and vanishes again has the
+/// broker publish the same `offline` envelope (same `message_id`) a second
+/// time. A status is a state report, not a command: the repeat must take
+/// the provider offline again, not be dropped as a QoS 1 redelivery.
+#[tokio::test]
+async fn the_same_offline_will_published_again_after_a_return_takes_the_provider_offline_again() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    let token = reg
+        .auth
+        .create_token(Role::Provider, "p-will")
+        .await
+        .unwrap();
+    let addr = reg.mqtt_addr;
+    let mut p = TestProvider::connect(
+        &addr.ip().to_string(),
+        addr.port(),
+        PREFIX,
+        "p-will",
+        "p-will",
+        Some(("p-will", &token)),
+    )
+    .await;
+    register_over_mqtt(&mut p, "boot-1").await;
+    let online = json!({"provider_id": "p-will", "online_status": "online", "boot_id": "boot-1"});
+    let will = envelope(
+        MessageType::Status,
+        &json!({"provider_id": "p-will", "online_status": "offline", "boot_id": "boot-1"}),
+    );
+    let status_topic = shared_protocol::mqtt::topic(PREFIX, "p-will", TopicKind::Status);
+    let provider_status = |want: &'static str| {
+        let (api, admin) = (&api, &admin);
+        async move {
+            let (_, prov) = api
+                .get("/api/v1/capability-providers/p-will", Some(admin))
+                .await;
+            (prov["online_status"] == want).then_some(())
+        }
+    };
+    for round in 0..2 {
+        p.publish("p-will", TopicKind::Status, MessageType::Status, &online)
+            .await;
+        eventually(Duration::from_secs(5), "online", || {
+            provider_status("online")
+        })
+        .await;
+        p.client
+            .publish(
+                status_topic.clone(),
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                will.clone(),
+            )
+            .await
+            .unwrap();
+        eventually(
+            Duration::from_secs(10),
+            &format!("offline after will {round}"),
+            || provider_status("offline"),
+        )
+        .await;
+    }
+    reg.shutdown().await;
+}
+
 #[tokio::test]
 async fn heartbeat_ingestion_writes_health_snapshots_at_a_bounded_rate() {
     let dir = TempDir::new().unwrap();
