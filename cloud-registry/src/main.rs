@@ -175,6 +175,24 @@ fn keep_in_log(meta: &tracing::Metadata<'_>) -> bool {
     !meta.is_span() && !STOPPING.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The log filter without `RUST_LOG`. The embedded broker's own log
+/// (rumqttd) is off: it reports every client that disconnects, cleanly or
+/// not, and every client-id takeover as an `ERROR`, which would fill a
+/// lab's journal with errors that are none. The registry logs what matters
+/// of it itself (refused logins, provider status changes, its own link).
+const DEFAULT_LOG_FILTER: &str = "info,rumqttd=off";
+
+/// The filter directives for `RUST_LOG` = `rust_log`: as given, with the
+/// broker's log off unless they name `rumqttd` themselves
+/// (`RUST_LOG=info,rumqttd=warn` shows its messages again).
+fn log_filter(rust_log: Option<&str>) -> String {
+    match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        None => DEFAULT_LOG_FILTER.to_string(),
+        Some(s) if s.contains("rumqttd") => s.to_string(),
+        Some(s) => format!("{s},rumqttd=off"),
+    }
+}
+
 /// Set when the shutdown signal arrives; see [`keep_in_log`].
 static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -191,8 +209,10 @@ fn init_logging(json: bool) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(
+        std::env::var("RUST_LOG").ok().as_deref(),
+    ))
+    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let ansi = log_ansi(
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR"),
@@ -371,6 +391,14 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_broker_log_is_off_unless_rust_log_names_it() {
+        assert_eq!(log_filter(None), "info,rumqttd=off");
+        assert_eq!(log_filter(Some(" ")), "info,rumqttd=off");
+        assert_eq!(log_filter(Some("warn")), "warn,rumqttd=off");
+        assert_eq!(log_filter(Some("debug,rumqttd=warn")), "debug,rumqttd=warn");
+    }
 
     #[test]
     fn logs_are_coloured_only_on_a_terminal_without_no_color() {

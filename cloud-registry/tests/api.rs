@@ -1407,6 +1407,8 @@ async fn a_group_request_grants_all_capabilities_together() {
 struct Served {
     child: std::process::Child,
     http: String,
+    /// The embedded broker's `host:port`.
+    mqtt: String,
 }
 
 impl Served {
@@ -1490,6 +1492,7 @@ fn serve_logging_to(
     Served {
         child,
         http: format!("http://{}", ready["http"].as_str().unwrap()),
+        mqtt: ready["mqtt"].as_str().unwrap().to_string(),
     }
 }
 
@@ -1602,10 +1605,26 @@ async fn a_clean_stop_with_the_embedded_broker_logs_no_error() {
     let config = serve_config(dir.path());
     let log_path = dir.path().join("registry.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut served = serve_logging_to(&config, &dir.path().join("admin.token"), log.into());
+    let token_file = dir.path().join("admin.token");
+    let mut served = serve_logging_to(&config, &token_file, log.into());
     // The HTTP side answers: the registry and its broker are up.
     let (status, _) = Api::new(&served.http).get("/healthz", None).await;
     assert_eq!(status, StatusCode::OK);
+    // A client comes and goes cleanly (an edge-agent stopped with
+    // `systemctl stop`): nothing to report as an error either.
+    let admin = std::fs::read_to_string(&token_file).unwrap();
+    let (host, port) = served.mqtt.rsplit_once(':').unwrap();
+    let p = TestProvider::connect(
+        host,
+        port.parse().unwrap(),
+        "benchlink/v1",
+        "bootstrap-admin",
+        "bootstrap-admin",
+        Some(("bootstrap-admin", admin.trim())),
+    )
+    .await;
+    p.client.disconnect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let status = served.terminate().expect("exits within 10 s of SIGTERM");
     assert!(status.success(), "{status:?}");
     let log = std::fs::read_to_string(&log_path).unwrap();
