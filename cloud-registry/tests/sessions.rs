@@ -1705,6 +1705,32 @@ async fn parallel_uploads_of_unknown_artifacts_cannot_pass_the_unbound_limit_tog
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(last.0, StatusCode::CREATED, "{}", last.1);
+
+    // A chunked upload (no Content-Length) counts as the largest artifact
+    // allowed; the refusal says why and what to do.
+    let small = jpeg_like(100);
+    let resp = b
+        .api
+        .http
+        .put(format!("{}/api/v1/artifacts/art-5/content", b.api.base))
+        .bearer_auth(&b.provider_token)
+        .header("X-Checksum-Sha256", sha256_hex(&small))
+        .body(reqwest::Body::wrap_stream(futures::stream::iter([Ok::<
+            _,
+            std::io::Error,
+        >(
+            small.clone(),
+        )])))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CONFLICT);
+    let body: Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("declared no Content-Length") && message.contains("send Content-Length"),
+        "{message}"
+    );
     b.reg.shutdown().await;
 }
 

@@ -119,7 +119,7 @@ pub enum SessionError {
     /// declared length; `max_artifact_bytes` when not declared) it would be
     /// over `limit` (`sessions.max_unbound_bytes_per_provider`). Nothing
     /// was read or stored. HTTP 409 `unbound_upload_limit`.
-    #[error("provider `{provider_id}` already holds {held} bytes of uploads that no artifact metadata names (and is sending {in_flight} more in other uploads); {incoming} more for artifact `{artifact_id}` would exceed the limit of {limit} bytes; send the session update with the metadata first, or retry once earlier uploads are bound")]
+    #[error("provider `{provider_id}` already holds {held} bytes of uploads that no artifact metadata names (and is sending {in_flight} more in other uploads); {incoming} more for artifact `{artifact_id}` would exceed the limit of {limit} bytes{hint}; send the session update with the metadata first, or retry once earlier uploads are bound")]
     UnboundLimit {
         provider_id: String,
         artifact_id: String,
@@ -127,6 +127,9 @@ pub enum SessionError {
         in_flight: u64,
         incoming: u64,
         limit: u64,
+        /// Empty, or why `incoming` is not the body's size (no
+        /// `Content-Length`).
+        hint: &'static str,
     },
 
     /// The client stopped sending mid-body. HTTP 400 `upload_interrupted`.
@@ -267,6 +270,7 @@ impl From<SessionError> for ApiError {
                 in_flight,
                 incoming,
                 limit,
+                ..
             } => ApiError::conflict("unbound_upload_limit", message).with_details(json!({
                 "provider_id": provider_id,
                 "artifact_id": artifact_id,

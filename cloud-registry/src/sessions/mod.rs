@@ -919,6 +919,11 @@ impl Sessions {
             in_flight,
             incoming,
             limit,
+            hint: if content_length.is_none() {
+                " (the upload declared no Content-Length, so it counts as the largest artifact allowed, sessions.max_artifact_bytes: send Content-Length)"
+            } else {
+                ""
+            },
         })
     }
 
