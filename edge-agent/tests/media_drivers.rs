@@ -530,6 +530,7 @@ fn cameras_without_ptz_do_not_advertise_set_ptz_and_refuse_it() {
     );
     let fixed_sim = sim_camera(dir.path(), json!({}));
     for mut cam in [v4l2, fixed_sim] {
+        assert_eq!(cam.metadata()["supports_ptz"], false);
         let actions = cam.supported_actions();
         assert!(actions.contains(&CapabilityAction::Snapshot), "{actions:?}");
         assert!(!actions.contains(&CapabilityAction::SetPtz), "{actions:?}");
@@ -543,6 +544,8 @@ fn cameras_without_ptz_do_not_advertise_set_ptz_and_refuse_it() {
     assert!(ptz_sim
         .supported_actions()
         .contains(&CapabilityAction::SetPtz));
+    // What the registration carries, before the camera was ever opened.
+    assert_eq!(ptz_sim.metadata()["supports_ptz"], true);
 }
 
 fn free_video_index() -> u32 {

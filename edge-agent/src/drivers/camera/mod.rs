@@ -821,10 +821,13 @@ impl Driver for CameraDriver {
         m.insert("supports_snapshot".into(), json!(true));
         m.insert("supports_clip_recording".into(), json!(true));
         m.insert("supports_audio".into(), json!(false));
-        m.insert(
-            "supports_ptz".into(),
-            json!(opened.is_some_and(|o| !o.ptz.is_empty())),
-        );
+        // Opened: whether the device has any pan/tilt/zoom control; before
+        // that (at registration): what the configuration declares.
+        let ptz = match opened {
+            Some(o) => !o.ptz.is_empty(),
+            None => self.backend.has_ptz(),
+        };
+        m.insert("supports_ptz".into(), json!(ptz));
         if let Some(fov) = self.settings.field_of_view_deg {
             m.insert("field_of_view".into(), json!(fov));
         }
