@@ -672,27 +672,28 @@ async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_se
     // A command handed over locally: the camera captures, the outbox keeps
     // the evidence and the session updates, though nothing can be published.
     assert!(daemon.submit(invoke("sess-offline-1", "cam-test-01", "snapshot")));
+    // (A `running` update is queued first only when the capture takes
+    // more than 100 ms; the final one always.)
     let outbox = daemon.outbox().clone();
     let until = Instant::now() + Duration::from_secs(20);
-    let stats = loop {
+    let (stats, queued) = loop {
         let o = outbox.clone();
-        let stats = tokio::task::spawn_blocking(move || o.stats())
-            .await
-            .unwrap()
-            .unwrap();
-        if stats.pending_artifacts >= 1 && stats.queued_updates >= 2 {
-            break stats;
+        let (stats, queued) = tokio::task::spawn_blocking(move || {
+            (o.stats().unwrap(), o.queued_updates(10).unwrap())
+        })
+        .await
+        .unwrap();
+        let completed = queued
+            .iter()
+            .any(|u| Envelope::parse(&u.payload).is_ok_and(|e| e.body["status"] == "completed"));
+        if stats.pending_artifacts >= 1 && completed {
+            break (stats, queued);
         }
         assert!(Instant::now() < until, "no artifact/updates yet: {stats:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(stats.pending_artifacts, 1);
     assert!(!daemon.link_state().is_connected());
-    let o = outbox.clone();
-    let queued = tokio::task::spawn_blocking(move || o.queued_updates(10))
-        .await
-        .unwrap()
-        .unwrap();
     let last: Envelope = Envelope::parse(&queued.last().unwrap().payload).unwrap();
     assert_eq!(last.body["status"], "completed", "{:#}", last.body);
     let artifact = last.body["artifacts"][0].clone();
