@@ -1268,12 +1268,14 @@ CREATE TABLE IF NOT EXISTS pending_updates (
 /// keep the former rule (the file goes once the bytes are confirmed): which
 /// queued update carries them is not recorded.
 fn migrate(c: &Connection) -> rusqlite::Result<()> {
-    let has: bool = c.query_row(
-        "SELECT COUNT(*) FROM pragma_table_info('artifacts') WHERE name = 'metadata_acked'",
-        [],
-        |r| r.get::<_, i64>(0).map(|n| n > 0),
-    )?;
-    if !has {
+    let has_column = |name: &str| -> rusqlite::Result<bool> {
+        c.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('artifacts') WHERE name = ?1",
+            [name],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )
+    };
+    if !has_column("metadata_acked")? {
         c.execute_batch(
             "BEGIN;
              ALTER TABLE artifacts ADD COLUMN metadata_seq INTEGER;
@@ -1282,12 +1284,7 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
              COMMIT;",
         )?;
     }
-    let has_bound: bool = c.query_row(
-        "SELECT COUNT(*) FROM pragma_table_info('artifacts') WHERE name = 'bytes_bound'",
-        [],
-        |r| r.get::<_, i64>(0).map(|n| n > 0),
-    )?;
-    if !has_bound {
+    if !has_column("bytes_bound")? {
         c.execute_batch(
             "ALTER TABLE artifacts ADD COLUMN bytes_bound INTEGER NOT NULL DEFAULT 1;",
         )?;
