@@ -47,7 +47,9 @@
 //!
 //! # When things go wrong
 //! - Provider offline or restarted with a new boot id (seed 001 §5.4): its
-//!   running sessions end, `incomplete_evidence` when some of their
+//!   running sessions end (not when it is only unheard since a restart of
+//!   a registry with the embedded broker: its sessions then wait for its
+//!   report, its restart or their deadline), `incomplete_evidence` when some of their
 //!   artifacts' bytes are missing, `failed` otherwise; its completed
 //!   sessions still waiting for bytes become `incomplete_evidence`. A
 //!   session the registry ended this way takes the provider's own final
@@ -1367,6 +1369,17 @@ impl ProviderHooks for Sessions {
     }
 
     async fn on_provider_offline(&self, provider_id: &str, reason: &str) {
+        if reason == crate::registry::REGISTRY_RESTARTED {
+            // Not heard since the registry (and its embedded broker)
+            // restarted says nothing about the bench: a planned restart
+            // leaves its edge running, and it reconnects with its sessions'
+            // results. Failing them now would be a false failure that the
+            // results then reverse. They end by the provider's report, by
+            // its restart (new boot id: `on_provider_restarted`), or at
+            // their deadline.
+            tracing::info!(provider_id, "provider not heard since the registry restarted; its open sessions wait for its report or their deadline");
+            return;
+        }
         self.provider_lost(
             provider_id,
             format!("provider `{provider_id}` went offline ({reason})"),
