@@ -283,7 +283,9 @@ pub async fn run_main_job(
     };
 
     // (5) Power down, give everything back, collect the evidence.
-    hw.act_ok(&psu, "power_off", json!({})).await?;
+    say("[5] power down and release every lease".into());
+    let s = hw.act_ok(&psu, "power_off", json!({})).await?;
+    step("psu power_off", &s);
     for l in [&console, &psu, &camera] {
         hw.release(l).await?;
     }
@@ -376,8 +378,21 @@ pub fn print_report(r: &MainJobReport, say: Say<'_>) {
     }
     say(format!("\nArtifacts ({}):", r.artifacts.len()));
     for a in &r.artifacts {
+        // Which action made it: its session's capability and action.
+        let made_by = r
+            .sessions
+            .iter()
+            .find(|s| s["session_id"] == a.artifact["session_id"])
+            .map(|s| {
+                format!(
+                    "{} {}",
+                    s["capability_id"].as_str().unwrap_or("?"),
+                    s["action"].as_str().unwrap_or("?")
+                )
+            })
+            .unwrap_or_default();
         say(format!(
-            "  {} {:<11} {:>8} B sha256 {} {}\n      {}",
+            "  {} {:<11} {:>8} B sha256 {} {}\n      from {made_by}: {}",
             a.artifact["artifact_id"].as_str().unwrap_or("?"),
             a.artifact["artifact_type"].as_str().unwrap_or("?"),
             a.downloaded_size,
