@@ -954,6 +954,13 @@ fn korad_settings_read_the_output_back_as_sensor_dump_evidence() {
     assert_eq!(f(&v, "voltage_v"), 10.0);
     assert_eq!(f(&v, "current_a"), 0.1);
     assert_eq!(dump(&v)["measurement"]["voltage_v"], json!(10.0));
+    assert_eq!(v.result_summary["settled"], json!(true));
+    // A deadline shorter than settle_ms (50) cuts the wait: the reading
+    // says it may predate the settling.
+    let mut hurried = request(CapabilityAction::SetVoltage, json!({ "voltage_v": 9.0 }));
+    hurried.deadline = Instant::now() + Duration::from_millis(20);
+    let h = d.execute(&hurried).unwrap();
+    assert_eq!(h.result_summary["settled"], json!(false));
     let c = ok(
         d.as_mut(),
         CapabilityAction::SetCurrentLimit,

@@ -337,7 +337,9 @@ impl PsuDriver {
     /// `set_voltage` / `set_current_limit`: send `value` with `set`, wait
     /// the `settle_ms` setting (never past the action's deadline) and read
     /// the output back, like the switching actions. Result summary: `key`
-    /// (the value set) plus the measurement keys; one `sensor_dump`.
+    /// (the value set), the measurement keys and `settled` (false when the
+    /// deadline cut the wait short: the reading may predate the output's
+    /// settling); one `sensor_dump`.
     fn setting(
         &mut self,
         req: &ActionRequest,
@@ -352,6 +354,7 @@ impl PsuDriver {
         self.psu.transcript().restart();
         set(self.psu.as_mut(), value)?;
         let sent = Instant::now();
+        let settled = sent + self.settle <= req.deadline;
         let until = (sent + self.settle).min(req.deadline);
         self.psu.transcript().note(format!(
             "{key} {value}; settling {} ms",
@@ -362,6 +365,7 @@ impl PsuDriver {
         let mut summary = measurement_json(&m);
         if let Value::Object(s) = &mut summary {
             s.insert(key.into(), json!(value));
+            s.insert("settled".into(), json!(settled));
         }
         let artifact = self.evidence(req.action, &started_at, Some(&m));
         Ok(ActionOutcome {
