@@ -277,6 +277,11 @@ async fn a_provider_that_vanishes_without_disconnect_goes_offline_through_its_la
         .collect();
     assert_eq!(offline_events.len(), 2);
     assert_eq!(offline_events[0]["previous_status"], "available");
+    // Nobody reports the capabilities' health any more.
+    assert_eq!(offline_events[0]["health_status"], "unknown");
+    for c in caps["capabilities"].as_array().unwrap() {
+        assert_eq!(c["health_status"], "unknown", "{c}");
+    }
     reg.shutdown().await;
 }
 

@@ -314,6 +314,9 @@ fn health_event(
 
 /// Move every capability of `provider_id` to the status that follows from
 /// the provider being `online`; writes a snapshot and an event per change.
+/// Going offline, a capability's health also becomes `unknown`: nobody
+/// reports it any more (the next heartbeat after the return tells it
+/// again).
 fn apply_provider_status(
     tx: &Transaction<'_>,
     actor: &str,
@@ -333,17 +336,23 @@ fn apply_provider_status(
             (true, CapabilityStatus::Offline) => CapabilityStatus::Available,
             (true, s) => s,
         };
-        if next == status {
+        let next_health = if online {
+            health
+        } else {
+            HealthStatus::Unknown
+        };
+        if next == status && next_health == health {
             continue;
         }
         tx.execute(
-            "UPDATE capabilities SET status = ?2, updated_at = ?3 WHERE capability_id = ?1",
-            params![id, next.as_str(), ts(now)],
+            "UPDATE capabilities SET status = ?2, health_status = ?3, updated_at = ?4
+             WHERE capability_id = ?1",
+            params![id, next.as_str(), next_health.as_str(), ts(now)],
         )?;
         let change = HealthChange {
             capability_id: id.clone(),
             previous_health_status: health,
-            health_status: health,
+            health_status: next_health,
             previous_status: status,
             status: next,
         };
@@ -352,7 +361,7 @@ fn apply_provider_status(
             SnapshotRow {
                 capability_id: &id,
                 provider_id,
-                health_status: health,
+                health_status: next_health,
                 status: next,
                 message: Some(reason),
                 metrics: None,
