@@ -393,8 +393,9 @@ impl CapabilityRegistry {
     /// provider the store still holds as `online` (from before the
     /// restart) is marked offline, with reason [`REGISTRY_RESTARTED`],
     /// through the same path as a confirmed offline (status row,
-    /// capability events and snapshots, lease engine, hooks: the sessions
-    /// module fails their open sessions). A provider becomes online again
+    /// capability events and snapshots, lease engine, hooks; the sessions
+    /// module leaves their open sessions to the provider's report, its
+    /// restart or their deadline). A provider becomes online again
     /// when it is next heard (status, registration, heartbeat). Returns the
     /// ids marked; a second call finds none (idempotent). One query when
     /// nobody is stored online.
@@ -417,7 +418,7 @@ impl CapabilityRegistry {
                 .await
             {
                 Ok(()) => {
-                    tracing::warn!(provider_id = %p.provider_id, "provider stored as online before the restart; offline until it reconnects");
+                    tracing::info!(provider_id = %p.provider_id, "provider stored as online before the restart; offline until it reconnects");
                     marked.push(p.provider_id);
                 }
                 Err(StoreError::NotFound { .. }) => {}
