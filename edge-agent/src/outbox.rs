@@ -204,53 +204,6 @@ struct Inner {
     /// Notified when acknowledged metadata made artifacts due for upload
     /// again ([`Outbox::due_again`]).
     due_again: Arc<tokio::sync::Notify>,
-    /// Set when the outbox is dropped: the checkpoint thread stops.
-    closed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// How often the checkpoint thread copies the WAL into the database.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
-
-/// Copy the WAL into the database file every [`CHECKPOINT_EVERY`] on a
-/// connection of its own, until `closed`. The outbox's own connection
-/// has automatic checkpoints off: otherwise whichever thread committed
-/// past 1,000 WAL pages (a driver's runner queueing an update, usually)
-/// would copy them and fsync the database there, stalling that action by
-/// milliseconds. A `PASSIVE` checkpoint never waits for the writer; once
-/// it has copied every frame, the next commit starts the WAL over.
-fn spawn_checkpointer(
-    db: &Path,
-    closed: Arc<std::sync::atomic::AtomicBool>,
-) -> std::io::Result<()> {
-    let conn = match Connection::open(db) {
-        Ok(c) => c,
-        Err(e) => return Err(std::io::Error::other(e)),
-    };
-    std::thread::Builder::new()
-        .name("outbox-checkpoint".into())
-        .spawn(move || {
-            while !closed.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(CHECKPOINT_EVERY);
-                match conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE);") {
-                    Ok(()) => {}
-                    // Another checkpoint (the one at shutdown) is running.
-                    Err(rusqlite::Error::SqliteFailure(f, _))
-                        if f.code == rusqlite::ErrorCode::DatabaseBusy =>
-                    {
-                        tracing::debug!("outbox WAL checkpoint skipped: another one runs");
-                    }
-                    Err(e) => tracing::warn!(error = %e, "outbox WAL checkpoint failed"),
-                }
-            }
-        })
-        .map(|_| ())
 }
 
 /// Most updates kept in memory for the publisher ([`Outbox::followed_updates`]);
@@ -331,11 +284,6 @@ impl Outbox {
             .map_err(db_err)?;
         conn.execute_batch(SCHEMA).map_err(db_err)?;
         migrate(&conn).map_err(db_err)?;
-        // Checkpoints run on their own thread (see `spawn_checkpointer`).
-        conn.pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(db_err)?;
-        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        spawn_checkpointer(&cfg.db, closed.clone()).map_err(io(&cfg.db))?;
 
         let outbox = Outbox {
             inner: Arc::new(Inner {
@@ -346,7 +294,6 @@ impl Outbox {
                 conn: Mutex::new(conn),
                 follow: Mutex::new(Follow::default()),
                 due_again: Arc::default(),
-                closed,
                 budget: Mutex::new(Budget {
                     limit: cfg.disk_budget_bytes,
                     used: 0,

@@ -619,35 +619,6 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
     assert_eq!(outbox.stats().unwrap().queued_updates, 0);
 }
 
-/// Queued rows reach the database file itself while the outbox stays
-/// open, through the outbox's own checkpoint thread: the threads that
-/// commit (a driver's runner queueing an update) never do that copy.
-#[test]
-fn the_wal_is_copied_into_the_database_in_the_background() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path(), 64 * MIB);
-    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
-    let db_size = || std::fs::metadata(&cfg.db).map(|m| m.len()).unwrap_or(0);
-    let before = db_size();
-    let payload = vec![b'x'; 2000];
-    for i in 0..500 {
-        outbox
-            .queue_update(&format!("m-{i}"), "sess-1", &payload)
-            .unwrap();
-    }
-    // 500 rows of 2 kB: about 1 MB more in the database file once copied.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while db_size() < before + 900_000 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the database file stayed at {} bytes (was {before})",
-            db_size()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(outbox.queued_updates(1000).unwrap().len(), 500);
-}
-
 /// A database from before artifacts were tied to their session update
 /// opens; its artifacts keep the former rule (the file goes once the
 /// registry confirmed the bytes), since which queued update carries their
