@@ -15,7 +15,8 @@
 //!   every problem on stderr, one `file:line: key: message` per line (no
 //!   line when the key is not in the file); exit 0 when usable, 2 when not.
 //!
-//! Logs go to stderr (`RUST_LOG`, default `info,rumqttd=warn`; JSON lines
+//! Logs go to stderr (`RUST_LOG`, default `info`; the embedded broker's own
+//! log only when `RUST_LOG` names `rumqttd`; JSON lines
 //! with `[log] json = true`). Text logs are coloured only when stderr is a
 //! terminal and `NO_COLOR` is unset or empty, so journald and log files get
 //! plain text.
@@ -176,9 +177,10 @@ fn keep_in_log(meta: &tracing::Metadata<'_>) -> bool {
 }
 
 /// The log filter without `RUST_LOG`. The embedded broker's own log
-/// (rumqttd) is off: it reports every client that disconnects, cleanly or
-/// not, and every client-id takeover as an `ERROR`, which would fill a
-/// lab's journal with errors that are none. The registry logs what matters
+/// (rumqttd) is off: it reports connections it closes as a client leaves
+/// (the registry's own at a stop) and client-id takeovers after a
+/// reconnect as `ERROR`s, which would fill a lab's journal with errors
+/// that are none. The registry logs what matters
 /// of it itself (refused logins, provider status changes, its own link).
 const DEFAULT_LOG_FILTER: &str = "info,rumqttd=off";
 

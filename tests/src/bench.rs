@@ -79,6 +79,8 @@ pub struct LabOptions {
     pub extra_speakers: usize,
     /// The outbox's `durability` (`fsync` when `None`).
     pub outbox_durability: Option<String>,
+    /// The registry's `sessions.result_grace_ms` (its default when `None`).
+    pub result_grace_ms: Option<u64>,
 }
 
 impl Default for LabOptions {
@@ -94,6 +96,7 @@ impl Default for LabOptions {
             parent_dir: None,
             extra_speakers: 0,
             outbox_durability: None,
+            result_grace_ms: None,
         }
     }
 }
@@ -245,13 +248,18 @@ impl Lab {
                  [auth]\nbootstrap_admin_token_file = \"{admin}\"\n\n\
                  [mqtt]\n{mqtt_section}topic_prefix = \"{prefix}\"\nkeep_alive_seconds = 5\n\n\
                  [leases]\ndefault_grace_period_seconds = {grace}\nsweep_interval_ms = 100\n\n\
-                 [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n",
+                 [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n\n\
+                 [sessions]\n{result_grace}",
                 store = root.join("registry/registry.sqlite3").display(),
                 admin = root.join("registry/admin.token").display(),
                 prefix = opts.topic_prefix,
                 grace = opts.grace_period_seconds,
                 hb = opts.heartbeat_interval_seconds,
                 missed = opts.offline_after_missed,
+                result_grace = opts
+                    .result_grace_ms
+                    .map(|ms| format!("result_grace_ms = {ms}\n"))
+                    .unwrap_or_default(),
             ),
         )?;
         let token = |role: &str, name: &str| -> Result<String> {

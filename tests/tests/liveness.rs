@@ -267,6 +267,16 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
 /// Start a `capture_log` of `duration_ms` on the bench's console (with the
 /// camera leased alongside); returns the camera lease and the session id.
 async fn start_capture(hw: &Agent, duration_ms: u64, purpose: &str) -> (String, String) {
+    start_capture_with_timeout(hw, duration_ms, 180_000, purpose).await
+}
+
+/// [`start_capture`] with the action's `timeout_ms`.
+async fn start_capture_with_timeout(
+    hw: &Agent,
+    duration_ms: u64,
+    timeout_ms: u64,
+    purpose: &str,
+) -> (String, String) {
     let group = hw
         .lease_group(&[caps::CAMERA, caps::CONSOLE], 70, purpose, 10)
         .await
@@ -282,7 +292,7 @@ async fn start_capture(hw: &Agent, duration_ms: u64, purpose: &str) -> (String, 
                 "action": "capture_log",
                 "params": {"duration_ms": duration_ms},
                 "wait_ms": 0,
-                "timeout_ms": 180_000
+                "timeout_ms": timeout_ms
             }),
         )
         .await
@@ -405,15 +415,18 @@ async fn a_session_that_ends_while_the_registry_is_down_completes_when_it_return
 }
 
 /// A planned restart of a registry with the embedded broker while the
-/// bench keeps running: the capture that ends while the registry is down
-/// is `running` when the registry is back (not failed because the bench
-/// was not yet heard), then `completed` with the bench's queued result, and
-/// no `session_failed` was ever published for it.
+/// bench keeps running: the capture that ends while the registry is down,
+/// and whose deadline passes meanwhile too, is `running` when the registry
+/// is back (neither failed because the bench was not yet heard nor for its
+/// deadline while its report could not arrive), then `completed` with the
+/// bench's queued result, and no `session_failed` was ever published for
+/// it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_across_an_embedded_registry_restart_completes_without_a_false_failure() {
     let mut lab = Lab::start(LabOptions {
         heartbeat_interval_seconds: INTERVAL_S,
         offline_after_missed: MISSED,
+        result_grace_ms: Some(500),
         ..Default::default()
     })
     .await
@@ -421,7 +434,9 @@ async fn a_session_across_an_embedded_registry_restart_completes_without_a_false
     let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let (events, follower) = follow_events(&admin, |_| {});
-    let (_, session_id) = start_capture(&hw, 3_000, "capture across a registry restart").await;
+    // Deadline: 3.5 s + 0.5 s grace, inside the 4 s the registry is away.
+    let (_, session_id) =
+        start_capture_with_timeout(&hw, 3_000, 3_500, "capture across a registry restart").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     lab.stop_registry();
@@ -455,8 +470,9 @@ async fn a_session_across_an_embedded_registry_restart_completes_without_a_false
 /// (not only once the offline timeout has passed) and actions on its
 /// capabilities are refused. Its running session is not failed for that
 /// (a planned restart leaves the edge running, and it reports the result):
-/// it ends when the edge comes back with a new boot id, failed with that
-/// reason. Then the bench is online and actions work.
+/// it fails once the registry has heard for a full offline timeout without
+/// the bench coming back. When the edge starts again the bench is online
+/// and actions work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_embedded_registry_restart_a_dead_edge_is_offline_at_once() {
     let mut lab = Lab::start(LabOptions {
@@ -529,6 +545,19 @@ async fn after_an_embedded_registry_restart_a_dead_edge_is_offline_at_once() {
         "{went}"
     );
 
+    // The bench stays away for a full offline timeout: its capture fails.
+    let session = session_end(&hw, &session_id, OFFLINE_AFTER + Duration::from_secs(10)).await;
+    let failed_after = restart.elapsed();
+    assert_eq!(session["status"], "failed", "{session}");
+    assert!(
+        session["error_message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not reconnect after the registry restarted"),
+        "{session}"
+    );
+    assert!(failed_after >= OFFLINE_AFTER, "{failed_after:?}");
+
     // The edge comes back: online again, and actions work.
     let back = Instant::now();
     lab.start_edge().expect("edge back");
@@ -537,16 +566,6 @@ async fn after_an_embedded_registry_restart_a_dead_edge_is_offline_at_once() {
     assert_eq!(
         provider(&admin, PROVIDER_ID).await["online_status"],
         "online"
-    );
-    // The edge died with the capture: it came back with a new boot id.
-    let session = session_end(&hw, &session_id, Duration::from_secs(10)).await;
-    assert_eq!(session["status"], "failed", "{session}");
-    assert!(
-        session["error_message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("restarted (new boot id)"),
-        "{session}"
     );
     let snap = hw
         .act_ok(&camera_lease, "snapshot", json!({}))

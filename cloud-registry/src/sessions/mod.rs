@@ -47,9 +47,9 @@
 //!
 //! # When things go wrong
 //! - Provider offline or restarted with a new boot id (seed 001 §5.4): its
-//!   running sessions end (not when it is only unheard since a restart of
-//!   a registry with the embedded broker: its sessions then wait for its
-//!   report, its restart or their deadline), `incomplete_evidence` when some of their
+//!   running sessions end (when it is only unheard since a restart of a
+//!   registry with the embedded broker, not before the registry has heard
+//!   for a full offline timeout without it coming back), `incomplete_evidence` when some of their
 //!   artifacts' bytes are missing, `failed` otherwise; its completed
 //!   sessions still waiting for bytes become `incomplete_evidence`. A
 //!   session the registry ended this way takes the provider's own final
@@ -57,7 +57,10 @@
 //!   outages), and an `incomplete_evidence` session the provider had
 //!   completed becomes `completed` again once its last artifact arrives.
 //! - No final report by the session's deadline (`timeout_ms` plus
-//!   `result_grace_ms`): the registry fails the session.
+//!   `result_grace_ms`): the registry fails the session (not while its
+//!   MQTT link is down; in the first offline timeout after the link
+//!   (re)connects or the registry starts, only sessions sent since: an
+//!   older one's report may still be on its way).
 //! - The lease ends under a running session (preempted at the end of its
 //!   grace period, expired, or released): the registry forwards
 //!   `action_cancel` for each running session (besides the `lease_revoked`
@@ -232,6 +235,45 @@ pub struct Sessions {
     /// Largest MQTT packet the registry's link sends, bytes (0: not
     /// checked); see [`Sessions::set_max_command_bytes`].
     max_command_bytes: AtomicUsize,
+    /// Whether the registry can hear its providers' reports; see
+    /// [`Sessions::set_hearing`].
+    hearing: OnceLock<Hearing>,
+    /// Providers marked offline because a registry with the embedded
+    /// broker restarted before they reconnected: once the registry has
+    /// heard for a full window, those still offline lose their sessions.
+    unheard_since_restart: Mutex<Vec<String>>,
+}
+
+/// The MQTT link's state (`None` while down, else the monotonic instant
+/// of its latest (re)connection) and how long after a (re)connection
+/// providers get to report before the registry judges their silence.
+struct Hearing {
+    up_since: watch::Receiver<Option<Instant>>,
+    window: Duration,
+}
+
+/// Which overdue sessions the watchdog may fail now.
+enum Judge {
+    /// Every one: the registry has heard for a full window.
+    All,
+    /// Only those started after this instant (sent on the current MQTT
+    /// connection, so their reports had a clear way back).
+    StartedAfter(chrono::DateTime<Utc>),
+    /// None: the link is down.
+    Nobody,
+}
+
+impl Hearing {
+    fn judge(&self) -> Judge {
+        match *self.up_since.borrow() {
+            None => Judge::Nobody,
+            Some(t) if t.elapsed() >= self.window => Judge::All,
+            Some(t) => Judge::StartedAfter(
+                Utc::now()
+                    - chrono::Duration::from_std(t.elapsed()).unwrap_or(chrono::Duration::zero()),
+            ),
+        }
+    }
 }
 
 /// An upload that passed [`Sessions::precheck_upload`]: the declared
@@ -377,6 +419,8 @@ impl Sessions {
             blob_gc: RwLock::new(()),
             unbound_in_flight: unbound::InFlight::default(),
             max_command_bytes: AtomicUsize::new(0),
+            hearing: OnceLock::new(),
+            unheard_since_restart: Mutex::new(Vec::new()),
         })
     }
 
@@ -385,6 +429,24 @@ impl Sessions {
     /// `control_plane_unavailable`.
     pub fn attach_commands(&self, sender: CommandSender) {
         let _ = self.commands.set(sender);
+    }
+
+    /// Tell the service when it can hear providers (once; later calls are
+    /// ignored): `up_since` is the MQTT link's state
+    /// ([`crate::mqtt::MqttLink::up_since`]), `window` the heartbeat
+    /// offline timeout. While the link is down no session is failed for a
+    /// passed deadline, and for `window` after it (re)connects (also after
+    /// the registry starts) only those sent since: the report of an older
+    /// one may still be on its way (an edge reconnects with a backoff of
+    /// up to 10 s). Without this call deadlines are enforced at once.
+    pub fn set_hearing(&self, up_since: watch::Receiver<Option<Instant>>, window: Duration) {
+        let _ = self.hearing.set(Hearing { up_since, window });
+    }
+
+    /// Which overdue sessions may be failed now (see
+    /// [`Sessions::set_hearing`]).
+    fn judge(&self) -> Judge {
+        self.hearing.get().map_or(Judge::All, Hearing::judge)
     }
 
     /// The MQTT packet limit of the registry's link, bytes: an invocation
@@ -1158,7 +1220,19 @@ impl Sessions {
                 _ = tick.tick() => {}
                 _ = shutdown.wait_for(|s| *s) => break,
             }
-            match self.db.write(|c| store::fail_overdue(c, Utc::now())).await {
+            let started_after = match self.judge() {
+                Judge::Nobody => continue,
+                Judge::StartedAfter(t) => Some(t),
+                Judge::All => {
+                    self.judge_unheard_since_restart().await;
+                    None
+                }
+            };
+            match self
+                .db
+                .write(move |c| store::fail_overdue(c, Utc::now(), started_after))
+                .await
+            {
                 Ok(Ok(events)) => {
                     for ev in &events {
                         tracing::warn!(session_id = ?ev.session_id, "session failed: no report from its provider before the deadline");
@@ -1171,6 +1245,33 @@ impl Sessions {
             if last_sweep.elapsed() >= sweep_every {
                 last_sweep = Instant::now();
                 self.sweep_unbound().await;
+            }
+        }
+    }
+
+    /// Providers marked offline at a restart of a registry with the
+    /// embedded broker that are still offline now that the registry has
+    /// heard for a full window: their open sessions end (running ones
+    /// `failed` or `incomplete_evidence`, completed ones still missing
+    /// bytes `incomplete_evidence`), as for any provider gone offline.
+    async fn judge_unheard_since_restart(&self) {
+        let pending = std::mem::take(&mut *crate::leases::lock(&self.unheard_since_restart));
+        for provider_id in pending {
+            let online = match self.store.get_provider(&provider_id).await {
+                Ok(p) => p.is_some_and(|p| p.online_status == OnlineStatus::Online),
+                Err(e) => {
+                    tracing::error!(%provider_id, error = %e, "cannot read a provider unheard since the restart");
+                    continue;
+                }
+            };
+            if !online {
+                self.provider_lost(
+                    &provider_id,
+                    format!(
+                        "provider `{provider_id}` did not reconnect after the registry restarted"
+                    ),
+                )
+                .await;
             }
         }
     }
@@ -1375,9 +1476,11 @@ impl ProviderHooks for Sessions {
             // leaves its edge running, and it reconnects with its sessions'
             // results. Failing them now would be a false failure that the
             // results then reverse. They end by the provider's report, by
-            // its restart (new boot id: `on_provider_restarted`), or at
-            // their deadline.
-            tracing::info!(provider_id, "provider not heard since the registry restarted; its open sessions wait for its report or their deadline");
+            // its restart (new boot id: `on_provider_restarted`), or, if it
+            // is still offline once the registry has heard for a full
+            // window, then (`judge_unheard_since_restart`).
+            tracing::info!(provider_id, "provider not heard since the registry restarted; its open sessions wait for its return");
+            crate::leases::lock(&self.unheard_since_restart).push(provider_id.to_string());
             return;
         }
         self.provider_lost(

@@ -975,18 +975,25 @@ pub fn lease_ended(
 }
 
 /// Fail every running session whose deadline passed before `now` (the
-/// provider never reported its end). Appends `session_failed` each.
+/// provider never reported its end) and, with `started_after`, that
+/// started after it (the others are left to wait). Appends
+/// `session_failed` each.
 pub fn fail_overdue(
     conn: &mut Connection,
     now: Timestamp,
+    started_after: Option<Timestamp>,
 ) -> rusqlite::Result<Vec<CapabilityEvent>> {
     let tx = conn.transaction()?;
     let rows: Vec<SessionRow> = {
         let mut stmt = tx.prepare_cached(&format!(
             "SELECT {SESSION_COLUMNS} FROM capability_sessions
-             WHERE status IN ('pending', 'running') AND deadline_at < ?1"
+             WHERE status IN ('pending', 'running') AND deadline_at < ?1
+               AND (?2 IS NULL OR started_at > ?2)"
         ))?;
-        let rows = stmt.query_map(params![ts(&now)], read_session)?;
+        let rows = stmt.query_map(
+            params![ts(&now), started_after.as_ref().map(ts)],
+            read_session,
+        )?;
         rows.collect::<rusqlite::Result<_>>()?
     };
     let mut events = Vec::new();
