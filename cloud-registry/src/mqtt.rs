@@ -18,7 +18,7 @@
 //! parses as an [`Envelope`] of the type that topic carries and its body
 //! names provider `{p}` (`results`: its capability belongs to `{p}`). QoS 1
 //! delivers at least once: a repeated `(provider, message_id)` is dropped,
-//! except on `status` (a state report; a last will repeats its envelope
+//! except a live (not retained) `status` (a last will repeats its envelope
 //! each time the broker publishes it).
 //!
 //! # Persistent session
@@ -658,11 +658,14 @@ async fn ingest_one(
         return Ok(());
     }
     let env = Envelope::parse(&p.payload)?;
-    // A status is a state report, applying it twice changes nothing; and
-    // a last will is fixed at connect, so a provider that returned and
+    // A last will is fixed at connect, so a provider that returned and
     // vanished again has the broker publish the same envelope (same
-    // message id) once more: that one must count.
-    if kind != TopicKind::Status && !dedup.first_time(provider_id, &env.message_id) {
+    // message id) once more: a live status always counts. A retained one
+    // (replayed at each subscription, e.g. after the registry reconnects)
+    // is dropped when already seen: an old will replayed must not take a
+    // provider offline again.
+    let live_status = kind == TopicKind::Status && !p.retain;
+    if !live_status && !dedup.first_time(provider_id, &env.message_id) {
         stats.duplicates.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(provider_id, message_id = %env.message_id, "duplicate MQTT message dropped");
         return Ok(());

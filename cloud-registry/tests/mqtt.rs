@@ -210,28 +210,32 @@ async fn registration_over_http_and_over_mosquitto_store_the_same_rows() {
     over_mqtt.shutdown().await;
 }
 
+/// A provider `id` with its own token, connected to `reg`'s embedded
+/// broker (last will: `offline`) and registered over MQTT with boot id
+/// `boot-1`.
+async fn registered_provider(reg: &cloud_registry::app::RunningRegistry, id: &str) -> TestProvider {
+    let token = reg.auth.create_token(Role::Provider, id).await.unwrap();
+    let addr = reg.mqtt_addr;
+    let mut p = TestProvider::connect(
+        &addr.ip().to_string(),
+        addr.port(),
+        PREFIX,
+        id,
+        id,
+        Some((id, &token)),
+    )
+    .await;
+    register_over_mqtt(&mut p, "boot-1").await;
+    p
+}
+
 #[tokio::test]
 async fn a_provider_that_vanishes_without_disconnect_goes_offline_through_its_last_will() {
     let dir = TempDir::new().unwrap();
     let reg = start(test_config(&dir)).await;
     let api = Api::new(&reg.base_url());
     let admin = reg.admin_token.clone().unwrap();
-    let token = reg
-        .auth
-        .create_token(Role::Provider, "p-lwt")
-        .await
-        .unwrap();
-    let addr = reg.mqtt_addr;
-    let mut p = TestProvider::connect(
-        &addr.ip().to_string(),
-        addr.port(),
-        PREFIX,
-        "p-lwt",
-        "p-lwt",
-        Some(("p-lwt", &token)),
-    )
-    .await;
-    register_over_mqtt(&mut p, "boot-1").await;
+    let p = registered_provider(&reg, "p-lwt").await;
     p.publish(
         "p-lwt",
         TopicKind::Status,
@@ -296,22 +300,7 @@ async fn the_same_offline_will_published_again_after_a_return_takes_the_provider
     let reg = start(test_config(&dir)).await;
     let api = Api::new(&reg.base_url());
     let admin = reg.admin_token.clone().unwrap();
-    let token = reg
-        .auth
-        .create_token(Role::Provider, "p-will")
-        .await
-        .unwrap();
-    let addr = reg.mqtt_addr;
-    let mut p = TestProvider::connect(
-        &addr.ip().to_string(),
-        addr.port(),
-        PREFIX,
-        "p-will",
-        "p-will",
-        Some(("p-will", &token)),
-    )
-    .await;
-    register_over_mqtt(&mut p, "boot-1").await;
+    let p = registered_provider(&reg, "p-will").await;
     let online = json!({"provider_id": "p-will", "online_status": "online", "boot_id": "boot-1"});
     let will = envelope(
         MessageType::Status,
