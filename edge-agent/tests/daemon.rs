@@ -331,12 +331,16 @@ async fn action_cancel_stops_an_interruptible_action_and_a_queued_one_never_star
 async fn a_non_interruptible_press_finishes_before_a_cancel_applies() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = start(dir.path()).await;
+    // 6 s of hold at the simulator's 20x speed-up: 300 ms, well past the
+    // 100 ms after which a still-running action reports `running` (with
+    // 1.5 s the whole press could end near that mark on a loaded machine,
+    // and never report it).
     daemon.submit(invoke(
         "s-press",
         "l-1",
         "robot-01",
         "long_press",
-        json!({"x_mm": 20.0, "y_mm": 40.0, "hold_ms": 1500}),
+        json!({"x_mm": 20.0, "y_mm": 40.0, "hold_ms": 6000}),
         10_000,
     ));
     wait_running(&daemon, "s-press").await;
