@@ -8,6 +8,11 @@
 //! | `{prefix}/providers/{p}/heartbeat` | edge→cloud | 0 | no |
 //! | `{prefix}/providers/{p}/commands` | cloud→edge | 1 | no |
 //! | `{prefix}/providers/{p}/results` | edge→cloud | 1 | no |
+//!
+//! A QoS 1 acknowledgement comes from the broker, not from the registry:
+//! an update the broker accepted while the registry was not subscribed
+//! (both reconnecting after a broker that lost its state) reaches nobody.
+//! [`SessionSync`] closes that gap.
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
@@ -203,6 +208,8 @@ wire_enum! {
         PreemptRequested = "preempt_requested",
         /// `commands` topic: [`LeaseRevoked`].
         LeaseRevoked = "lease_revoked",
+        /// `commands` topic: [`SessionSync`].
+        SessionSync = "session_sync",
         /// `results` topic: [`SessionUpdate`].
         SessionUpdate = "session_update",
     }
@@ -330,5 +337,53 @@ impl Validate for SessionUpdate {
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("session_id", &self.session_id)?;
         crate::validate::validate_each("artifacts", &self.artifacts)
+    }
+}
+
+/// One session the registry holds open (`running`) on a provider: a
+/// [`SessionSync`] entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenSession {
+    pub session_id: String,
+    pub capability_id: String,
+}
+
+/// Sent by the registry each time it hears a provider announce itself
+/// `online` (after every (re)connection of the edge, and when the registry
+/// subscribes and receives the retained status): the sessions it still
+/// holds open on that provider, at most [`SessionSync::MAX_SESSIONS`] per
+/// message.
+///
+/// The provider answers on its `results` topic: a session it still runs
+/// needs nothing (its final update follows); one it has ended gets its
+/// final `session_update` again, even if the broker acknowledged it before
+/// (it may have reached the broker while the registry was not subscribed);
+/// one it has no record of (its `action_invoke` was lost) is reported
+/// `failed`. Repeats are harmless: the registry drops a repeated
+/// `message_id`, and a repeated final update changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSync {
+    pub sessions: Vec<OpenSession>,
+}
+
+impl SessionSync {
+    /// Most sessions listed in one message (about 100 bytes each, far
+    /// below any broker's packet limit).
+    pub const MAX_SESSIONS: usize = 1000;
+}
+
+impl Validate for SessionSync {
+    fn validate(&self) -> Result<(), ValidationError> {
+        if self.sessions.len() > Self::MAX_SESSIONS {
+            return Err(ValidationError::new(
+                "sessions",
+                format!("at most {} per message", Self::MAX_SESSIONS),
+            ));
+        }
+        for (i, s) in self.sessions.iter().enumerate() {
+            check_id(&format!("sessions[{i}].session_id"), &s.session_id)?;
+            check_id(&format!("sessions[{i}].capability_id"), &s.capability_id)?;
+        }
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@ use shared_protocol::capability::{
 };
 use shared_protocol::earth::EarthAction;
 use shared_protocol::lease::LeaseRequest;
-use shared_protocol::mqtt::{parse_topic, topic, Envelope, MessageType, TopicKind};
+use shared_protocol::mqtt::{parse_topic, topic, Envelope, MessageType, SessionSync, TopicKind};
 use shared_protocol::session::ActionInvokeRequest;
 use shared_protocol::{parse_json, ParseError};
 
@@ -337,4 +337,34 @@ fn a_duplicate_field_is_named() {
     );
     let err = parse_json::<LeaseRequest>(body.as_bytes()).unwrap_err();
     assert_eq!(field_of(err), "capability_selector.tags");
+}
+
+#[test]
+fn a_session_sync_with_a_bad_session_id_or_too_many_sessions_is_refused() {
+    let sync = |sessions: Value| {
+        Envelope::new(
+            MessageType::SessionSync,
+            "m1".into(),
+            chrono::Utc::now(),
+            &json!({ "sessions": sessions }),
+        )
+        .unwrap()
+    };
+    let one = json!([{"session_id": "sess-1", "capability_id": "cam-01"}]);
+    let ok: SessionSync = sync(one).body_as(MessageType::SessionSync).unwrap();
+    assert_eq!(ok.sessions[0].session_id, "sess-1");
+
+    let bad = json!([{"session_id": "no spaces", "capability_id": "cam-01"}]);
+    let err = sync(bad)
+        .body_as::<SessionSync>(MessageType::SessionSync)
+        .unwrap_err();
+    assert!(err.to_string().contains("sessions[0].session_id"), "{err}");
+
+    let many: Vec<Value> = (0..=SessionSync::MAX_SESSIONS)
+        .map(|i| json!({"session_id": format!("s-{i}"), "capability_id": "cam-01"}))
+        .collect();
+    let err = sync(Value::Array(many))
+        .body_as::<SessionSync>(MessageType::SessionSync)
+        .unwrap_err();
+    assert!(err.to_string().contains("at most 1000"), "{err}");
 }
