@@ -20,7 +20,8 @@ use chrono::Utc;
 use shared_protocol::capability::CapabilityRegistration;
 use shared_protocol::lease::PreemptNotice;
 use shared_protocol::mqtt::{
-    ActionCancel, ActionCommand, Envelope, LeaseRevoked, MessageType, RegisterAck, RegisterBody,
+    ActionCancel, ActionCommand, Envelope, LeaseRevoked, MessageType, OpenSession, RegisterAck,
+    RegisterBody, SessionSync,
 };
 use shared_protocol::provider::{HeartbeatRequest, ProviderFault, ProviderRegisterRequest};
 use shared_protocol::session::SessionStatus;
@@ -30,7 +31,7 @@ use tokio::task::JoinHandle;
 use crate::config::{ConfigError, EdgeConfig};
 use crate::link::{HeartbeatControl, Link, LinkConfig, LinkSource, LinkState};
 use crate::notify::Notifier;
-use crate::outbox::{Outbox, OutboxError};
+use crate::outbox::{Outbox, OutboxError, SyncAnswer};
 use crate::runner::{session_update, CancelOutcome, Rejection, Runners, UpdateSink};
 use crate::uploader::Uploader;
 
@@ -413,6 +414,7 @@ impl LinkSource for DaemonSource {
 // ---------------------------------------------------------------------------
 // Dispatch.
 
+#[derive(Clone)]
 struct Dispatcher {
     runners: Arc<Runners>,
     sink: UpdateSink,
@@ -560,12 +562,94 @@ impl Dispatcher {
                     Err(e) => tracing::warn!("malformed preempt_requested: {e}"),
                 }
             }
+            MessageType::SessionSync => {
+                match env.body_as::<SessionSync>(MessageType::SessionSync) {
+                    Ok(sync) => self.sync_sessions(sync.sessions).await,
+                    Err(e) => tracing::warn!("malformed session_sync: {e}"),
+                }
+            }
             other => {
                 tracing::warn!(message_type = %other, "unexpected message on the commands topic")
             }
         }
     }
 }
+
+impl Dispatcher {
+    /// Answer a `session_sync`: the registry holds `sessions` open. One
+    /// still running here needs nothing; one whose update is still queued
+    /// neither; one whose last update the broker acknowledged has it sent
+    /// again. One with no record here at all is looked at again after
+    /// [`SYNC_RECHECK`] (a session ending right now leaves the runner's
+    /// board a moment before its update is queued) and, still unknown,
+    /// reported `failed`: its `action_invoke` never reached this bench.
+    async fn sync_sessions(&self, sessions: Vec<OpenSession>) {
+        let unknown = self.sync_pass(sessions).await;
+        if unknown.is_empty() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(SYNC_RECHECK).await;
+            let unknown = this.sync_pass(unknown).await;
+            let updates = unknown
+                .iter()
+                .map(|s| {
+                    tracing::warn!(session_id = %s.session_id, capability_id = %s.capability_id, "the registry holds a session this bench never received; reporting it failed");
+                    session_update(
+                        &s.session_id,
+                        &s.capability_id,
+                        SessionStatus::Failed,
+                        Some(NEVER_RECEIVED.to_string()),
+                    )
+                })
+                .collect();
+            this.emit(updates).await;
+        });
+    }
+
+    /// One look at `sessions` (see [`Self::sync_sessions`]); returns those
+    /// with no record here.
+    async fn sync_pass(&self, sessions: Vec<OpenSession>) -> Vec<OpenSession> {
+        let runners = self.runners.clone();
+        let sink = self.sink.clone();
+        let looked = tokio::task::spawn_blocking(move || {
+            let mut unknown = Vec::new();
+            let (mut requeued, mut queued, mut running) = (0, 0, 0);
+            for s in sessions {
+                if runners.is_open(&s.session_id) {
+                    running += 1;
+                    continue;
+                }
+                match sink.resend_for_sync(&s.session_id) {
+                    Ok(SyncAnswer::Requeued) => requeued += 1,
+                    Ok(SyncAnswer::StillQueued) => queued += 1,
+                    Ok(SyncAnswer::NoRecord) => unknown.push(s),
+                    Err(e) => {
+                        tracing::error!(session_id = %s.session_id, error = %e, "session_sync: outbox unreadable");
+                    }
+                }
+            }
+            tracing::info!(
+                running,
+                queued,
+                requeued,
+                unknown = unknown.len(),
+                "answered the registry's session_sync"
+            );
+            unknown
+        })
+        .await;
+        looked.unwrap_or_default()
+    }
+}
+
+/// How long a session the registry asks about and this bench has no record
+/// of is given before it is reported failed ([`Dispatcher::sync_sessions`]).
+const SYNC_RECHECK: Duration = Duration::from_secs(2);
+
+/// The error of a session whose `action_invoke` never reached the bench.
+pub const NEVER_RECEIVED: &str = "the bench has no record of this session: its action_invoke never reached it (lost while the bench was disconnected from the broker)";
 
 async fn supervise_deadlines(
     runners: Arc<Runners>,

@@ -16,7 +16,10 @@
 //!   between rename and commit); kept for inspection, never uploaded.
 //!
 //! The database also keeps session updates that still have to reach the
-//! registry ([`Outbox::queue_update`]), so a restart loses none.
+//! registry ([`Outbox::queue_update`]), so a restart loses none, and the
+//! last update of each session the broker acknowledged (for an hour, at
+//! most [`SENT_UPDATE_MAX_ROWS`]), which a `session_sync` from the registry
+//! can have sent again ([`Outbox::resend_for_sync`]).
 //!
 //! Durability: artifact files and rows follow the configured `durability`
 //! (`fsync`: file fsync + `synchronous=FULL` commits). Session-update rows
@@ -52,6 +55,27 @@ const CHUNK: usize = 256 * 1024;
 
 /// Uploaded rows are kept this long for `edge-agent` diagnostics, then pruned.
 const UPLOADED_RETENTION_DAYS: i64 = 30;
+
+/// How long the last acknowledged update of each session is kept, so a
+/// `session_sync` can have it sent again ([`Outbox::resend_for_sync`]).
+/// A sync follows a reconnection within seconds; this leaves ample room.
+pub const SENT_UPDATE_RETENTION: Duration = Duration::from_secs(3600);
+/// At most this many acknowledged updates are kept (the newest).
+pub const SENT_UPDATE_MAX_ROWS: i64 = 10_000;
+/// How often acknowledging updates also prunes the kept ones.
+const SENT_PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// What [`Outbox::resend_for_sync`] found for a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncAnswer {
+    /// An update of the session is still queued: it will be sent anyway.
+    StillQueued,
+    /// Its last acknowledged update was queued again.
+    Requeued,
+    /// The outbox has no update of this session (none was ever queued, or
+    /// it was pruned).
+    NoRecord,
+}
 
 /// Where an artifact is in its life at the edge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +228,9 @@ struct Inner {
     /// Notified when acknowledged metadata made artifacts due for upload
     /// again ([`Outbox::due_again`]).
     due_again: Arc<tokio::sync::Notify>,
+    /// When acknowledged updates were last pruned (see
+    /// [`SENT_UPDATE_RETENTION`]).
+    sent_pruned_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// Most updates kept in memory for the publisher ([`Outbox::followed_updates`]);
@@ -246,6 +273,22 @@ fn select_updates_after(
         })
     })?;
     rows.collect()
+}
+
+/// Delete the acknowledged updates older than [`SENT_UPDATE_RETENTION`]
+/// at `now_ms`, and all but the newest [`SENT_UPDATE_MAX_ROWS`].
+fn prune_sent(c: &Connection, now_ms: i64) -> rusqlite::Result<usize> {
+    let cutoff = now_ms - SENT_UPDATE_RETENTION.as_millis() as i64;
+    let old = c
+        .prepare_cached("DELETE FROM sent_updates WHERE acked_at_ms < ?1")?
+        .execute([cutoff])?;
+    let surplus = c
+        .prepare_cached(
+            "DELETE FROM sent_updates WHERE seq <
+                (SELECT seq FROM sent_updates ORDER BY seq DESC LIMIT 1 OFFSET ?1 - 1)",
+        )?
+        .execute([SENT_UPDATE_MAX_ROWS])?;
+    Ok(old + surplus)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -294,6 +337,7 @@ impl Outbox {
                 conn: Mutex::new(conn),
                 follow: Mutex::new(Follow::default()),
                 due_again: Arc::default(),
+                sent_pruned_at: Mutex::new(None),
                 budget: Mutex::new(Budget {
                     limit: cfg.disk_budget_bytes,
                     used: 0,
@@ -819,47 +863,88 @@ impl Outbox {
         payload: &[u8],
         artifact_ids: &[&str],
     ) -> Result<i64, OutboxError> {
-        self.with_conn_unsynced(|c| {
-            let tx = c.unchecked_transaction()?;
-            let inserted = c
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
-                     VALUES (?1, ?2, ?3, ?4)",
-                )?
-                .execute(params![message_id, session_id, payload, now_text()])?;
-            let seq = if inserted == 0 {
-                // Queued before (same message id): its position.
-                c.prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
-                    .query_row([message_id], |r| r.get(0))?
+        self.with_conn_unsynced(|c| self.queue_in(c, message_id, session_id, payload, artifact_ids))
+    }
+
+    /// [`Self::queue_update_with_artifacts`] on the locked connection.
+    fn queue_in(
+        &self,
+        c: &Connection,
+        message_id: &str,
+        session_id: &str,
+        payload: &[u8],
+        artifact_ids: &[&str],
+    ) -> rusqlite::Result<i64> {
+        let tx = c.unchecked_transaction()?;
+        let inserted = c
+            .prepare_cached(
+                "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![message_id, session_id, payload, now_text()])?;
+        let seq = if inserted == 0 {
+            // Queued before (same message id): its position.
+            c.prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
+                .query_row([message_id], |r| r.get(0))?
+        } else {
+            c.last_insert_rowid()
+        };
+        if !artifact_ids.is_empty() {
+            let mut stmt = c.prepare_cached(
+                "UPDATE artifacts SET metadata_seq = ?2
+                 WHERE artifact_id = ?1 AND metadata_acked = 0",
+            )?;
+            for id in artifact_ids {
+                stmt.execute(params![id, seq])?;
+            }
+        }
+        tx.commit()?;
+        if inserted > 0 {
+            // Still under the connection lock: rows reach `follow` in
+            // the order of their `seq`.
+            let mut follow = lock(&self.inner.follow);
+            if follow.on && follow.rows.len() < FOLLOW_MAX {
+                follow.rows.push_back(QueuedUpdate {
+                    seq,
+                    message_id: message_id.to_string(),
+                    session_id: session_id.to_string(),
+                    payload: payload.to_vec(),
+                });
             } else {
-                c.last_insert_rowid()
-            };
-            if !artifact_ids.is_empty() {
-                let mut stmt = c.prepare_cached(
-                    "UPDATE artifacts SET metadata_seq = ?2
-                     WHERE artifact_id = ?1 AND metadata_acked = 0",
-                )?;
-                for id in artifact_ids {
-                    stmt.execute(params![id, seq])?;
-                }
+                *follow = Follow::default();
             }
-            tx.commit()?;
-            if inserted > 0 {
-                // Still under the connection lock: rows reach `follow` in
-                // the order of their `seq`.
-                let mut follow = lock(&self.inner.follow);
-                if follow.on && follow.rows.len() < FOLLOW_MAX {
-                    follow.rows.push_back(QueuedUpdate {
-                        seq,
-                        message_id: message_id.to_string(),
-                        session_id: session_id.to_string(),
-                        payload: payload.to_vec(),
-                    });
-                } else {
-                    *follow = Follow::default();
-                }
+        }
+        Ok(seq)
+    }
+
+    /// Answer a `session_sync` entry for `session_id`: when no update of
+    /// the session is queued but one was acknowledged by the broker (and
+    /// kept, see [`SENT_UPDATE_RETENTION`]), queue that update again, with
+    /// its own message id, so it is published once more. The broker's
+    /// acknowledgement does not prove the registry received it.
+    pub fn resend_for_sync(&self, session_id: &str) -> Result<SyncAnswer, OutboxError> {
+        self.with_conn_unsynced(|c| {
+            let queued: bool = c
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM pending_updates WHERE session_id = ?1)",
+                )?
+                .query_row([session_id], |r| r.get(0))?;
+            if queued {
+                return Ok(SyncAnswer::StillQueued);
             }
-            Ok(seq)
+            let sent: Option<(String, Vec<u8>)> = c
+                .prepare_cached(
+                    "SELECT message_id, payload FROM sent_updates WHERE session_id = ?1",
+                )?
+                .query_row([session_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            match sent {
+                Some((message_id, payload)) => {
+                    self.queue_in(c, &message_id, session_id, &payload, &[])?;
+                    Ok(SyncAnswer::Requeued)
+                }
+                None => Ok(SyncAnswer::NoRecord),
+            }
         })
     }
 
@@ -967,8 +1052,22 @@ impl Outbox {
                     "UPDATE artifacts SET metadata_acked = 1
                      WHERE metadata_seq = ?1 AND metadata_acked = 0",
                 )?;
+                // The newest acknowledged update of each session is kept
+                // for a `session_sync` (the broker's PUBACK does not prove
+                // the registry was subscribed).
+                let mut keep = tx.prepare_cached(
+                    "INSERT INTO sent_updates (session_id, seq, message_id, payload, acked_at_ms)
+                     SELECT session_id, seq, message_id, payload, ?2 FROM pending_updates
+                     WHERE seq = ?1
+                     ON CONFLICT (session_id) DO UPDATE SET
+                        seq = excluded.seq, message_id = excluded.message_id,
+                        payload = excluded.payload, acked_at_ms = excluded.acked_at_ms
+                     WHERE excluded.seq > sent_updates.seq",
+                )?;
+                let now_ms = Utc::now().timestamp_millis();
                 let mut delete = tx.prepare_cached("DELETE FROM pending_updates WHERE seq = ?1")?;
                 for seq in seqs {
+                    keep.execute(params![seq, now_ms])?;
                     let rows = select
                         .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?)))?
                         .collect::<Result<Vec<(String, i64)>, _>>()?;
@@ -977,6 +1076,9 @@ impl Outbox {
                     ack.execute([seq])?;
                     delete.execute([seq])?;
                 }
+            }
+            if self.sent_prune_due() {
+                prune_sent(&tx, Utc::now().timestamp_millis())?;
             }
             tx.commit()?;
             Ok((done, confirming))
@@ -1061,6 +1163,17 @@ impl Outbox {
     pub fn ping(&self) -> bool {
         self.with_conn(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
             .is_ok()
+    }
+
+    /// True (and the clock restarted) when acknowledged updates were last
+    /// pruned [`SENT_PRUNE_EVERY`] ago or never.
+    fn sent_prune_due(&self) -> bool {
+        let mut at = lock(&self.inner.sent_pruned_at);
+        let due = at.is_none_or(|t| t.elapsed() >= SENT_PRUNE_EVERY);
+        if due {
+            *at = Some(std::time::Instant::now());
+        }
+        due
     }
 
     fn with_conn<T>(
@@ -1261,6 +1374,14 @@ CREATE TABLE IF NOT EXISTS pending_updates (
     payload BLOB NOT NULL,
     queued_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sent_updates (
+    session_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    acked_at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sent_updates_acked ON sent_updates(acked_at_ms);
 ";
 
 /// Add the columns that tie an artifact to the session update carrying its
@@ -1377,5 +1498,54 @@ mod pragma_tests {
                 .unwrap();
             assert_eq!(level(&c), 2, "FULL");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(c: &Connection) -> Vec<String> {
+        let mut stmt = c
+            .prepare("SELECT session_id FROM sent_updates ORDER BY seq")
+            .unwrap();
+        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+        rows.collect::<rusqlite::Result<_>>().unwrap()
+    }
+
+    #[test]
+    fn acknowledged_updates_are_pruned_by_age_and_by_count() {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        let now = 10_000_000_000_i64;
+        let hour = SENT_UPDATE_RETENTION.as_millis() as i64;
+        let mut insert = c
+            .prepare(
+                "INSERT INTO sent_updates (session_id, seq, message_id, payload, acked_at_ms)
+                 VALUES (?1, ?2, ?1, x'00', ?3)",
+            )
+            .unwrap();
+        insert.execute(params!["old", 1, now - hour - 1]).unwrap();
+        insert.execute(params!["edge", 2, now - hour]).unwrap();
+        insert.execute(params!["new", 3, now]).unwrap();
+        assert_eq!(prune_sent(&c, now).unwrap(), 1);
+        assert_eq!(kept(&c), vec!["edge", "new"]);
+
+        // Past the row cap, the oldest go ("edge" and "new").
+        for seq in 4..(SENT_UPDATE_MAX_ROWS + 4) {
+            insert
+                .execute(params![format!("s-{seq}"), seq, now])
+                .unwrap();
+        }
+        assert_eq!(prune_sent(&c, now).unwrap(), 2);
+        let left = kept(&c);
+        assert_eq!(left.len() as i64, SENT_UPDATE_MAX_ROWS);
+        assert_eq!(left.first().unwrap(), "s-4");
+        assert_eq!(
+            left.last().unwrap(),
+            &format!("s-{}", SENT_UPDATE_MAX_ROWS + 3)
+        );
+        // Nothing more to prune.
+        assert_eq!(prune_sent(&c, now).unwrap(), 0);
     }
 }

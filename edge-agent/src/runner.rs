@@ -46,7 +46,7 @@ use tokio::sync::Notify;
 
 use crate::config::CapabilityConfig;
 use crate::drivers::{ActionRequest, CancelToken, Driver, DriverError, DriverHealth};
-use crate::outbox::{Outbox, OutboxError};
+use crate::outbox::{Outbox, OutboxError, SyncAnswer};
 use crate::update_size::{bound_envelope, MAX_ERROR_MESSAGE_CHARS, MAX_SESSION_UPDATE_BYTES};
 
 /// Deadline when a command gives `timeout_ms = 0`, milliseconds.
@@ -154,6 +154,17 @@ impl UpdateSink {
     /// Emit and log (not return) a failure to queue.
     pub fn emit_logged(&self, update: &SessionUpdate) {
         let _ = self.emit(update);
+    }
+
+    /// Answer a `session_sync` entry from the outbox (blocking: SQLite):
+    /// an acknowledged update of `session_id` is queued again and the link
+    /// woken. See [`Outbox::resend_for_sync`].
+    pub fn resend_for_sync(&self, session_id: &str) -> Result<SyncAnswer, OutboxError> {
+        let answer = self.outbox.resend_for_sync(session_id)?;
+        if answer == SyncAnswer::Requeued {
+            self.updates_ready.notify_one();
+        }
+        Ok(answer)
     }
 
     fn artifacts_ingested(&self) {
@@ -562,6 +573,17 @@ impl Runners {
                 },
             })
             .collect()
+    }
+
+    /// True while `session_id` is queued or running here (its final
+    /// update is still to come). False once it ended, including a session
+    /// given up at its deadline whose driver has not returned yet (its
+    /// `failed` update was emitted then).
+    pub fn is_open(&self, session_id: &str) -> bool {
+        lock(&self.board)
+            .sessions
+            .get(session_id)
+            .is_some_and(|s| s.phase != Phase::Abandoned)
     }
 
     /// Sessions executing now, with their non-interruptible flags.

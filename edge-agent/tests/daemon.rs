@@ -327,6 +327,77 @@ async fn action_cancel_stops_an_interruptible_action_and_a_queued_one_never_star
     daemon.shutdown().await;
 }
 
+/// The registry asks about the sessions it holds open after the bench
+/// reconnected: an ended one whose update the broker acknowledged is sent
+/// again (the registry may not have been subscribed), a running one is left
+/// alone, and one the bench never received is reported failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_sync_resends_ended_sessions_and_fails_unknown_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    daemon.submit(invoke(
+        "s-done",
+        "l-1",
+        "cam-01",
+        "snapshot",
+        json!({}),
+        10_000,
+    ));
+    daemon.submit(invoke(
+        "s-long",
+        "l-1",
+        "cam-01",
+        "record_clip",
+        json!({"duration_ms": 20000}),
+        60_000,
+    ));
+    let done = final_updates(&daemon, "s-done", Duration::from_secs(15)).await;
+    wait_running(&daemon, "s-long").await;
+    // The broker acknowledged everything queued so far (what the link does
+    // on PUBACK).
+    let outbox = daemon.outbox().clone();
+    tokio::task::spawn_blocking(move || {
+        let seqs: Vec<i64> = outbox
+            .queued_updates(100)
+            .unwrap()
+            .iter()
+            .map(|q| q.seq)
+            .collect();
+        outbox.remove_updates(&seqs).unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(updates(&daemon, "s-done").await, Vec::<Value>::new());
+
+    let asked = Instant::now();
+    daemon.submit(envelope(
+        MessageType::SessionSync,
+        &json!({"sessions": [
+            {"session_id": "s-done", "capability_id": "cam-01"},
+            {"session_id": "s-long", "capability_id": "cam-01"},
+            {"session_id": "s-lost", "capability_id": "cam-01"},
+        ]}),
+    ));
+    let again = final_updates(&daemon, "s-done", Duration::from_secs(5)).await;
+    assert_eq!(again, vec![done.last().unwrap().clone()]);
+    let lost = final_updates(&daemon, "s-lost", Duration::from_secs(10)).await;
+    assert!(
+        asked.elapsed() >= Duration::from_secs(2),
+        "an unknown session is looked at again before it is failed"
+    );
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0]["status"], "failed");
+    assert_eq!(lost[0]["capability_id"], "cam-01");
+    assert_eq!(
+        lost[0]["error_message"],
+        edge_agent::daemon::NEVER_RECEIVED,
+        "{lost:?}"
+    );
+    // The running clip gets no new update from the sync.
+    assert_eq!(updates(&daemon, "s-long").await, Vec::<Value>::new());
+    daemon.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_interruptible_press_finishes_before_a_cancel_applies() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use edge_agent::config::{Durability, OutboxConfig};
 use edge_agent::drivers::NewArtifact;
-use edge_agent::outbox::{Outbox, OutboxError, RecoveryReport, UploadState};
+use edge_agent::outbox::{Outbox, OutboxError, RecoveryReport, SyncAnswer, UploadState};
 use serde_json::{json, Map};
 use shared_protocol::artifact::ArtifactType;
 
@@ -376,6 +376,72 @@ fn queued_session_updates_survive_a_restart_in_order() {
     assert_eq!(queued[1].payload, b"completed");
     outbox.remove_update(queued[0].seq).unwrap();
     assert_eq!(outbox.queued_updates(10).unwrap().len(), 1);
+}
+
+/// A session_sync after the broker acknowledged a session's updates: its
+/// newest one is queued again, under the same message id, and survives a
+/// restart; a session still queued, or never seen, is told apart.
+#[test]
+fn an_acknowledged_update_is_queued_again_for_a_session_sync() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), 64 * MIB);
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+    outbox.queue_update("m-run", "sess-1", b"running").unwrap();
+    outbox
+        .queue_update("m-end", "sess-1", b"completed")
+        .unwrap();
+    outbox
+        .queue_update("m-other", "sess-2", b"running")
+        .unwrap();
+    assert_eq!(
+        outbox.resend_for_sync("sess-1").unwrap(),
+        SyncAnswer::StillQueued
+    );
+    let seqs: Vec<i64> = outbox
+        .queued_updates(10)
+        .unwrap()
+        .iter()
+        .filter(|q| q.session_id == "sess-1")
+        .map(|q| q.seq)
+        .collect();
+    // Acknowledged in two batches, the final one first: the newest by
+    // queue order is the one kept.
+    outbox.remove_updates(&seqs[1..]).unwrap();
+    outbox.remove_updates(&seqs[..1]).unwrap();
+    drop(outbox);
+
+    let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
+    assert_eq!(
+        outbox.resend_for_sync("sess-1").unwrap(),
+        SyncAnswer::Requeued
+    );
+    let queued = outbox.queued_updates(10).unwrap();
+    let again: Vec<(&str, &[u8])> = queued
+        .iter()
+        .filter(|q| q.session_id == "sess-1")
+        .map(|q| (q.message_id.as_str(), q.payload.as_slice()))
+        .collect();
+    assert_eq!(again, vec![("m-end", b"completed".as_slice())]);
+    // Queued once: a second sync before it went out finds it queued.
+    assert_eq!(
+        outbox.resend_for_sync("sess-1").unwrap(),
+        SyncAnswer::StillQueued
+    );
+    assert_eq!(
+        outbox.resend_for_sync("sess-2").unwrap(),
+        SyncAnswer::StillQueued
+    );
+    assert_eq!(
+        outbox.resend_for_sync("sess-9").unwrap(),
+        SyncAnswer::NoRecord
+    );
+    // Acknowledged again, it can be asked for again.
+    let seq = queued.iter().find(|q| q.message_id == "m-end").unwrap().seq;
+    outbox.remove_update(seq).unwrap();
+    assert_eq!(
+        outbox.resend_for_sync("sess-1").unwrap(),
+        SyncAnswer::Requeued
+    );
 }
 
 /// The publisher's memory of updates queued since it read the table to its
