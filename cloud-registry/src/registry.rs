@@ -66,6 +66,17 @@ pub trait ProviderHooks: Send + Sync + 'static {
         );
     }
 
+    /// A provider announced itself `online` on MQTT (each (re)connection
+    /// of its edge; or its retained status, when the registry subscribes).
+    /// Called after the status is stored and after
+    /// [`Self::on_provider_restarted`] where the boot id changed. Messages
+    /// the provider published around its reconnection may have reached a
+    /// broker with nobody subscribed: the sessions module asks it for the
+    /// sessions still open (`session_sync`).
+    async fn on_provider_announced_online(&self, provider_id: &str) {
+        tracing::debug!(provider_id, "provider announced itself online");
+    }
+
     /// A `session_update` arrived on the provider's `results` topic; the
     /// registry has checked the capability belongs to `provider_id`.
     async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) {
@@ -326,8 +337,15 @@ impl CapabilityRegistry {
         } else {
             "offline status received: disconnect or last will"
         };
-        self.set_online(actor, &status.provider_id, online, status.boot_id, reason)
-            .await
+        let provider_id = status.provider_id.clone();
+        self.set_online(actor, &provider_id, online, status.boot_id, reason)
+            .await?;
+        if online {
+            for h in self.hooks() {
+                h.on_provider_announced_online(&provider_id).await;
+            }
+        }
+        Ok(())
     }
 
     async fn set_online(

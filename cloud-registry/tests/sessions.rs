@@ -1121,6 +1121,102 @@ async fn a_session_whose_provider_never_reports_fails_after_its_deadline() {
     b.reg.shutdown().await;
 }
 
+/// Each `online` status a provider publishes (every reconnection of its
+/// edge) is answered with a `session_sync` listing the sessions the
+/// registry still holds open on it, and no ended ones; the provider's
+/// answer ends a session as any report does.
+#[tokio::test]
+async fn an_online_status_is_answered_with_the_open_sessions_to_report_again() {
+    let mut b = Bench::start().await;
+    let console = b.lease(&b.agent, AGENT, "console-1", 60).await;
+    let robot = b.lease(&b.agent, AGENT, "robot-1", 60).await;
+    let write = json!({"action": "write", "params": {"data": "x"}, "wait_ms": 0});
+    let (s, ended) = b.invoke(&b.agent, &console, write.clone()).await.unwrap();
+    assert_eq!(s, StatusCode::ACCEPTED, "{ended}");
+    let cmd = b.next_command().await;
+    b.report(&cmd, "completed", json!({})).await;
+    eventually(Duration::from_secs(5), "first write completed", || async {
+        (b.session(&cmd.session_id).await["status"] == "completed").then_some(())
+    })
+    .await;
+    let (_, open1) = b.invoke(&b.agent, &console, write).await.unwrap();
+    let (_, open2) = b
+        .invoke(
+            &b.agent,
+            &robot,
+            json!({"action": "tap", "params": {"x_mm": 1, "y_mm": 1}, "wait_ms": 0}),
+        )
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        b.next_command().await;
+    }
+
+    b.provider
+        .publish(
+            PROVIDER,
+            TopicKind::Status,
+            MessageType::Status,
+            &json!({"provider_id": PROVIDER, "online_status": "online", "boot_id": "boot-1"}),
+        )
+        .await;
+    let sync = b
+        .provider
+        .next_of(MessageType::SessionSync, Duration::from_secs(5))
+        .await
+        .expect("session_sync on the commands topic");
+    let listed: Vec<(String, String)> = sync.body["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["session_id"].as_str().unwrap().to_string(),
+                s["capability_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (
+                open1["session_id"].as_str().unwrap().to_string(),
+                "console-1".to_string()
+            ),
+            (
+                open2["session_id"].as_str().unwrap().to_string(),
+                "robot-1".to_string()
+            ),
+        ],
+        "{sync:?}"
+    );
+    assert_ne!(open1["session_id"], ended["session_id"]);
+
+    // The bench never got the tap: it says so, and the session fails with
+    // its words.
+    let lost = ActionCommand {
+        session_id: open2["session_id"].as_str().unwrap().to_string(),
+        capability_id: "robot-1".into(),
+        ..cmd.clone()
+    };
+    b.report(
+        &lost,
+        "failed",
+        json!({"error_message": "the bench has no record of this session"}),
+    )
+    .await;
+    let failed = eventually(Duration::from_secs(5), "lost tap failed", || async {
+        let s = b.session(&lost.session_id).await;
+        (s["status"] == "failed").then_some(s)
+    })
+    .await;
+    assert_eq!(
+        failed["error_message"],
+        "the bench has no record of this session"
+    );
+    b.reg.shutdown().await;
+}
+
 #[tokio::test]
 async fn without_wait_the_answer_is_202_with_the_running_session() {
     let mut b = Bench::start().await;

@@ -414,6 +414,124 @@ async fn a_session_that_ends_while_the_registry_is_down_completes_when_it_return
     );
 }
 
+/// Holds a process stopped with SIGSTOP; SIGCONT when dropped (also when
+/// the test fails, so the lab can stop it).
+struct Paused(u32);
+
+impl Paused {
+    fn pause(pid: u32) -> Paused {
+        // SAFETY: kill(2) on a child pid of ours, no memory involved.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+/// The final `session_update` of `session_id` as it passes through the
+/// broker on `results`, seen by a client of the test's own.
+async fn watch_final_update(
+    port: u16,
+    prefix: &str,
+    session_id: &str,
+) -> tokio::task::JoinHandle<Value> {
+    let mut opts = rumqttc::MqttOptions::new("liveness-observer", "127.0.0.1", port);
+    opts.set_max_packet_size(8 << 20, 8 << 20);
+    let (client, mut el) = rumqttc::AsyncClient::new(opts, 16);
+    let results = format!("{prefix}/providers/{PROVIDER_ID}/results");
+    client
+        .subscribe(&results, rumqttc::QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let session_id = session_id.to_string();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let _client = client;
+        let mut subscribed_tx = Some(subscribed_tx);
+        loop {
+            match el.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => {
+                    if let Some(tx) = subscribed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                    let env: Value = serde_json::from_slice(&p.payload).unwrap_or_default();
+                    let body = &env["body"];
+                    if body["session_id"] == session_id.as_str() && body["status"] != "running" {
+                        return body.clone();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => panic!("observer lost the broker: {e}"),
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), subscribed)
+        .await
+        .expect("observer subscribed")
+        .unwrap();
+    task
+}
+
+/// A broker that loses its state (Mosquitto with `persistence false`,
+/// killed and started again) forgets the registry's persistent session. If
+/// the bench reconnects first, its final `session_update` is acknowledged
+/// by the broker with nobody of the registry's subscribed, and the bench's
+/// outbox lets it go. The registry, once back, sees the bench's `online`
+/// status and asks for its open sessions (`session_sync`): the bench sends
+/// the result again and the session completes, long before its deadline.
+/// Here the registry is held stopped (SIGSTOP) until the result has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_broker_took_while_the_registry_was_not_subscribed_is_reported_again() {
+    let Some((_dir, mut broker, lab)) = Lab::start_on_private_mosquitto(LabOptions {
+        heartbeat_interval_seconds: INTERVAL_S,
+        offline_after_missed: MISSED,
+        ..Default::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let (events, follower) = follow_events(&admin, |_| {});
+
+    // Its deadline (180 s) is far beyond the test: only its result ends it.
+    let (camera_lease, session_id) =
+        start_capture(&hw, 5000, "capture across a broker that forgets").await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    let paused = Paused::pause(lab.registry.as_ref().expect("registry").pid());
+    broker.stop();
+    broker.resume().expect("broker back");
+    let seen = watch_final_update(lab.mqtt_port, &lab.opts.topic_prefix, &session_id).await;
+    let passed = tokio::time::timeout(Duration::from_secs(40), seen)
+        .await
+        .expect("the bench sent its result while the registry was stopped")
+        .unwrap();
+    assert_eq!(passed["status"], "completed", "{passed}");
+    drop(paused);
+
+    let session = session_end(&hw, &session_id, Duration::from_secs(30)).await;
+    assert_eq!(session["status"], "completed", "{session}");
+    let refs = session["artifact_refs"].as_array().unwrap();
+    assert_eq!(refs.len(), passed["artifacts"].as_array().unwrap().len());
+    assert!(!refs.is_empty(), "{session}");
+    assert_eq!(events.of("session_failed"), Vec::<Value>::new());
+    let snap = hw
+        .act_ok(&camera_lease, "snapshot", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(snap["status"], "completed");
+    follower.abort();
+}
+
 /// A planned restart of a registry with the embedded broker while the
 /// bench keeps running: the capture that ends while the registry is down,
 /// and whose deadline passes meanwhile too, is `running` when the registry

@@ -89,7 +89,7 @@ use serde_json::{json, Map, Value};
 use shared_protocol::artifact::{is_sha256_hex, CapabilityArtifact};
 use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, LeaseStatus};
-use shared_protocol::mqtt::{ActionCancel, ActionCommand, MessageType, SessionUpdate};
+use shared_protocol::mqtt::{ActionCancel, ActionCommand, MessageType, SessionSync, SessionUpdate};
 use shared_protocol::provider::OnlineStatus;
 use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionStatus};
 use tokio::sync::{oneshot, watch, RwLock};
@@ -196,6 +196,9 @@ const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
 
 /// Longest time between two sweeps of unbound bytes.
 const MAX_UNBOUND_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// Most open sessions one provider is asked about at a reconnection (in
+/// messages of [`SessionSync::MAX_SESSIONS`]).
+const MAX_SYNCED_SESSIONS: usize = 10_000;
 
 /// Most sessions or artifacts one listing returns.
 pub const MAX_LIST: usize = 10_000;
@@ -1206,6 +1209,51 @@ impl Sessions {
         }
     }
 
+    /// Send `provider_id` a `session_sync` listing the sessions still open
+    /// on it (none: nothing is sent). The provider reports again those it
+    /// has ended and fails those it never received (see
+    /// [`SessionSync`]): a final update that reached the broker while the
+    /// registry was not subscribed is recovered at the provider's next
+    /// reconnection instead of failing at the session's deadline.
+    pub async fn sync_open_sessions(&self, provider_id: &str) {
+        let Some(commands) = self.commands.get() else {
+            return;
+        };
+        let p = provider_id.to_string();
+        let open = match self
+            .db
+            .read(move |c| store::open_sessions_of(c, &p, MAX_SYNCED_SESSIONS))
+            .await
+        {
+            Ok(Ok(open)) => open,
+            Ok(Err(e)) => {
+                tracing::error!(provider_id, error = %e, "cannot list open sessions to sync");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(provider_id, error = %e, "cannot list open sessions to sync");
+                return;
+            }
+        };
+        if open.is_empty() {
+            return;
+        }
+        tracing::info!(
+            provider_id,
+            sessions = open.len(),
+            "asking the provider to report its open sessions again"
+        );
+        for chunk in open.chunks(SessionSync::MAX_SESSIONS) {
+            commands.send(
+                provider_id,
+                MessageType::SessionSync,
+                &SessionSync {
+                    sessions: chunk.to_vec(),
+                },
+            );
+        }
+    }
+
     /// Fail sessions past their deadline; every so often (a quarter of
     /// the unbound-bytes grace time, between 0.5 s and 60 s) sweep unbound
     /// bytes.
@@ -1488,6 +1536,10 @@ impl ProviderHooks for Sessions {
             format!("provider `{provider_id}` went offline ({reason})"),
         )
         .await;
+    }
+
+    async fn on_provider_announced_online(&self, provider_id: &str) {
+        self.sync_open_sessions(provider_id).await;
     }
 
     async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) {

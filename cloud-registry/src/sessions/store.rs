@@ -11,7 +11,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row as SqlRow};
 use serde_json::{json, Map, Value};
 use shared_protocol::artifact::CapabilityArtifact;
 use shared_protocol::event::{CapabilityEvent, EventType};
-use shared_protocol::mqtt::SessionUpdate;
+use shared_protocol::mqtt::{OpenSession, SessionUpdate};
 use shared_protocol::session::{CapabilitySession, SessionStatus};
 use shared_protocol::Timestamp;
 
@@ -932,6 +932,27 @@ pub fn provider_lost(
     }
     tx.commit()?;
     Ok(events)
+}
+
+/// Sessions of `provider_id` still open (`pending` or `running`), oldest
+/// first, at most `limit`: what a `session_sync` lists.
+pub fn open_sessions_of(
+    conn: &Connection,
+    provider_id: &str,
+    limit: usize,
+) -> rusqlite::Result<Vec<OpenSession>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT session_id, capability_id FROM capability_sessions
+         WHERE provider_id = ?1 AND status IN ('pending', 'running')
+         ORDER BY started_at, rowid LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![provider_id, limit as i64], |r| {
+        Ok(OpenSession {
+            session_id: r.get(0)?,
+            capability_id: r.get(1)?,
+        })
+    })?;
+    rows.collect()
 }
 
 /// Whether lease `lease_id` has a session still pending or running.
