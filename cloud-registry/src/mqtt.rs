@@ -668,6 +668,15 @@ async fn ingest_one(
     if !live_status && !dedup.first_time(provider_id, &env.message_id) {
         stats.duplicates.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(provider_id, message_id = %env.message_id, "duplicate MQTT message dropped");
+        if kind == TopicKind::Status {
+            // Replayed as the registry subscribed again: results the
+            // provider sent while the registry was away may be lost (a
+            // broker that lost or overflowed its queue), so ask anyway.
+            let body: StatusBody = env.body_as(MessageType::Status)?;
+            if body.online_status == OnlineStatus::Online && body.provider_id == provider_id {
+                registry.provider_announced_online(provider_id).await;
+            }
+        }
         return Ok(());
     }
     match kind {

@@ -341,11 +341,21 @@ impl CapabilityRegistry {
         self.set_online(actor, &provider_id, online, status.boot_id, reason)
             .await?;
         if online {
-            for h in self.hooks() {
-                h.on_provider_announced_online(&provider_id).await;
-            }
+            self.provider_announced_online(&provider_id).await;
         }
         Ok(())
+    }
+
+    /// Tell the hooks `provider_id` announced itself online (see
+    /// [`ProviderHooks::on_provider_announced_online`]). Called by
+    /// [`Self::provider_status`], and on its own for a retained `online`
+    /// status the registry had already applied, replayed when it
+    /// subscribes again: the status changes nothing, but what the provider
+    /// published meanwhile may have reached nobody.
+    pub async fn provider_announced_online(&self, provider_id: &str) {
+        for h in self.hooks() {
+            h.on_provider_announced_online(provider_id).await;
+        }
     }
 
     async fn set_online(

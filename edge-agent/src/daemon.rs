@@ -12,8 +12,9 @@
 //! ones finish); wait for the runners; publish what is queued, then the
 //! retained `offline` status, and disconnect; checkpoint the outbox.
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -152,6 +153,7 @@ impl Daemon {
                 runners: runners.clone(),
                 sink: sink.clone(),
                 heartbeat: link.heartbeat_control(),
+                received: Arc::default(),
             },
             stop_rx.clone(),
         ));
@@ -419,6 +421,40 @@ struct Dispatcher {
     runners: Arc<Runners>,
     sink: UpdateSink,
     heartbeat: HeartbeatControl,
+    received: Arc<Mutex<Received>>,
+}
+
+/// Sessions this daemon got an `action_invoke` for since it started (the
+/// newest [`RECEIVED_KEPT`]), so a `session_sync` tells a session never
+/// received from one that ran. Memory is enough: after a restart the new
+/// boot id makes the registry end the sessions of the old one.
+#[derive(Default)]
+struct Received {
+    /// Session id → reported `failed` as never received.
+    sessions: HashMap<String, bool>,
+    order: VecDeque<String>,
+}
+
+/// Session ids [`Received`] remembers.
+const RECEIVED_KEPT: usize = 100_000;
+
+impl Received {
+    /// Note that `session_id` is known here, as received (`lost = false`)
+    /// or as reported never received (`lost = true`). Returns what was
+    /// noted before, if anything.
+    fn note(&mut self, session_id: &str, lost: bool) -> Option<bool> {
+        if let Some(was) = self.sessions.get(session_id) {
+            return Some(*was);
+        }
+        self.sessions.insert(session_id.to_string(), lost);
+        self.order.push_back(session_id.to_string());
+        if self.order.len() > RECEIVED_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.sessions.remove(&old);
+            }
+        }
+        None
+    }
 }
 
 async fn dispatch_loop(
@@ -476,6 +512,10 @@ impl Dispatcher {
                     Ok(cmd) => {
                         let session_id = cmd.session_id.clone();
                         let capability_id = cmd.capability_id.clone();
+                        if self.note_received(&session_id) == Some(true) {
+                            tracing::warn!(%session_id, "action_invoke for a session already reported never received; not run");
+                            return;
+                        }
                         match self.runners.submit(cmd) {
                             Ok(()) => {}
                             Err(Rejection::DuplicateSession(id)) => {
@@ -501,6 +541,7 @@ impl Dispatcher {
                             (Some(s), Some(c))
                                 if shared_protocol::validate::check_id("s", &s).is_ok() =>
                             {
+                                self.note_received(&s);
                                 self.emit(vec![session_update(
                                     &s,
                                     &c,
@@ -576,45 +617,69 @@ impl Dispatcher {
 }
 
 impl Dispatcher {
+    /// Note an `action_invoke` for `session_id` (see [`Received`]); returns
+    /// what was noted before.
+    fn note_received(&self, session_id: &str) -> Option<bool> {
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .note(session_id, false)
+    }
+
     /// Answer a `session_sync`: the registry holds `sessions` open. One
-    /// still running here needs nothing; one whose update is still queued
-    /// neither; one whose last update the broker acknowledged has it sent
-    /// again. One with no record here at all is looked at again after
-    /// [`SYNC_RECHECK`] (a session ending right now leaves the runner's
-    /// board a moment before its update is queued) and, still unknown,
-    /// reported `failed`: its `action_invoke` never reached this bench.
+    /// still running here needs nothing; one whose final update is still
+    /// queued neither (unless it is already on its way: the outbox queues
+    /// it again after its acknowledgement); one whose final update the
+    /// broker acknowledged has it sent again. The rest are looked at again
+    /// after [`SYNC_RECHECK`] (a session ending right now leaves the
+    /// runner's board a moment before its update is queued, and an
+    /// `action_invoke` may follow the sync). Then one this daemon never
+    /// received is reported `failed`, once; one it received and has no
+    /// final update for (pruned from the outbox) is left alone.
     async fn sync_sessions(&self, sessions: Vec<OpenSession>) {
-        let unknown = self.sync_pass(sessions).await;
-        if unknown.is_empty() {
+        let unsettled = self.sync_pass(sessions).await;
+        if unsettled.is_empty() {
             return;
         }
         let this = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(SYNC_RECHECK).await;
-            let unknown = this.sync_pass(unknown).await;
-            let updates = unknown
-                .iter()
-                .map(|s| {
-                    tracing::warn!(session_id = %s.session_id, capability_id = %s.capability_id, "the registry holds a session this bench never received; reporting it failed");
-                    session_update(
-                        &s.session_id,
-                        &s.capability_id,
-                        SessionStatus::Failed,
-                        Some(NEVER_RECEIVED.to_string()),
-                    )
-                })
-                .collect();
+            let unsettled = this.sync_pass(unsettled).await;
+            let mut updates = Vec::new();
+            for s in unsettled {
+                let before = this
+                    .received
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .note(&s.session_id, true);
+                match before {
+                    None => {
+                        tracing::warn!(session_id = %s.session_id, capability_id = %s.capability_id, "the registry holds a session this bench never received; reporting it failed");
+                        updates.push(session_update(
+                            &s.session_id,
+                            &s.capability_id,
+                            SessionStatus::Failed,
+                            Some(NEVER_RECEIVED.to_string()),
+                        ));
+                    }
+                    Some(true) => {}
+                    Some(false) => tracing::warn!(
+                        session_id = %s.session_id,
+                        "session_sync: a session this bench ran has no final update left to send again (pruned from the outbox, or not yet written); nothing sent"
+                    ),
+                }
+            }
             this.emit(updates).await;
         });
     }
 
     /// One look at `sessions` (see [`Self::sync_sessions`]); returns those
-    /// with no record here.
+    /// neither open here nor with a final update in the outbox.
     async fn sync_pass(&self, sessions: Vec<OpenSession>) -> Vec<OpenSession> {
         let runners = self.runners.clone();
         let sink = self.sink.clone();
         let looked = tokio::task::spawn_blocking(move || {
-            let mut unknown = Vec::new();
+            let mut unsettled = Vec::new();
             let (mut requeued, mut queued, mut running) = (0, 0, 0);
             for s in sessions {
                 if runners.is_open(&s.session_id) {
@@ -624,7 +689,7 @@ impl Dispatcher {
                 match sink.resend_for_sync(&s.session_id) {
                     Ok(SyncAnswer::Requeued) => requeued += 1,
                     Ok(SyncAnswer::StillQueued) => queued += 1,
-                    Ok(SyncAnswer::NoRecord) => unknown.push(s),
+                    Ok(SyncAnswer::NoRecord) => unsettled.push(s),
                     Err(e) => {
                         tracing::error!(session_id = %s.session_id, error = %e, "session_sync: outbox unreadable");
                     }
@@ -634,10 +699,10 @@ impl Dispatcher {
                 running,
                 queued,
                 requeued,
-                unknown = unknown.len(),
+                unsettled = unsettled.len(),
                 "answered the registry's session_sync"
             );
-            unknown
+            unsettled
         })
         .await;
         looked.unwrap_or_default()

@@ -65,6 +65,16 @@ pub const SENT_UPDATE_MAX_ROWS: i64 = 10_000;
 /// How often acknowledging updates also prunes the kept ones.
 const SENT_PRUNE_EVERY: Duration = Duration::from_secs(60);
 
+/// Whether a queued session update ends its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateKind {
+    /// `running`, or progress: the session goes on.
+    Progress,
+    /// `completed`, `failed`, `cancelled`: the session's last word, kept
+    /// after its acknowledgement for a `session_sync`.
+    Final,
+}
+
 /// What [`Outbox::resend_for_sync`] found for a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncAnswer {
@@ -231,6 +241,10 @@ struct Inner {
     /// When acknowledged updates were last pruned (see
     /// [`SENT_UPDATE_RETENTION`]).
     sent_pruned_at: Mutex<Option<std::time::Instant>>,
+    /// Sessions a `session_sync` found with their final update still
+    /// queued: once the broker acknowledges it, it is queued once more
+    /// ([`Outbox::resend_for_sync`]).
+    resend_after_ack: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Most updates kept in memory for the publisher ([`Outbox::followed_updates`]);
@@ -338,6 +352,7 @@ impl Outbox {
                 follow: Mutex::new(Follow::default()),
                 due_again: Arc::default(),
                 sent_pruned_at: Mutex::new(None),
+                resend_after_ack: Mutex::default(),
                 budget: Mutex::new(Budget {
                     limit: cfg.disk_budget_bytes,
                     used: 0,
@@ -839,16 +854,17 @@ impl Outbox {
         }))
     }
 
-    /// Keep a session update (an MQTT envelope's bytes) until it has been
-    /// published; returns its queue position. For an update that carries
-    /// artifact metadata use [`Self::queue_update_with_artifacts`].
+    /// Keep a final session update (an MQTT envelope's bytes) until it has
+    /// been published; returns its queue position. For a progress update,
+    /// or one that carries artifact metadata, use
+    /// [`Self::queue_update_with_artifacts`].
     pub fn queue_update(
         &self,
         message_id: &str,
         session_id: &str,
         payload: &[u8],
     ) -> Result<i64, OutboxError> {
-        self.queue_update_with_artifacts(message_id, session_id, payload, &[])
+        self.queue_update_with_artifacts(message_id, session_id, payload, &[], UpdateKind::Final)
     }
 
     /// [`Self::queue_update`] for an update that carries the metadata of
@@ -862,8 +878,11 @@ impl Outbox {
         session_id: &str,
         payload: &[u8],
         artifact_ids: &[&str],
+        kind: UpdateKind,
     ) -> Result<i64, OutboxError> {
-        self.with_conn_unsynced(|c| self.queue_in(c, message_id, session_id, payload, artifact_ids))
+        self.with_conn_unsynced(|c| {
+            self.queue_in(c, message_id, session_id, payload, artifact_ids, kind)
+        })
     }
 
     /// [`Self::queue_update_with_artifacts`] on the locked connection.
@@ -874,14 +893,22 @@ impl Outbox {
         session_id: &str,
         payload: &[u8],
         artifact_ids: &[&str],
+        kind: UpdateKind,
     ) -> rusqlite::Result<i64> {
         let tx = c.unchecked_transaction()?;
         let inserted = c
             .prepare_cached(
-                "INSERT OR IGNORE INTO pending_updates (message_id, session_id, payload, queued_at)
-                 VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR IGNORE INTO pending_updates
+                    (message_id, session_id, payload, queued_at, final)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![message_id, session_id, payload, now_text()])?;
+            .execute(params![
+                message_id,
+                session_id,
+                payload,
+                now_text(),
+                kind == UpdateKind::Final
+            ])?;
         let seq = if inserted == 0 {
             // Queued before (same message id): its position.
             c.prepare_cached("SELECT seq FROM pending_updates WHERE message_id = ?1")?
@@ -917,19 +944,24 @@ impl Outbox {
         Ok(seq)
     }
 
-    /// Answer a `session_sync` entry for `session_id`: when no update of
-    /// the session is queued but one was acknowledged by the broker (and
-    /// kept, see [`SENT_UPDATE_RETENTION`]), queue that update again, with
-    /// its own message id, so it is published once more. The broker's
-    /// acknowledgement does not prove the registry received it.
+    /// Answer a `session_sync` entry for `session_id`. When its final
+    /// update is still queued, it goes out anyway; if it is already on its
+    /// way to the broker (published, not yet acknowledged), it is queued
+    /// once more after its acknowledgement, since it may have gone out
+    /// before the registry subscribed. When the final update was
+    /// acknowledged (and kept, see [`SENT_UPDATE_RETENTION`]), it is queued
+    /// again now, with its own message id. The broker's acknowledgement
+    /// does not prove the registry received it.
     pub fn resend_for_sync(&self, session_id: &str) -> Result<SyncAnswer, OutboxError> {
         self.with_conn_unsynced(|c| {
             let queued: bool = c
                 .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM pending_updates WHERE session_id = ?1)",
+                    "SELECT EXISTS (SELECT 1 FROM pending_updates
+                                    WHERE session_id = ?1 AND final = 1)",
                 )?
                 .query_row([session_id], |r| r.get(0))?;
             if queued {
+                lock(&self.inner.resend_after_ack).insert(session_id.to_string());
                 return Ok(SyncAnswer::StillQueued);
             }
             let sent: Option<(String, Vec<u8>)> = c
@@ -940,7 +972,7 @@ impl Outbox {
                 .optional()?;
             match sent {
                 Some((message_id, payload)) => {
-                    self.queue_in(c, &message_id, session_id, &payload, &[])?;
+                    self.queue_in(c, &message_id, session_id, &payload, &[], UpdateKind::Final)?;
                     Ok(SyncAnswer::Requeued)
                 }
                 None => Ok(SyncAnswer::NoRecord),
@@ -1031,7 +1063,11 @@ impl Outbox {
         if seqs.is_empty() {
             return Ok(());
         }
+        let resync_waiting = !lock(&self.inner.resend_after_ack).is_empty();
         let (done, confirming): (Vec<(String, i64)>, usize) = self.with_conn_unsynced(|c| {
+            if resync_waiting {
+                self.queue_again_after_ack(c, seqs)?;
+            }
             let tx = c.unchecked_transaction()?;
             let mut done = Vec::new();
             let mut confirming = 0;
@@ -1058,7 +1094,7 @@ impl Outbox {
                 let mut keep = tx.prepare_cached(
                     "INSERT INTO sent_updates (session_id, seq, message_id, payload, acked_at_ms)
                      SELECT session_id, seq, message_id, payload, ?2 FROM pending_updates
-                     WHERE seq = ?1
+                     WHERE seq = ?1 AND final = 1
                      ON CONFLICT (session_id) DO UPDATE SET
                         seq = excluded.seq, message_id = excluded.message_id,
                         payload = excluded.payload, acked_at_ms = excluded.acked_at_ms
@@ -1163,6 +1199,37 @@ impl Outbox {
     pub fn ping(&self) -> bool {
         self.with_conn(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
             .is_ok()
+    }
+
+    /// Of the final updates being acknowledged (`seqs`), queue again
+    /// those a `session_sync` asked for while they were on their way (see
+    /// [`Self::resend_for_sync`]), each once.
+    fn queue_again_after_ack(&self, c: &Connection, seqs: &[i64]) -> rusqlite::Result<()> {
+        let mut again = Vec::new();
+        {
+            let mut waiting = lock(&self.inner.resend_after_ack);
+            let mut stmt = c.prepare_cached(
+                "SELECT session_id, message_id, payload FROM pending_updates
+                 WHERE seq = ?1 AND final = 1",
+            )?;
+            for seq in seqs {
+                let row: Option<(String, String, Vec<u8>)> = stmt
+                    .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()?;
+                if let Some((session_id, message_id, payload)) = row {
+                    if waiting.remove(&session_id) {
+                        again.push((session_id, message_id, payload));
+                    }
+                }
+            }
+        }
+        for (session_id, message_id, payload) in again {
+            // The acknowledged row goes below, in the same lock: a fresh
+            // message id keeps the copy from being taken for it.
+            let copy = format!("{message_id}.sync");
+            self.queue_in(c, &copy, &session_id, &payload, &[], UpdateKind::Final)?;
+        }
+        Ok(())
     }
 
     /// True (and the clock restarted) when acknowledged updates were last
@@ -1410,8 +1477,23 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
             "ALTER TABLE artifacts ADD COLUMN bytes_bound INTEGER NOT NULL DEFAULT 1;",
         )?;
     }
+    let has_update_column = |name: &str| -> rusqlite::Result<bool> {
+        c.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('pending_updates') WHERE name = ?1",
+            [name],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )
+    };
+    if !has_update_column("final")? {
+        // Rows queued before the column existed count as final: at worst a
+        // progress update is kept for a `session_sync`.
+        c.execute_batch(
+            "ALTER TABLE pending_updates ADD COLUMN final INTEGER NOT NULL DEFAULT 1;",
+        )?;
+    }
     c.execute_batch(
-        "CREATE INDEX IF NOT EXISTS artifacts_by_metadata_seq ON artifacts (metadata_seq);",
+        "CREATE INDEX IF NOT EXISTS artifacts_by_metadata_seq ON artifacts (metadata_seq);
+         CREATE INDEX IF NOT EXISTS pending_updates_by_session ON pending_updates (session_id);",
     )
 }
 

@@ -46,7 +46,7 @@ use tokio::sync::Notify;
 
 use crate::config::CapabilityConfig;
 use crate::drivers::{ActionRequest, CancelToken, Driver, DriverError, DriverHealth};
-use crate::outbox::{Outbox, OutboxError, SyncAnswer};
+use crate::outbox::{Outbox, OutboxError, SyncAnswer, UpdateKind};
 use crate::update_size::{bound_envelope, MAX_ERROR_MESSAGE_CHARS, MAX_SESSION_UPDATE_BYTES};
 
 /// Deadline when a command gives `timeout_ms = 0`, milliseconds.
@@ -125,11 +125,17 @@ impl UpdateSink {
             .iter()
             .map(|a| a.artifact_id.as_str())
             .collect();
+        let kind = if update.status.is_final() {
+            UpdateKind::Final
+        } else {
+            UpdateKind::Progress
+        };
         let result = self.outbox.queue_update_with_artifacts(
             &env.message_id,
             &update.session_id,
             &bytes,
             &artifact_ids,
+            kind,
         );
         match &result {
             Ok(_) => {

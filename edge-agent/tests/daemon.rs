@@ -393,6 +393,22 @@ async fn session_sync_resends_ended_sessions_and_fails_unknown_ones() {
         edge_agent::daemon::NEVER_RECEIVED,
         "{lost:?}"
     );
+    // Asked again, it is not reported twice; and its action_invoke, should
+    // it still arrive, is not run.
+    daemon.submit(envelope(
+        MessageType::SessionSync,
+        &json!({"sessions": [{"session_id": "s-lost", "capability_id": "cam-01"}]}),
+    ));
+    daemon.submit(invoke(
+        "s-lost",
+        "l-1",
+        "cam-01",
+        "snapshot",
+        json!({}),
+        10_000,
+    ));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(updates(&daemon, "s-lost").await, lost);
     // The running clip gets no new update from the sync.
     assert_eq!(updates(&daemon, "s-long").await, Vec::<Value>::new());
     daemon.shutdown().await;

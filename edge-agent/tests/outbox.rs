@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use edge_agent::config::{Durability, OutboxConfig};
 use edge_agent::drivers::NewArtifact;
-use edge_agent::outbox::{Outbox, OutboxError, RecoveryReport, SyncAnswer, UploadState};
+use edge_agent::outbox::{
+    Outbox, OutboxError, RecoveryReport, SyncAnswer, UpdateKind, UploadState,
+};
 use serde_json::{json, Map};
 use shared_protocol::artifact::ArtifactType;
 
@@ -189,7 +191,13 @@ fn the_disk_budget_refuses_new_captures_and_never_drops_pending_evidence() {
     // Bytes confirmed but metadata not yet acknowledged: the file is still
     // the evidence and still counts.
     let seq = outbox
-        .queue_update_with_artifacts("m-1", "sess-1", b"completed", &[&first.artifact_id])
+        .queue_update_with_artifacts(
+            "m-1",
+            "sess-1",
+            b"completed",
+            &[&first.artifact_id],
+            UpdateKind::Final,
+        )
         .unwrap();
     outbox.mark_uploaded(&first.artifact_id).unwrap();
     assert!(outbox.file_path(&first.artifact_id).exists());
@@ -379,24 +387,24 @@ fn queued_session_updates_survive_a_restart_in_order() {
 }
 
 /// A session_sync after the broker acknowledged a session's updates: its
-/// newest one is queued again, under the same message id, and survives a
-/// restart; a session still queued, or never seen, is told apart.
+/// final one is queued again, under the same message id, and survives a
+/// restart (a progress update acknowledged after it does not take its
+/// place); a session still queued, or never seen, is told apart.
 #[test]
-fn an_acknowledged_update_is_queued_again_for_a_session_sync() {
+fn an_acknowledged_final_update_is_queued_again_for_a_session_sync() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), 64 * MIB);
     let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
-    outbox.queue_update("m-run", "sess-1", b"running").unwrap();
     outbox
         .queue_update("m-end", "sess-1", b"completed")
         .unwrap();
+    // A late `running` report queued after the final one.
     outbox
-        .queue_update("m-other", "sess-2", b"running")
+        .queue_update_with_artifacts("m-run", "sess-1", b"running", &[], UpdateKind::Progress)
         .unwrap();
-    assert_eq!(
-        outbox.resend_for_sync("sess-1").unwrap(),
-        SyncAnswer::StillQueued
-    );
+    outbox
+        .queue_update_with_artifacts("m-other", "sess-2", b"running", &[], UpdateKind::Progress)
+        .unwrap();
     let seqs: Vec<i64> = outbox
         .queued_updates(10)
         .unwrap()
@@ -404,10 +412,7 @@ fn an_acknowledged_update_is_queued_again_for_a_session_sync() {
         .filter(|q| q.session_id == "sess-1")
         .map(|q| q.seq)
         .collect();
-    // Acknowledged in two batches, the final one first: the newest by
-    // queue order is the one kept.
-    outbox.remove_updates(&seqs[1..]).unwrap();
-    outbox.remove_updates(&seqs[..1]).unwrap();
+    outbox.remove_updates(&seqs).unwrap();
     drop(outbox);
 
     let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
@@ -422,26 +427,49 @@ fn an_acknowledged_update_is_queued_again_for_a_session_sync() {
         .map(|q| (q.message_id.as_str(), q.payload.as_slice()))
         .collect();
     assert_eq!(again, vec![("m-end", b"completed".as_slice())]);
-    // Queued once: a second sync before it went out finds it queued.
-    assert_eq!(
-        outbox.resend_for_sync("sess-1").unwrap(),
-        SyncAnswer::StillQueued
-    );
+    // Only a progress update queued: nothing final to send again.
     assert_eq!(
         outbox.resend_for_sync("sess-2").unwrap(),
-        SyncAnswer::StillQueued
+        SyncAnswer::NoRecord
     );
     assert_eq!(
         outbox.resend_for_sync("sess-9").unwrap(),
         SyncAnswer::NoRecord
     );
-    // Acknowledged again, it can be asked for again.
-    let seq = queued.iter().find(|q| q.message_id == "m-end").unwrap().seq;
-    outbox.remove_update(seq).unwrap();
+
+    // Asked again while the copy is queued (it may be on its way already):
+    // once acknowledged, it is queued once more, under a message id of its
+    // own, and only once.
     assert_eq!(
         outbox.resend_for_sync("sess-1").unwrap(),
-        SyncAnswer::Requeued
+        SyncAnswer::StillQueued
     );
+    let seq = queued.iter().find(|q| q.message_id == "m-end").unwrap().seq;
+    outbox.remove_update(seq).unwrap();
+    let after: Vec<String> = outbox
+        .queued_updates(10)
+        .unwrap()
+        .into_iter()
+        .filter(|q| q.session_id == "sess-1")
+        .map(|q| {
+            assert_eq!(q.payload, b"completed");
+            q.message_id
+        })
+        .collect();
+    assert_eq!(after, vec!["m-end.sync".to_string()]);
+    let seq = outbox
+        .queued_updates(10)
+        .unwrap()
+        .iter()
+        .find(|q| q.session_id == "sess-1")
+        .unwrap()
+        .seq;
+    outbox.remove_update(seq).unwrap();
+    assert!(outbox
+        .queued_updates(10)
+        .unwrap()
+        .iter()
+        .all(|q| q.session_id != "sess-1"));
 }
 
 /// The publisher's memory of updates queued since it read the table to its
@@ -605,7 +633,13 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
     // Bytes first, metadata later.
     let a = outbox.ingest("sess-1", artifact(1000, 1)).unwrap();
     let seq_a = outbox
-        .queue_update_with_artifacts("m-a", "sess-1", b"completed", &[&a.artifact_id])
+        .queue_update_with_artifacts(
+            "m-a",
+            "sess-1",
+            b"completed",
+            &[&a.artifact_id],
+            UpdateKind::Final,
+        )
         .unwrap();
     outbox.mark_uploaded(&a.artifact_id).unwrap();
     assert!(
@@ -649,7 +683,13 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
     // Metadata first, bytes later.
     let b = outbox.ingest("sess-2", artifact(1000, 2)).unwrap();
     let seq_b = outbox
-        .queue_update_with_artifacts("m-b", "sess-2", b"completed", &[&b.artifact_id])
+        .queue_update_with_artifacts(
+            "m-b",
+            "sess-2",
+            b"completed",
+            &[&b.artifact_id],
+            UpdateKind::Final,
+        )
         .unwrap();
     outbox.remove_updates(&[seq_b]).unwrap();
     assert!(
@@ -662,7 +702,13 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
     // An update dropped without acknowledgment does not free the file.
     let c = outbox.ingest("sess-3", artifact(1000, 3)).unwrap();
     let seq_c = outbox
-        .queue_update_with_artifacts("m-c", "sess-3", b"completed", &[&c.artifact_id])
+        .queue_update_with_artifacts(
+            "m-c",
+            "sess-3",
+            b"completed",
+            &[&c.artifact_id],
+            UpdateKind::Final,
+        )
         .unwrap();
     outbox.drop_update(seq_c).unwrap();
     outbox.mark_uploaded(&c.artifact_id).unwrap();
@@ -728,7 +774,13 @@ fn bytes_held_unbound_are_confirmed_by_another_upload_after_the_metadata() {
     let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
     let a = outbox.ingest("sess-1", artifact(1000, 1)).unwrap();
     let seq = outbox
-        .queue_update_with_artifacts("m-a", "sess-1", b"completed", &[&a.artifact_id])
+        .queue_update_with_artifacts(
+            "m-a",
+            "sess-1",
+            b"completed",
+            &[&a.artifact_id],
+            UpdateKind::Final,
+        )
         .unwrap();
     outbox
         .mark_uploaded_unbound(&a.artifact_id, Duration::ZERO)

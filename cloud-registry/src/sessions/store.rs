@@ -942,8 +942,11 @@ pub fn open_sessions_of(
     limit: usize,
 ) -> rusqlite::Result<Vec<OpenSession>> {
     let mut stmt = conn.prepare_cached(
+        // The partial index holds only open sessions (few), where the
+        // provider index would walk the provider's whole history.
         "SELECT session_id, capability_id FROM capability_sessions
-         WHERE provider_id = ?1 AND status IN ('pending', 'running')
+             INDEXED BY capability_sessions_open_deadline
+         WHERE status IN ('pending', 'running') AND provider_id = ?1
          ORDER BY started_at, rowid LIMIT ?2",
     )?;
     let rows = stmt.query_map(params![provider_id, limit as i64], |r| {
