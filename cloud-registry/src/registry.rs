@@ -54,14 +54,12 @@ pub trait ProviderHooks: Send + Sync + 'static {
         tracing::info!(provider_id, "provider restarted (new boot id): its running sessions should become incomplete_evidence");
     }
 
-    /// A provider went offline (LWT, `offline` status, missed heartbeats,
-    /// or not heard since a restart of a registry with the embedded
-    /// broker). `reason` is the one stored with the change, e.g. `missed
-    /// heartbeats` or [`REGISTRY_RESTARTED`].
-    async fn on_provider_offline(&self, provider_id: &str, reason: &str) {
+    /// A provider went offline, for `reason` (its text is the one stored
+    /// with the change).
+    async fn on_provider_offline(&self, provider_id: &str, reason: OfflineReason) {
         tracing::info!(
             provider_id,
-            reason,
+            %reason,
             "provider offline: its running sessions cannot report until it returns"
         );
     }
@@ -90,11 +88,47 @@ pub struct LoggingHooks;
 #[async_trait::async_trait]
 impl ProviderHooks for LoggingHooks {}
 
-/// Why a provider stored as `online` is marked offline when a registry
-/// with the embedded broker starts (see
-/// [`CapabilityRegistry::mark_unheard_providers_offline`]).
-pub const REGISTRY_RESTARTED: &str =
-    "the registry restarted and the provider has not reconnected since";
+/// Why a provider went offline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OfflineReason {
+    /// Its `offline` status arrived and held: it disconnected cleanly, or
+    /// the broker published its last will.
+    StatusReceived,
+    /// Nothing heard from it for the offline timeout.
+    MissedHeartbeats,
+    /// Stored as `online` when a registry with the embedded broker
+    /// started, so not connected now (see
+    /// [`CapabilityRegistry::mark_unheard_providers_offline`]). Says nothing
+    /// about the bench itself: a planned restart leaves it running.
+    RegistryRestarted,
+}
+
+impl OfflineReason {
+    /// The reason stored with the change and shown in its events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OfflineReason::StatusReceived => "offline status received: disconnect or last will",
+            OfflineReason::MissedHeartbeats => "missed heartbeats",
+            OfflineReason::RegistryRestarted => {
+                "the registry restarted and the provider has not reconnected since"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for OfflineReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A provider's presence as [`CapabilityRegistry`] records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    /// Its `online` status arrived.
+    Online,
+    Offline(OfflineReason),
+}
 
 /// Timing the registry needs from the configuration.
 #[derive(Debug, Clone)]
@@ -175,7 +209,7 @@ impl CapabilityRegistry {
         }
     }
 
-    async fn provider_went_offline(&self, provider_id: &str, reason: &str) {
+    async fn provider_went_offline(&self, provider_id: &str, reason: OfflineReason) {
         for h in self.hooks() {
             h.on_provider_offline(provider_id, reason).await;
         }
@@ -332,13 +366,13 @@ impl CapabilityRegistry {
                 }
             }
         }
-        let reason = if online {
-            "online status received"
+        let presence = if online {
+            Presence::Online
         } else {
-            "offline status received: disconnect or last will"
+            Presence::Offline(OfflineReason::StatusReceived)
         };
         let provider_id = status.provider_id.clone();
-        self.set_online(actor, &provider_id, online, status.boot_id, reason)
+        self.set_online(actor, &provider_id, presence, status.boot_id)
             .await?;
         if online {
             self.provider_announced_online(&provider_id).await;
@@ -362,10 +396,13 @@ impl CapabilityRegistry {
         &self,
         actor: &str,
         provider_id: &str,
-        online: bool,
+        presence: Presence,
         boot_id: Option<String>,
-        reason: &str,
     ) -> StoreResult<()> {
+        let (online, reason) = match presence {
+            Presence::Online => (true, "online status received"),
+            Presence::Offline(why) => (false, why.as_str()),
+        };
         let out = self
             .store
             .set_provider_online(
@@ -384,8 +421,8 @@ impl CapabilityRegistry {
         }
         if !online {
             self.clear_windows(provider_id).await;
-            if out.changed {
-                self.provider_went_offline(provider_id, reason).await;
+            if let (true, Presence::Offline(why)) = (out.changed, presence) {
+                self.provider_went_offline(provider_id, why).await;
             }
         } else if boot_changed(out.previous_boot_id.as_deref(), boot_id.as_deref()) {
             self.clear_windows(provider_id).await;
@@ -403,7 +440,12 @@ impl CapabilityRegistry {
         let ids = self.store.overdue_providers(cutoff).await?;
         for id in &ids {
             match self
-                .set_online("system", id, false, None, "missed heartbeats")
+                .set_online(
+                    "system",
+                    id,
+                    Presence::Offline(OfflineReason::MissedHeartbeats),
+                    None,
+                )
                 .await
             {
                 Ok(()) => {
@@ -419,7 +461,7 @@ impl CapabilityRegistry {
     /// At the start of a registry whose MQTT broker starts with it (the
     /// embedded broker): no provider can be connected yet, so every
     /// provider the store still holds as `online` (from before the
-    /// restart) is marked offline, with reason [`REGISTRY_RESTARTED`],
+    /// restart) is marked offline, with [`OfflineReason::RegistryRestarted`],
     /// through the same path as a confirmed offline (status row,
     /// capability events and snapshots, lease engine, hooks; the sessions
     /// module leaves their open sessions to the provider's report, its
@@ -442,7 +484,12 @@ impl CapabilityRegistry {
         let mut marked = Vec::with_capacity(stored_online.len());
         for p in stored_online {
             match self
-                .set_online("system", &p.provider_id, false, None, REGISTRY_RESTARTED)
+                .set_online(
+                    "system",
+                    &p.provider_id,
+                    Presence::Offline(OfflineReason::RegistryRestarted),
+                    None,
+                )
                 .await
             {
                 Ok(()) => {

@@ -581,7 +581,7 @@ async fn a_message_naming_another_provider_or_repeated_is_not_applied() {
 #[derive(Default)]
 struct Recorder {
     restarted: Mutex<Vec<String>>,
-    offline: Mutex<Vec<String>>,
+    offline: Mutex<Vec<(String, cloud_registry::registry::OfflineReason)>>,
 }
 
 #[async_trait::async_trait]
@@ -589,8 +589,15 @@ impl cloud_registry::registry::ProviderHooks for Recorder {
     async fn on_provider_restarted(&self, provider_id: &str) {
         self.restarted.lock().unwrap().push(provider_id.to_string());
     }
-    async fn on_provider_offline(&self, provider_id: &str, _reason: &str) {
-        self.offline.lock().unwrap().push(provider_id.to_string());
+    async fn on_provider_offline(
+        &self,
+        provider_id: &str,
+        reason: cloud_registry::registry::OfflineReason,
+    ) {
+        self.offline
+            .lock()
+            .unwrap()
+            .push((provider_id.to_string(), reason));
     }
 }
 
@@ -645,7 +652,13 @@ async fn a_new_boot_id_and_missed_heartbeats_reach_the_provider_hooks() {
         },
     )
     .await;
-    assert_eq!(*rec.offline.lock().unwrap(), ["p-boot"]);
+    assert_eq!(
+        *rec.offline.lock().unwrap(),
+        [(
+            "p-boot".to_string(),
+            cloud_registry::registry::OfflineReason::MissedHeartbeats
+        )]
+    );
     let (_, cam) = api
         .get("/api/v1/capabilities/cam-front-01", Some(&admin))
         .await;

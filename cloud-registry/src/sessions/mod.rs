@@ -105,7 +105,7 @@ use crate::events::EventBus;
 use crate::follow::{EventFollower, Followed};
 use crate::leases::{LeaseEngine, LeaseError};
 use crate::mqtt::CommandSender;
-use crate::registry::ProviderHooks;
+use crate::registry::{OfflineReason, ProviderHooks};
 use crate::store::Store;
 use store::{UpdateRefused, UploadRecorded, UploadRefused};
 
@@ -1517,8 +1517,8 @@ impl ProviderHooks for Sessions {
         .await;
     }
 
-    async fn on_provider_offline(&self, provider_id: &str, reason: &str) {
-        if reason == crate::registry::REGISTRY_RESTARTED {
+    async fn on_provider_offline(&self, provider_id: &str, reason: OfflineReason) {
+        if reason == OfflineReason::RegistryRestarted {
             // Not heard since the registry (and its embedded broker)
             // restarted says nothing about the bench: a planned restart
             // leaves its edge running, and it reconnects with its sessions'
