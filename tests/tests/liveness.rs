@@ -18,12 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT, PROVIDER_ID};
+use benchlink_e2e::bench::{caps, Lab, LabOptions, Mosquitto, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::{follow_events, group_leases, Agent, EventLog};
 use benchlink_e2e::eventually;
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use tempfile::TempDir;
 
 /// Heartbeat interval the registry asks for, seconds.
 const INTERVAL_S: u32 = 1;
@@ -38,6 +39,36 @@ const OUTAGE: Duration = Duration::from_secs(30);
 /// A second provider that reports over HTTP only.
 const HTTP_PROVIDER: &str = "provider-http-01";
 const HTTP_CAMERA: &str = "cam-http-01";
+
+/// A lab on a private Mosquitto (which the test may stop and start) with
+/// this file's heartbeat timing, and its admin and hardware agents.
+struct MosquittoLab {
+    _dir: TempDir,
+    broker: Mosquitto,
+    lab: Lab,
+    admin: Agent,
+    hw: Agent,
+}
+
+/// Start a [`MosquittoLab`]; `None` when `mosquitto` is not installed and
+/// `CI` is not `true` (under CI it fails).
+async fn mosquitto_lab() -> Option<MosquittoLab> {
+    let (dir, broker, lab) = Lab::start_on_private_mosquitto(LabOptions {
+        heartbeat_interval_seconds: INTERVAL_S,
+        offline_after_missed: MISSED,
+        ..Default::default()
+    })
+    .await?;
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    Some(MosquittoLab {
+        _dir: dir,
+        broker,
+        lab,
+        admin,
+        hw,
+    })
+}
 
 /// `capability_health_changed` events that took a capability of
 /// `provider_id` offline.
@@ -120,17 +151,16 @@ fn http_heartbeats(p: Agent, stop: Arc<AtomicBool>) -> Arc<Mutex<DateTime<Utc>>>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offline() {
-    let Some((_dir, mut broker, lab)) = Lab::start_on_private_mosquitto(LabOptions {
-        heartbeat_interval_seconds: INTERVAL_S,
-        offline_after_missed: MISSED,
-        ..Default::default()
-    })
-    .await
+    let Some(MosquittoLab {
+        _dir,
+        mut broker,
+        lab,
+        admin,
+        hw,
+    }) = mosquitto_lab().await
     else {
         return;
     };
-    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
-    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let (events, follower) = follow_events(&admin, |_| {});
 
     // A second provider that heartbeats over HTTP only, through the outage.
@@ -322,17 +352,16 @@ async fn session_end(hw: &Agent, session_id: &str, timeout: Duration) -> Value {
 /// went down within the confirmation delay, so the outage is the broker's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_broker_restart_takes_no_provider_offline() {
-    let Some((_dir, mut broker, lab)) = Lab::start_on_private_mosquitto(LabOptions {
-        heartbeat_interval_seconds: INTERVAL_S,
-        offline_after_missed: MISSED,
-        ..Default::default()
-    })
-    .await
+    let Some(MosquittoLab {
+        _dir,
+        mut broker,
+        lab: _lab,
+        admin,
+        hw,
+    }) = mosquitto_lab().await
     else {
         return;
     };
-    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
-    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let (events, follower) = follow_events(&admin, |_| {});
 
     // The capture outlasts the restart and both reconnections, so it ends
@@ -382,17 +411,16 @@ async fn a_graceful_broker_restart_takes_no_provider_offline() {
 /// result instead of failing for want of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_ends_while_the_registry_is_down_completes_when_it_returns() {
-    let Some((_dir, _broker, mut lab)) = Lab::start_on_private_mosquitto(LabOptions {
-        heartbeat_interval_seconds: INTERVAL_S,
-        offline_after_missed: MISSED,
-        ..Default::default()
-    })
-    .await
+    let Some(MosquittoLab {
+        _dir,
+        broker: _broker,
+        mut lab,
+        admin,
+        hw,
+    }) = mosquitto_lab().await
     else {
         return;
     };
-    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
-    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
 
     let (_camera, session_id) =
         start_capture(&hw, 4000, "capture while the registry is away").await;
@@ -489,17 +517,16 @@ async fn watch_final_update(
 /// Here the registry is held stopped (SIGSTOP) until the result has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_the_broker_took_while_the_registry_was_not_subscribed_is_reported_again() {
-    let Some((_dir, mut broker, lab)) = Lab::start_on_private_mosquitto(LabOptions {
-        heartbeat_interval_seconds: INTERVAL_S,
-        offline_after_missed: MISSED,
-        ..Default::default()
-    })
-    .await
+    let Some(MosquittoLab {
+        _dir,
+        mut broker,
+        lab,
+        admin,
+        hw,
+    }) = mosquitto_lab().await
     else {
         return;
     };
-    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
-    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let (events, follower) = follow_events(&admin, |_| {});
 
     // Its deadline (180 s) is far beyond the test: only its result ends it.
