@@ -128,6 +128,16 @@ pub async fn run_main_job(
         lease(caps::CAMERA)?,
     );
 
+    // The grants' events belong to this step: let the stream catch up
+    // (an event is printed before it is logged) before the next begins.
+    for id in hw_leases.values() {
+        events
+            .wait_for("lease_granted", Duration::from_secs(10), |e| {
+                e["event_type"] == "lease_granted" && e["lease_id"] == id.as_str()
+            })
+            .await?;
+    }
+
     // (2) Power the DUT, wait for its banner, measure, tap, snapshot.
     say("[2] power-up and observation".into());
     let step = |what: &str, s: &Value| {
