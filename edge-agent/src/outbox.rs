@@ -1456,14 +1456,14 @@ CREATE INDEX IF NOT EXISTS sent_updates_acked ON sent_updates(acked_at_ms);
 /// keep the former rule (the file goes once the bytes are confirmed): which
 /// queued update carries them is not recorded.
 fn migrate(c: &Connection) -> rusqlite::Result<()> {
-    let has_column = |name: &str| -> rusqlite::Result<bool> {
+    let has_column = |table: &str, name: &str| -> rusqlite::Result<bool> {
         c.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('artifacts') WHERE name = ?1",
-            [name],
+            "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
+            [table, name],
             |r| r.get::<_, i64>(0).map(|n| n > 0),
         )
     };
-    if !has_column("metadata_acked")? {
+    if !has_column("artifacts", "metadata_acked")? {
         c.execute_batch(
             "BEGIN;
              ALTER TABLE artifacts ADD COLUMN metadata_seq INTEGER;
@@ -1472,19 +1472,12 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
              COMMIT;",
         )?;
     }
-    if !has_column("bytes_bound")? {
+    if !has_column("artifacts", "bytes_bound")? {
         c.execute_batch(
             "ALTER TABLE artifacts ADD COLUMN bytes_bound INTEGER NOT NULL DEFAULT 1;",
         )?;
     }
-    let has_update_column = |name: &str| -> rusqlite::Result<bool> {
-        c.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('pending_updates') WHERE name = ?1",
-            [name],
-            |r| r.get::<_, i64>(0).map(|n| n > 0),
-        )
-    };
-    if !has_update_column("final")? {
+    if !has_column("pending_updates", "final")? {
         // Rows queued before the column existed count as final: at worst a
         // progress update is kept for a `session_sync`.
         c.execute_batch(

@@ -48,6 +48,9 @@ struct MosquittoLab {
     lab: Lab,
     admin: Agent,
     hw: Agent,
+    /// Every event since the start (the follower ends with the test's
+    /// runtime).
+    events: EventLog,
 }
 
 /// Start a [`MosquittoLab`]; `None` when `mosquitto` is not installed and
@@ -61,12 +64,14 @@ async fn mosquitto_lab() -> Option<MosquittoLab> {
     .await?;
     let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let (events, _follower) = follow_events(&admin, |_| {});
     Some(MosquittoLab {
         _dir: dir,
         broker,
         lab,
         admin,
         hw,
+        events,
     })
 }
 
@@ -157,11 +162,11 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
         lab,
         admin,
         hw,
+        events,
     }) = mosquitto_lab().await
     else {
         return;
     };
-    let (events, follower) = follow_events(&admin, |_| {});
 
     // A second provider that heartbeats over HTTP only, through the outage.
     let (s, minted) = admin
@@ -291,7 +296,6 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
         provider(&admin, PROVIDER_ID).await["online_status"],
         "online"
     );
-    follower.abort();
 }
 
 /// Start a `capture_log` of `duration_ms` on the bench's console (with the
@@ -358,11 +362,11 @@ async fn a_graceful_broker_restart_takes_no_provider_offline() {
         lab: _lab,
         admin,
         hw,
+        events,
     }) = mosquitto_lab().await
     else {
         return;
     };
-    let (events, follower) = follow_events(&admin, |_| {});
 
     // The capture outlasts the restart and both reconnections, so it ends
     // while both ends are connected again.
@@ -401,7 +405,6 @@ async fn a_graceful_broker_restart_takes_no_provider_offline() {
         provider(&admin, PROVIDER_ID).await["online_status"],
         "online"
     );
-    follower.abort();
 }
 
 /// The registry is away while the bench reports the end of a session: the
@@ -417,6 +420,7 @@ async fn a_session_that_ends_while_the_registry_is_down_completes_when_it_return
         mut lab,
         admin,
         hw,
+        events: _,
     }) = mosquitto_lab().await
     else {
         return;
@@ -521,13 +525,13 @@ async fn a_result_the_broker_took_while_the_registry_was_not_subscribed_is_repor
         _dir,
         mut broker,
         lab,
-        admin,
+        admin: _,
         hw,
+        events,
     }) = mosquitto_lab().await
     else {
         return;
     };
-    let (events, follower) = follow_events(&admin, |_| {});
 
     // Its deadline (180 s) is far beyond the test: only its result ends it.
     let (camera_lease, session_id) =
@@ -556,7 +560,6 @@ async fn a_result_the_broker_took_while_the_registry_was_not_subscribed_is_repor
         .await
         .unwrap();
     assert_eq!(snap["status"], "completed");
-    follower.abort();
 }
 
 /// A planned restart of a registry with the embedded broker while the
@@ -578,7 +581,7 @@ async fn a_session_across_an_embedded_registry_restart_completes_without_a_false
     .expect("lab on the embedded broker");
     let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
-    let (events, follower) = follow_events(&admin, |_| {});
+    let (events, _follower) = follow_events(&admin, |_| {});
     // Deadline: 3.5 s + 0.5 s grace, inside the 4 s the registry is away.
     let (_, session_id) =
         start_capture_with_timeout(&hw, 3_000, 3_500, "capture across a registry restart").await;
@@ -606,7 +609,6 @@ async fn a_session_across_an_embedded_registry_restart_completes_without_a_false
         .filter(|e| e["session_id"] == session_id.as_str())
         .collect();
     assert!(failed.is_empty(), "{failed:#?}");
-    follower.abort();
 }
 
 /// With the embedded broker, which starts with the registry, no provider
@@ -629,7 +631,7 @@ async fn after_an_embedded_registry_restart_a_dead_edge_is_offline_at_once() {
     .expect("lab on the embedded broker");
     let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
-    let (events, follower) = follow_events(&admin, |_| {});
+    let (events, _follower) = follow_events(&admin, |_| {});
     let (camera_lease, session_id) =
         start_capture(&hw, 60_000, "capture when the registry restarts").await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -722,5 +724,4 @@ async fn after_an_embedded_registry_restart_a_dead_edge_is_offline_at_once() {
          {answered_after:?} (offline timeout {OFFLINE_AFTER:?}); edge online again {online_after:?} \
          after it was started"
     );
-    follower.abort();
 }
