@@ -1441,14 +1441,16 @@ CREATE TABLE IF NOT EXISTS pending_updates (
     payload BLOB NOT NULL,
     queued_at TEXT NOT NULL
 );
+-- One b-tree, no secondary index: a row is written on every acknowledged
+-- final update (the action path), read only for a session_sync, and pruned
+-- by a scan once a minute.
 CREATE TABLE IF NOT EXISTS sent_updates (
     session_id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
     message_id TEXT NOT NULL,
     payload BLOB NOT NULL,
     acked_at_ms INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sent_updates_acked ON sent_updates(acked_at_ms);
+) WITHOUT ROWID;
 ";
 
 /// Add the columns that tie an artifact to the session update carrying its
@@ -1485,8 +1487,7 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
         )?;
     }
     c.execute_batch(
-        "CREATE INDEX IF NOT EXISTS artifacts_by_metadata_seq ON artifacts (metadata_seq);
-         CREATE INDEX IF NOT EXISTS pending_updates_by_session ON pending_updates (session_id);",
+        "CREATE INDEX IF NOT EXISTS artifacts_by_metadata_seq ON artifacts (metadata_seq);",
     )
 }
 
