@@ -1123,13 +1123,27 @@ async fn a_session_whose_provider_never_reports_fails_after_its_deadline() {
 
 /// Each `online` status a provider publishes (every reconnection of its
 /// edge) is answered with a `session_sync` listing the sessions the
-/// registry still holds open on it, and no ended ones; the provider's
-/// answer ends a session as any report does.
+/// registry still holds open on it, then those it ended by presumption,
+/// and none the provider ended; the provider's answer ends a session as
+/// any report does.
 #[tokio::test]
 async fn an_online_status_is_answered_with_the_open_sessions_to_report_again() {
-    let mut b = Bench::start().await;
+    let mut b = Bench::start_with(|cfg| cfg.sessions.result_grace_ms = 300).await;
     let console = b.lease(&b.agent, AGENT, "console-1", 60).await;
     let robot = b.lease(&b.agent, AGENT, "robot-1", 60).await;
+    // A session the registry fails for want of a report (its deadline):
+    // the report may have been lost, so it is listed too, after the open
+    // ones.
+    let (_, presumed) = b
+        .invoke(
+            &b.agent,
+            &robot,
+            json!({"action": "tap", "params": {"x_mm": 2, "y_mm": 2}, "timeout_ms": 200, "wait_ms": 5000}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(presumed["status"], "failed", "{presumed}");
+    b.next_command().await;
     let write = json!({"action": "write", "params": {"data": "x"}, "wait_ms": 0});
     let (s, ended) = b.invoke(&b.agent, &console, write.clone()).await.unwrap();
     assert_eq!(s, StatusCode::ACCEPTED, "{ended}");
@@ -1185,6 +1199,10 @@ async fn an_online_status_is_answered_with_the_open_sessions_to_report_again() {
             ),
             (
                 open2["session_id"].as_str().unwrap().to_string(),
+                "robot-1".to_string()
+            ),
+            (
+                presumed["session_id"].as_str().unwrap().to_string(),
                 "robot-1".to_string()
             ),
         ],

@@ -196,6 +196,10 @@ const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
 
 /// Longest time between two sweeps of unbound bytes.
 const MAX_UNBOUND_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// How far back a session the registry ended by presumption (provider
+/// offline, deadline) is still listed in a `session_sync`: the hour for
+/// which an edge keeps its acknowledged final updates.
+const PRESUMED_SYNC_WINDOW: chrono::Duration = chrono::Duration::hours(1);
 /// Most open sessions one provider is asked about at a reconnection (in
 /// messages of [`SessionSync::MAX_SESSIONS`]).
 const MAX_SYNCED_SESSIONS: usize = 10_000;
@@ -1210,7 +1214,8 @@ impl Sessions {
     }
 
     /// Send `provider_id` a `session_sync` listing the sessions still open
-    /// on it (none: nothing is sent). The provider reports again those it
+    /// on it, and those the registry ended by presumption in the last hour
+    /// (none: nothing is sent). The provider reports again those it
     /// has ended and fails those it never received (see
     /// [`SessionSync`]): a final update that reached the broker while the
     /// registry was not subscribed is recovered at the provider's next
@@ -1220,9 +1225,10 @@ impl Sessions {
             return;
         };
         let p = provider_id.to_string();
+        let presumed_since = Utc::now() - PRESUMED_SYNC_WINDOW;
         let open = match self
             .db
-            .read(move |c| store::open_sessions_of(c, &p, MAX_SYNCED_SESSIONS))
+            .read(move |c| store::open_sessions_of(c, &p, presumed_since, MAX_SYNCED_SESSIONS))
             .await
         {
             Ok(Ok(open)) => open,

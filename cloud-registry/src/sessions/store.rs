@@ -53,6 +53,8 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             ON capability_sessions(provider_id);
         CREATE INDEX IF NOT EXISTS capability_sessions_open_deadline
             ON capability_sessions(deadline_at) WHERE status IN ('pending', 'running');
+        CREATE INDEX IF NOT EXISTS capability_sessions_presumed
+            ON capability_sessions(provider_id, ended_at) WHERE ended_by = 'registry';
         CREATE TABLE IF NOT EXISTS capability_artifacts (
             artifact_id   TEXT PRIMARY KEY,
             session_id    TEXT NOT NULL,
@@ -934,27 +936,40 @@ pub fn provider_lost(
     Ok(events)
 }
 
-/// Sessions of `provider_id` still open (`pending` or `running`), oldest
-/// first, at most `limit`: what a `session_sync` lists.
+/// What a `session_sync` to `provider_id` lists, at most `limit`: its
+/// sessions still open (`pending` or `running`), oldest first, then those
+/// the registry ended by presumption (provider offline, deadline) at or
+/// after `presumed_since`, whose own report may have been lost at the
+/// broker and would replace the presumption.
 pub fn open_sessions_of(
     conn: &Connection,
     provider_id: &str,
+    presumed_since: Timestamp,
     limit: usize,
 ) -> rusqlite::Result<Vec<OpenSession>> {
+    // Each part through a partial index of few rows (open sessions;
+    // sessions the registry ended), where the provider index would walk
+    // the provider's whole history.
     let mut stmt = conn.prepare_cached(
-        // The partial index holds only open sessions (few), where the
-        // provider index would walk the provider's whole history.
-        "SELECT session_id, capability_id FROM capability_sessions
-             INDEXED BY capability_sessions_open_deadline
-         WHERE status IN ('pending', 'running') AND provider_id = ?1
-         ORDER BY started_at, rowid LIMIT ?2",
+        "SELECT session_id, capability_id FROM (
+             SELECT session_id, capability_id, 0 AS part, started_at, rowid AS r
+               FROM capability_sessions INDEXED BY capability_sessions_open_deadline
+              WHERE status IN ('pending', 'running') AND provider_id = ?1
+             UNION ALL
+             SELECT session_id, capability_id, 1, started_at, rowid
+               FROM capability_sessions INDEXED BY capability_sessions_presumed
+              WHERE ended_by = 'registry' AND provider_id = ?1 AND ended_at >= ?2
+         ) ORDER BY part, started_at, r LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![provider_id, limit as i64], |r| {
-        Ok(OpenSession {
-            session_id: r.get(0)?,
-            capability_id: r.get(1)?,
-        })
-    })?;
+    let rows = stmt.query_map(
+        params![provider_id, ts(&presumed_since), limit as i64],
+        |r| {
+            Ok(OpenSession {
+                session_id: r.get(0)?,
+                capability_id: r.get(1)?,
+            })
+        },
+    )?;
     rows.collect()
 }
 
