@@ -1179,9 +1179,8 @@ async fn an_online_status_is_answered_with_the_open_sessions_to_report_again() {
         .next_of(MessageType::SessionSync, Duration::from_secs(5))
         .await
         .expect("session_sync on the commands topic");
-    let listed: Vec<(String, String)> = sync.body["sessions"]
-        .as_array()
-        .unwrap()
+    let entries = sync.body["sessions"].as_array().unwrap();
+    let listed: Vec<(String, String)> = entries
         .iter()
         .map(|s| {
             (
@@ -1190,6 +1189,11 @@ async fn an_online_status_is_answered_with_the_open_sessions_to_report_again() {
             )
         })
         .collect();
+    let presumed_flags: Vec<bool> = entries
+        .iter()
+        .map(|s| s["ended_by_registry"] == true)
+        .collect();
+    assert_eq!(presumed_flags, [false, false, true], "{sync:?}");
     assert_eq!(
         listed,
         vec![

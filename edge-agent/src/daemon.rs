@@ -633,9 +633,10 @@ impl Dispatcher {
     /// broker acknowledged has it sent again. The rest are looked at again
     /// after [`SYNC_RECHECK`] (a session ending right now leaves the
     /// runner's board a moment before its update is queued, and an
-    /// `action_invoke` may follow the sync). Then one this daemon never
-    /// received is reported `failed`, once; one it received and has no
-    /// final update for (pruned from the outbox) is left alone.
+    /// `action_invoke` may follow the sync). Then an open one this daemon
+    /// never received is reported `failed`, once; one it received and has
+    /// no final update for (pruned from the outbox), or one the registry
+    /// has ended already, is left alone.
     async fn sync_sessions(&self, sessions: Vec<OpenSession>) {
         let unsettled = self.sync_pass(sessions).await;
         if unsettled.is_empty() {
@@ -647,6 +648,12 @@ impl Dispatcher {
             let unsettled = this.sync_pass(unsettled).await;
             let mut updates = Vec::new();
             for s in unsettled {
+                if s.ended_by_registry {
+                    // Ended at the registry already, and perhaps sent to
+                    // an earlier run of this daemon: nothing to tell.
+                    tracing::debug!(session_id = %s.session_id, "session_sync: no final update kept for a session the registry ended");
+                    continue;
+                }
                 let before = this
                     .received
                     .lock()

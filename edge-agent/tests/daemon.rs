@@ -376,6 +376,7 @@ async fn session_sync_resends_ended_sessions_and_fails_unknown_ones() {
             {"session_id": "s-done", "capability_id": "cam-01"},
             {"session_id": "s-long", "capability_id": "cam-01"},
             {"session_id": "s-lost", "capability_id": "cam-01"},
+            {"session_id": "s-gone", "capability_id": "cam-01", "ended_by_registry": true},
         ]}),
     ));
     let again = final_updates(&daemon, "s-done", Duration::from_secs(5)).await;
@@ -409,6 +410,9 @@ async fn session_sync_resends_ended_sessions_and_fails_unknown_ones() {
     ));
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(updates(&daemon, "s-lost").await, lost);
+    // One the registry already ended, unknown here (an earlier run's, say):
+    // nothing is claimed about it.
+    assert_eq!(updates(&daemon, "s-gone").await, Vec::<Value>::new());
     // The running clip gets no new update from the sync.
     assert_eq!(updates(&daemon, "s-long").await, Vec::<Value>::new());
     daemon.shutdown().await;

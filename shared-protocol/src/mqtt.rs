@@ -340,26 +340,32 @@ impl Validate for SessionUpdate {
     }
 }
 
-/// One session the registry holds open (`running`) on a provider: a
-/// [`SessionSync`] entry.
+/// One session a [`SessionSync`] asks about: still open (`running`) at
+/// the registry, or ended by the registry's presumption.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenSession {
     pub session_id: String,
     pub capability_id: String,
+    /// True when the registry ended the session itself (provider offline,
+    /// deadline) without its report: the provider sends its final update
+    /// again if it still has it, and otherwise says nothing (the session
+    /// may belong to an earlier run of its daemon).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended_by_registry: bool,
 }
 
 /// Sent by the registry each time it hears a provider announce itself
 /// `online` (after every (re)connection of the edge, and when the registry
 /// subscribes and receives the retained status): the sessions it still
-/// holds open on that provider, at most [`SessionSync::MAX_SESSIONS`] per
-/// message.
+/// holds open on that provider, then those it ended by presumption in the
+/// last hour, at most [`SessionSync::MAX_SESSIONS`] per message.
 ///
 /// The provider answers on its `results` topic: a session it still runs
 /// needs nothing (its final update follows); one it has ended gets its
 /// final `session_update` again, even if the broker acknowledged it before
 /// (it may have reached the broker while the registry was not subscribed);
-/// one it has no record of (its `action_invoke` was lost) is reported
-/// `failed`. Repeats are harmless: the registry drops a repeated
+/// an open one it has no record of (its `action_invoke` was lost) is
+/// reported `failed`. Repeats are harmless: the registry drops a repeated
 /// `message_id`, and a repeated final update changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionSync {

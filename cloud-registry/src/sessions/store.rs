@@ -951,7 +951,7 @@ pub fn open_sessions_of(
     // sessions the registry ended), where the provider index would walk
     // the provider's whole history.
     let mut stmt = conn.prepare_cached(
-        "SELECT session_id, capability_id FROM (
+        "SELECT session_id, capability_id, part FROM (
              SELECT session_id, capability_id, 0 AS part, started_at, rowid AS r
                FROM capability_sessions INDEXED BY capability_sessions_open_deadline
               WHERE status IN ('pending', 'running') AND provider_id = ?1
@@ -967,6 +967,7 @@ pub fn open_sessions_of(
             Ok(OpenSession {
                 session_id: r.get(0)?,
                 capability_id: r.get(1)?,
+                ended_by_registry: r.get::<_, i64>(2)? == 1,
             })
         },
     )?;
