@@ -638,20 +638,24 @@ impl Dispatcher {
     /// no final update for (pruned from the outbox), or one the registry
     /// has ended already, is left alone.
     async fn sync_sessions(&self, sessions: Vec<OpenSession>) {
-        let unsettled = self.sync_pass(sessions).await;
+        let asked = sessions.len();
+        let (unsettled, mut answered) = self.sync_pass(sessions, SyncCounts::default()).await;
         if unsettled.is_empty() {
+            answered.log(asked);
             return;
         }
         let this = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(SYNC_RECHECK).await;
-            let unsettled = this.sync_pass(unsettled).await;
+            let (unsettled, counts) = this.sync_pass(unsettled, answered).await;
+            answered = counts;
             let mut updates = Vec::new();
             for s in unsettled {
                 if s.ended_by_registry {
                     // Ended at the registry already, and perhaps sent to
                     // an earlier run of this daemon: nothing to tell.
                     tracing::debug!(session_id = %s.session_id, "session_sync: no final update kept for a session the registry ended");
+                    answered.left_alone += 1;
                     continue;
                 }
                 let before = this
@@ -662,6 +666,7 @@ impl Dispatcher {
                 match before {
                     None => {
                         tracing::warn!(session_id = %s.session_id, capability_id = %s.capability_id, "the registry holds a session this bench never received; reporting it failed");
+                        answered.never_received += 1;
                         updates.push(session_update(
                             &s.session_id,
                             &s.capability_id,
@@ -669,50 +674,81 @@ impl Dispatcher {
                             Some(NEVER_RECEIVED.to_string()),
                         ));
                     }
-                    Some(true) => {}
-                    Some(false) => tracing::warn!(
-                        session_id = %s.session_id,
-                        "session_sync: a session this bench ran has no final update left to send again (pruned from the outbox, or not yet written); nothing sent"
-                    ),
+                    Some(true) => answered.left_alone += 1,
+                    Some(false) => {
+                        answered.left_alone += 1;
+                        tracing::warn!(
+                            session_id = %s.session_id,
+                            "session_sync: a session this bench ran has no final update left to send again (pruned from the outbox, or not yet written); nothing sent"
+                        )
+                    }
                 }
             }
+            answered.log(asked);
             this.emit(updates).await;
         });
     }
 
-    /// One look at `sessions` (see [`Self::sync_sessions`]); returns those
-    /// neither open here nor with a final update in the outbox.
-    async fn sync_pass(&self, sessions: Vec<OpenSession>) -> Vec<OpenSession> {
+    /// One look at `sessions` (see [`Self::sync_sessions`]), adding to
+    /// `counts`; returns those neither open here nor with a final update in
+    /// the outbox, and the counts.
+    async fn sync_pass(
+        &self,
+        sessions: Vec<OpenSession>,
+        mut counts: SyncCounts,
+    ) -> (Vec<OpenSession>, SyncCounts) {
         let runners = self.runners.clone();
         let sink = self.sink.clone();
         let looked = tokio::task::spawn_blocking(move || {
             let mut unsettled = Vec::new();
-            let (mut requeued, mut queued, mut running) = (0, 0, 0);
             for s in sessions {
                 if runners.is_open(&s.session_id) {
-                    running += 1;
+                    counts.running += 1;
                     continue;
                 }
                 match sink.resend_for_sync(&s.session_id) {
-                    Ok(SyncAnswer::Requeued) => requeued += 1,
-                    Ok(SyncAnswer::StillQueued) => queued += 1,
+                    Ok(SyncAnswer::Requeued) => counts.requeued += 1,
+                    Ok(SyncAnswer::StillQueued) => counts.queued += 1,
                     Ok(SyncAnswer::NoRecord) => unsettled.push(s),
                     Err(e) => {
                         tracing::error!(session_id = %s.session_id, error = %e, "session_sync: outbox unreadable");
                     }
                 }
             }
-            tracing::info!(
-                running,
-                queued,
-                requeued,
-                unsettled = unsettled.len(),
-                "answered the registry's session_sync"
-            );
-            unsettled
+            (unsettled, counts)
         })
         .await;
         looked.unwrap_or_default()
+    }
+}
+
+/// How one `session_sync` was answered, logged once when it is settled.
+#[derive(Debug, Default, Clone, Copy)]
+struct SyncCounts {
+    /// Still running on this bench.
+    running: usize,
+    /// Final update still in the outbox.
+    queued: usize,
+    /// Final update sent again.
+    requeued: usize,
+    /// Reported `failed`: never received by this daemon.
+    never_received: usize,
+    /// No record and nothing to tell (ended at the registry already, or
+    /// its final update was pruned).
+    left_alone: usize,
+}
+
+impl SyncCounts {
+    fn log(&self, asked: usize) {
+        tracing::info!(
+            asked,
+            running = self.running,
+            queued = self.queued,
+            requeued = self.requeued,
+            never_received = self.never_received,
+            left_alone = self.left_alone,
+            "answered the registry's session_sync"
+        );
     }
 }
 

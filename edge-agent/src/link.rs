@@ -1015,7 +1015,7 @@ impl Publisher {
             {
                 Ok(Ok(())) => tracing::info!("mqtt: offline status published"),
                 _ => tracing::warn!(
-                    "mqtt: could not publish the offline status; the broker's LWT will"
+                    "mqtt: could not publish the offline status; the broker publishes the LWT (offline) when it notices the connection is gone"
                 ),
             }
             let _ = tokio::time::timeout(Duration::from_secs(1), self.client.disconnect()).await;

@@ -100,7 +100,7 @@ pub use error::SessionError;
 pub use store::{ArtifactFilter, SessionFilter};
 
 use crate::auth::Principal;
-use crate::db::Db;
+use crate::db::{Db, DbError};
 use crate::events::EventBus;
 use crate::follow::{EventFollower, Followed};
 use crate::leases::{LeaseEngine, LeaseError};
@@ -114,6 +114,14 @@ use store::{UpdateRefused, UploadRecorded, UploadRefused};
 /// bound, so a command that passes the check is never refused by the
 /// client).
 pub const COMMAND_OVERHEAD_BYTES: usize = 1024;
+
+/// One error layer out of two: a database job's own error (a SQLite
+/// error from inside the closure) and the database thread's
+/// ([`DbError::Closed`]), as in `db.read(...).await.and_then(flat)`, so a
+/// caller handles both in one arm.
+fn flat<T, E: Into<DbError>>(result: Result<T, E>) -> Result<T, DbError> {
+    result.map_err(Into::into)
+}
 
 /// Length of `value` encoded as JSON, bytes (0 if it cannot be encoded),
 /// counted without keeping the encoding.
@@ -1193,8 +1201,9 @@ impl Sessions {
             .db
             .write(move |c| store::provider_lost(c, &p, &why, Utc::now()))
             .await
+            .and_then(flat)
         {
-            Ok(Ok(events)) => {
+            Ok(events) => {
                 if !events.is_empty() {
                     tracing::warn!(
                         provider_id,
@@ -1203,9 +1212,6 @@ impl Sessions {
                     );
                 }
                 self.publish(events).await;
-            }
-            Ok(Err(e)) => {
-                tracing::error!(provider_id, error = %e, "cannot end the sessions of a lost provider")
             }
             Err(e) => {
                 tracing::error!(provider_id, error = %e, "cannot end the sessions of a lost provider")
@@ -1230,12 +1236,9 @@ impl Sessions {
             .db
             .read(move |c| store::open_sessions_of(c, &p, presumed_since, MAX_SYNCED_SESSIONS))
             .await
+            .and_then(flat)
         {
-            Ok(Ok(open)) => open,
-            Ok(Err(e)) => {
-                tracing::error!(provider_id, error = %e, "cannot list open sessions to sync");
-                return;
-            }
+            Ok(open) => open,
             Err(e) => {
                 tracing::error!(provider_id, error = %e, "cannot list open sessions to sync");
                 return;
@@ -1286,14 +1289,14 @@ impl Sessions {
                 .db
                 .write(move |c| store::fail_overdue(c, Utc::now(), started_after))
                 .await
+                .and_then(flat)
             {
-                Ok(Ok(events)) => {
+                Ok(events) => {
                     for ev in &events {
                         tracing::warn!(session_id = ?ev.session_id, "session failed: no report from its provider before the deadline");
                     }
                     self.publish(events).await;
                 }
-                Ok(Err(e)) => tracing::error!(error = %e, "session deadline check failed"),
                 Err(e) => tracing::error!(error = %e, "session deadline check failed"),
             }
             if last_sweep.elapsed() >= sweep_every {
@@ -1347,13 +1350,10 @@ impl Sessions {
             .db
             .read(move |c| unbound::anything_before(c, cutoff))
             .await
+            .and_then(flat)
         {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => return,
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "unbound artifact bytes: cannot look for expired uploads");
-                return;
-            }
+            Ok(true) => {}
+            Ok(false) => return,
             Err(e) => {
                 tracing::error!(error = %e, "unbound artifact bytes: cannot look for expired uploads");
                 return;
@@ -1365,12 +1365,9 @@ impl Sessions {
             .db
             .write(move |c| unbound::expire_unbound(c, cutoff))
             .await
+            .and_then(flat)
         {
-            Ok(Ok(e)) => e,
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "unbound artifact bytes: sweep failed");
-                return;
-            }
+            Ok(e) => e,
             Err(e) => {
                 tracing::error!(error = %e, "unbound artifact bytes: sweep failed");
                 return;
@@ -1422,11 +1419,8 @@ impl Sessions {
                 tx.commit()
             })
             .await;
-        match forgotten {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "unbound artifact bytes: deleted files stay listed")
-            }
+        match forgotten.and_then(flat) {
+            Ok(()) => {}
             Err(e) => {
                 tracing::error!(error = %e, "unbound artifact bytes: deleted files stay listed")
             }
@@ -1468,12 +1462,10 @@ impl Sessions {
             .db
             .read(move |c| store::has_open_sessions(c, &id))
             .await
+            .and_then(flat)
         {
-            Ok(Ok(false)) => return,
-            Ok(Ok(true)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease")
-            }
+            Ok(false) => return,
+            Ok(true) => {}
             Err(e) => {
                 tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease")
             }
@@ -1485,12 +1477,9 @@ impl Sessions {
             .db
             .write(move |c| store::lease_ended(c, &id, &why, deadline))
             .await
+            .and_then(flat)
         {
-            Ok(Ok(rows)) => rows,
-            Ok(Err(e)) => {
-                tracing::error!(lease_id, error = %e, "cannot mark the sessions of an ended lease");
-                return;
-            }
+            Ok(rows) => rows,
             Err(e) => {
                 tracing::error!(lease_id, error = %e, "cannot mark the sessions of an ended lease");
                 return;

@@ -37,7 +37,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// Simulated serial bench devices on pseudo-terminals.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Directory for the stable symlinks (created if missing).
     #[arg(long, default_value = "/tmp/benchlink-sim")]

@@ -40,7 +40,6 @@ use tokio::sync::oneshot;
 
 /// Action round trip versus bare MQTT round trip.
 #[derive(Debug, Parser)]
-#[command(about)]
 struct Args {
     /// Measured requests per concurrency level (after a warm-up).
     #[arg(long, default_value_t = 400)]

@@ -29,7 +29,6 @@ use clap::Parser;
 
 /// The Benchlink main job, end to end, on one simulated bench.
 #[derive(Debug, Parser)]
-#[command(about)]
 struct Args {
     /// Keep the lab directory (configs, databases, logs) afterwards.
     #[arg(long)]
