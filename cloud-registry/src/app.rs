@@ -434,7 +434,7 @@ impl Registry {
         let forward_after = last_event_id(&db).await?;
         let mqtt = MqttLink::start(settings, registry.clone(), bus.clone(), forward_after);
         sessions.attach_commands(mqtt.command_sender());
-        sessions.set_hearing(mqtt.up_since(), config.heartbeat.offline_after());
+        sessions.set_hearing(mqtt.hearing(), config.heartbeat.offline_after());
         sessions.set_max_command_bytes(max_packet);
         let connected = mqtt.wait_connected(Duration::from_secs(5)).await;
         if !connected {
@@ -491,7 +491,7 @@ impl Registry {
         let mut background = vec![tokio::spawn(
             registry
                 .clone()
-                .run_liveness_monitor(mqtt.up_since(), shutdown_rx.clone()),
+                .run_liveness_monitor(mqtt.hearing(), shutdown_rx.clone()),
         )];
         background.extend(sessions.spawn_background(shutdown_rx.clone(), forward_after));
         background.push(audit.spawn_sweeper(shutdown_rx.clone()));

@@ -28,6 +28,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod follow;
+pub mod hearing;
 pub mod ids;
 pub mod leases;
 pub mod mqtt;

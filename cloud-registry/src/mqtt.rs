@@ -62,6 +62,7 @@ use tokio::task::JoinHandle;
 
 use crate::events::EventBus;
 use crate::follow::{EventFollower, Followed};
+use crate::hearing::Hearing;
 use crate::registry::CapabilityRegistry;
 use crate::store::StoreError;
 
@@ -130,7 +131,7 @@ enum Outbound {
 pub struct MqttLink {
     outbound: mpsc::UnboundedSender<Outbound>,
     connected: Arc<AtomicBool>,
-    up_since: watch::Receiver<Option<Instant>>,
+    hearing: Hearing,
     stats: Arc<MqttStats>,
     stop_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -252,7 +253,7 @@ impl MqttLink {
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (in_tx, in_rx) = mpsc::channel::<Publish>(4096);
         let connected = Arc::new(AtomicBool::new(false));
-        let (up_since_tx, up_since) = watch::channel(None);
+        let hearing = Hearing::new();
         let stats = Arc::new(MqttStats::default());
         let prefix = settings.topic_prefix.clone();
 
@@ -264,7 +265,7 @@ impl MqttLink {
                 out_tx.clone(),
                 LinkFlags {
                     connected: connected.clone(),
-                    up_since: up_since_tx,
+                    hearing: hearing.clone(),
                 },
                 stats.clone(),
                 stop_rx.clone(),
@@ -281,7 +282,7 @@ impl MqttLink {
                 OfflineConfirm {
                     registry: registry.clone(),
                     heard: Arc::new(Mutex::new(HashMap::new())),
-                    link_up_since: up_since.clone(),
+                    link_up_since: hearing.subscribe(),
                 },
                 stats.clone(),
                 prefix.clone(),
@@ -293,13 +294,14 @@ impl MqttLink {
                 stats.clone(),
                 prefix.clone(),
                 forward_after,
-                stop_rx,
+                stop_rx.clone(),
             )),
+            tokio::spawn(hearing.clone().run_ticker(stop_rx)),
         ];
         Self {
             outbound: out_tx,
             connected,
-            up_since,
+            hearing,
             stats,
             stop_tx,
             tasks,
@@ -317,12 +319,14 @@ impl MqttLink {
         self.connected.clone()
     }
 
-    /// Since when the registry has been able to hear providers: `Some(t)`
-    /// while the client holds a broker connection, `t` being the monotonic
-    /// instant of its latest (re)connection; `None` while it has none (for
-    /// the liveness monitor, [`CapabilityRegistry::run_liveness_monitor`]).
-    pub fn up_since(&self) -> watch::Receiver<Option<Instant>> {
-        self.up_since.clone()
+    /// Since when the registry has been able to hear providers (see
+    /// [`Hearing`]): `None` while the client has no broker connection, else
+    /// the monotonic instant of its latest (re)connection or of the end of
+    /// the registry's latest stall, whichever is later (for the liveness
+    /// monitor, [`CapabilityRegistry::run_liveness_monitor`], and the
+    /// sessions' deadline watchdog).
+    pub fn hearing(&self) -> Hearing {
+        self.hearing.clone()
     }
 
     /// The counters.
@@ -387,18 +391,18 @@ impl MqttLink {
 /// the command senders read, and the instant of the latest connection.
 struct LinkFlags {
     connected: Arc<AtomicBool>,
-    up_since: watch::Sender<Option<Instant>>,
+    hearing: Hearing,
 }
 
 impl LinkFlags {
     fn up(&self) {
-        self.up_since.send_replace(Some(Instant::now()));
+        self.hearing.link_up();
         self.connected.store(true, Ordering::Relaxed);
     }
 
     /// Marks the link down; true when it was up.
     fn down(&self) -> bool {
-        self.up_since.send_replace(None);
+        self.hearing.link_down();
         self.connected.swap(false, Ordering::Relaxed)
     }
 }

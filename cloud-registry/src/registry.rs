@@ -24,6 +24,7 @@ use shared_protocol::provider::{
 use tokio::sync::watch;
 
 use crate::events::EventBus;
+use crate::hearing::Hearing;
 use crate::store::{boot_changed, ProviderFilter, Store, StoreError, StoreResult};
 
 /// What the registry tells the lease engine. Implemented for
@@ -508,18 +509,19 @@ impl CapabilityRegistry {
     /// after a registry restart every provider gets the time to report
     /// before it is judged silent.
     ///
-    /// Silence counts only while the registry can hear. `link_up_since` is
-    /// the MQTT link's state ([`crate::mqtt::MqttLink::up_since`]): `None`
-    /// while it is down, when nobody is judged (a broker outage silences
-    /// every provider through no fault of theirs); `Some(t)` while it is
-    /// up, `t` being the monotonic instant it last (re)connected, and
-    /// nobody is judged until `offline_after` has passed since `t`, so each
-    /// provider gets a full window to be heard again after an outage.
+    /// Silence counts only while the registry can hear ([`Hearing`], from
+    /// [`crate::mqtt::MqttLink::hearing`]): while the MQTT link is down
+    /// nobody is judged (a broker outage silences every provider through
+    /// no fault of theirs); while it is up, nobody is judged until
+    /// `offline_after` has passed since it last (re)connected or since the
+    /// registry last ran again after a stall (its process stopped or its
+    /// machine frozen), so each provider gets a full window to be heard
+    /// again after either.
     /// Heartbeats over HTTP count as hearing from a provider like MQTT
     /// ones.
     pub async fn run_liveness_monitor(
         self: Arc<Self>,
-        link_up_since: watch::Receiver<Option<Instant>>,
+        hearing: Hearing,
         mut shutdown: watch::Receiver<bool>,
     ) {
         tokio::select! {
@@ -536,13 +538,13 @@ impl CapabilityRegistry {
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    let up_since = *link_up_since.borrow();
+                    let up_since = hearing.since();
                     let may_judge =
                         may_judge_silence(up_since, Instant::now(), self.settings.offline_after);
                     if held == may_judge {
                         held = !may_judge;
                         if held {
-                            tracing::info!(link_up = up_since.is_some(), "MQTT link down or just restored: no provider is judged silent until it has been up for the offline timeout");
+                            tracing::info!(link_up = up_since.is_some(), "MQTT link down, just restored, or the registry just ran again after a stall: no provider is judged silent until the registry has heard for the offline timeout");
                         } else {
                             tracing::info!("judging provider silence again");
                         }
@@ -586,8 +588,8 @@ impl CapabilityRegistry {
 }
 
 /// Whether silence may be held against providers at `now`: only while the
-/// registry's MQTT link is up (`link_up_since` is `Some`) and has been up
-/// for at least `offline_after`.
+/// registry has heard ([`Hearing::since`] is `Some`) for at least
+/// `offline_after`.
 fn may_judge_silence(
     link_up_since: Option<Instant>,
     now: Instant,

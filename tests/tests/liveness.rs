@@ -7,7 +7,8 @@
 //! offline. The last wills a broker publishes as it shuts down gracefully
 //! take nobody offline, and a session that ends while the registry is
 //! stopped completes once it is back (the broker queued the result in the
-//! registry's persistent session). Under `CI=true` a missing `mosquitto`
+//! registry's persistent session). A registry whose process was stopped
+//! longer than the offline timeout blames nobody for its own absence. Under `CI=true` a missing `mosquitto`
 //! fails the test.
 //!
 //! One test runs on the embedded broker instead, which starts with the
@@ -555,6 +556,63 @@ async fn a_result_the_broker_took_while_the_registry_was_not_subscribed_is_repor
     assert_eq!(refs.len(), passed["artifacts"].as_array().unwrap().len());
     assert!(!refs.is_empty(), "{session}");
     assert_eq!(events.of("session_failed"), Vec::<Value>::new());
+    let snap = hw
+        .act_ok(&camera_lease, "snapshot", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(snap["status"], "completed");
+}
+
+/// The registry's process is stopped (SIGSTOP, as a debugger or a frozen
+/// VM would) for longer than the offline timeout while the bench keeps
+/// running and heartbeating into the broker, and shorter than the broker's
+/// keep-alive limit, so the registry's connection survives and its link
+/// is still up when it runs again. Then every overdue timer fires at once;
+/// the registry must not count its own absence as the bench's silence: no
+/// capability goes offline, and the capture running across the stop
+/// completes with its artifacts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_stopped_longer_than_the_offline_timeout_blames_no_provider() {
+    // Offline after 4 s of silence; the broker drops the registry's
+    // connection after 1.5 x its 5 s keep-alive.
+    let Some((_dir, _broker, lab)) = Lab::start_on_private_mosquitto(LabOptions {
+        heartbeat_interval_seconds: 1,
+        offline_after_missed: 4,
+        ..Default::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let (events, _follower) = follow_events(&admin, |_| {});
+
+    // Ends a few seconds after the registry runs again.
+    let (camera_lease, session_id) =
+        start_capture(&hw, 12_000, "capture across a stopped registry").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let paused = Paused::pause(lab.registry.as_ref().expect("registry").pid());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    drop(paused);
+
+    let session = session_end(&hw, &session_id, Duration::from_secs(60)).await;
+    assert_eq!(session["status"], "completed", "{session}");
+    assert!(
+        !session["artifact_refs"].as_array().unwrap().is_empty(),
+        "{session}"
+    );
+    assert_eq!(
+        offline_events(&events, PROVIDER_ID),
+        Vec::<Value>::new(),
+        "the bench was taken offline for the time the registry was stopped"
+    );
+    assert_eq!(events.of("session_failed"), Vec::<Value>::new());
+    assert_eq!(
+        provider(&admin, PROVIDER_ID).await["online_status"],
+        "online"
+    );
     let snap = hw
         .act_ok(&camera_lease, "snapshot", json!({}))
         .await

@@ -103,6 +103,7 @@ use crate::auth::Principal;
 use crate::db::{Db, DbError};
 use crate::events::EventBus;
 use crate::follow::{EventFollower, Followed};
+use crate::hearing::Hearing;
 use crate::leases::{LeaseEngine, LeaseError};
 use crate::mqtt::CommandSender;
 use crate::registry::{OfflineReason, ProviderHooks};
@@ -252,18 +253,19 @@ pub struct Sessions {
     max_command_bytes: AtomicUsize,
     /// Whether the registry can hear its providers' reports; see
     /// [`Sessions::set_hearing`].
-    hearing: OnceLock<Hearing>,
+    hearing: OnceLock<ReportWindow>,
     /// Providers marked offline because a registry with the embedded
     /// broker restarted before they reconnected: once the registry has
     /// heard for a full window, those still offline lose their sessions.
     unheard_since_restart: Mutex<Vec<String>>,
 }
 
-/// The MQTT link's state (`None` while down, else the monotonic instant
-/// of its latest (re)connection) and how long after a (re)connection
-/// providers get to report before the registry judges their silence.
-struct Hearing {
-    up_since: watch::Receiver<Option<Instant>>,
+/// Whether the registry can hear ([`Hearing`]: `None` while its MQTT link
+/// is down, else the monotonic instant of its latest (re)connection or
+/// stall's end) and how long after that providers get to report before
+/// the registry judges their silence.
+struct ReportWindow {
+    hearing: Hearing,
     window: Duration,
 }
 
@@ -278,9 +280,9 @@ enum Judge {
     Nobody,
 }
 
-impl Hearing {
+impl ReportWindow {
     fn judge(&self) -> Judge {
-        match *self.up_since.borrow() {
+        match self.hearing.since() {
             None => Judge::Nobody,
             Some(t) if t.elapsed() >= self.window => Judge::All,
             Some(t) => Judge::StartedAfter(
@@ -447,21 +449,22 @@ impl Sessions {
     }
 
     /// Tell the service when it can hear providers (once; later calls are
-    /// ignored): `up_since` is the MQTT link's state
-    /// ([`crate::mqtt::MqttLink::up_since`]), `window` the heartbeat
-    /// offline timeout. While the link is down no session is failed for a
-    /// passed deadline, and for `window` after it (re)connects (also after
-    /// the registry starts) only those sent since: the report of an older
-    /// one may still be on its way (an edge reconnects with a backoff of
-    /// up to 10 s). Without this call deadlines are enforced at once.
-    pub fn set_hearing(&self, up_since: watch::Receiver<Option<Instant>>, window: Duration) {
-        let _ = self.hearing.set(Hearing { up_since, window });
+    /// ignored): `hearing` from [`crate::mqtt::MqttLink::hearing`],
+    /// `window` the heartbeat offline timeout. While the link is down no
+    /// session is failed for a passed deadline, and for `window` after it
+    /// (re)connects (also after the registry starts, and after the
+    /// registry ran again following a stall) only those sent since: the
+    /// report of an older one may still be on its way (an edge reconnects
+    /// with a backoff of up to 10 s; a stopped registry has unread
+    /// reports queued). Without this call deadlines are enforced at once.
+    pub fn set_hearing(&self, hearing: Hearing, window: Duration) {
+        let _ = self.hearing.set(ReportWindow { hearing, window });
     }
 
     /// Which overdue sessions may be failed now (see
     /// [`Sessions::set_hearing`]).
     fn judge(&self) -> Judge {
-        self.hearing.get().map_or(Judge::All, Hearing::judge)
+        self.hearing.get().map_or(Judge::All, ReportWindow::judge)
     }
 
     /// The MQTT packet limit of the registry's link, bytes: an invocation
