@@ -812,7 +812,12 @@ impl RunnerCtx {
         };
         let elapsed_ms = started.elapsed().as_millis() as u64;
 
-        // Evidence first: whatever happens to the session, the bytes are kept.
+        // Evidence first: whatever happens to the session, the bytes are
+        // kept, also the part a cancelled capture had taken.
+        let (result, cancelled_why) = match result {
+            Err(DriverError::CancelledPartway { why, partial }) => (Ok(*partial), Some(why)),
+            other => (other, None),
+        };
         let (artifacts, ingest_error, summary, driver_error) = match result {
             Ok(outcome) => {
                 let (arts, err) = if outcome.artifacts.is_empty() {
@@ -826,7 +831,11 @@ impl RunnerCtx {
                         Err(e) => (Vec::new(), Some(e)),
                     }
                 };
-                (arts, err, Some(outcome.result_summary), None)
+                let driver_error = cancelled_why.map(DriverError::Cancelled);
+                if let (Some(e), Some(_)) = (&err, &driver_error) {
+                    tracing::error!(session_id = %job.session_id, error = %e, "the part a cancelled capture had taken could not be kept");
+                }
+                (arts, err, Some(outcome.result_summary), driver_error)
             }
             Err(e) => (Vec::new(), None, None, Some(e)),
         };
@@ -862,13 +871,13 @@ impl RunnerCtx {
             None,
         );
         update.artifacts = artifacts;
+        // Only an outcome has a summary: a completed action, or the part a
+        // cancelled capture kept.
+        update.result_summary = summary.map(Value::Object);
         match (driver_error, ingest_error) {
-            (None, None) => {
-                update.result_summary = summary.map(Value::Object);
-            }
+            (None, None) => {}
             (None, Some(e)) => {
                 update.status = SessionStatus::Failed;
-                update.result_summary = summary.map(Value::Object);
                 update.error_message = Some(e.to_string());
             }
             (Some(DriverError::Cancelled(_)), _) if entry.timed_out => {

@@ -327,6 +327,76 @@ async fn action_cancel_stops_an_interruptible_action_and_a_queued_one_never_star
     daemon.shutdown().await;
 }
 
+/// A `capture_log` cancelled part way (preemption at grace end) is
+/// reported `cancelled` with the log captured until then as its artifact,
+/// kept in the outbox like any other evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_capture_log_reports_the_log_captured_until_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = bench_config(dir.path());
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(
+        r#"
+[[capabilities]]
+id = "console-01"
+type = "serial_port"
+[capabilities.driver]
+backend = "sim"
+boot_ms = 600
+"#,
+    );
+    std::fs::write(&path, text).unwrap();
+    let daemon = Daemon::start(EdgeConfig::load(&path).expect("config"))
+        .await
+        .expect("daemon");
+    daemon.submit(invoke(
+        "s-open",
+        "l-1",
+        "console-01",
+        "open",
+        json!({}),
+        10_000,
+    ));
+    final_updates(&daemon, "s-open", Duration::from_secs(5)).await;
+    daemon.submit(invoke(
+        "s-log",
+        "l-1",
+        "console-01",
+        "capture_log",
+        json!({"duration_ms": 30_000, "since": "all"}),
+        60_000,
+    ));
+    wait_running(&daemon, "s-log").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    daemon.submit(envelope(
+        MessageType::ActionCancel,
+        &json!({"session_id": "s-log", "reason": "preempted at grace end"}),
+    ));
+    let u = final_updates(&daemon, "s-log", Duration::from_secs(5)).await;
+    let last = u.last().unwrap();
+    assert_eq!(last["status"], "cancelled", "{last}");
+    assert!(
+        last["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("preempted at grace end"),
+        "{last}"
+    );
+    assert_eq!(last["result_summary"]["partial"], true, "{last}");
+    let arts = last["artifacts"].as_array().unwrap();
+    assert_eq!(arts.len(), 1, "{last}");
+    assert_eq!(arts[0]["artifact_type"], "serial_log");
+    assert!(
+        last["result_summary"]["bytes_captured"].as_u64().unwrap() > 0,
+        "the boot log was captured: {last}"
+    );
+    assert_eq!(
+        arts[0]["size_bytes"], last["result_summary"]["bytes_captured"],
+        "{last}"
+    );
+    daemon.shutdown().await;
+}
+
 /// The registry asks about the sessions it holds open after the bench
 /// reconnected: an ended one whose update the broker acknowledged is sent
 /// again (the registry may not have been subscribed), a running one is left

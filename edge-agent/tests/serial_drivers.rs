@@ -353,6 +353,42 @@ fn capture_log_returns_the_boot_as_a_serial_log_artifact() {
 }
 
 #[test]
+fn a_cancelled_capture_log_keeps_the_log_captured_until_then() {
+    let console = dut(DutPower::Manual, 0.5);
+    let mut d = serial_driver(console.path());
+    ok(d.as_mut(), CapabilityAction::Open, json!({}));
+    console.handle().set_power(true);
+    let req = request(
+        CapabilityAction::CaptureLog,
+        json!({ "duration_ms": 20_000 }),
+    );
+    let cancel = req.cancel.clone();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        cancel.cancel();
+    });
+    let started = Instant::now();
+    let result = d.execute(&req);
+    let elapsed = started.elapsed();
+    canceller.join().unwrap();
+    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+    let Err(DriverError::CancelledPartway { why, partial }) = result else {
+        panic!("expected CancelledPartway, got {result:?}");
+    };
+    assert!(why.contains("of 20000 ms"), "{why}");
+    assert_eq!(partial.result_summary["partial"], json!(true));
+    assert_eq!(partial.artifacts.len(), 1);
+    let a = &partial.artifacts[0];
+    assert_eq!(a.artifact_type, ArtifactType::SerialLog);
+    let text = String::from_utf8_lossy(&a.bytes);
+    assert!(text.contains("Starting kernel ..."), "{text}");
+    assert_eq!(f(&partial, "bytes_captured") as usize, a.bytes.len());
+    let kept = f(&partial, "duration_ms");
+    assert!((1400.0..3000.0).contains(&kept), "duration_ms {kept}");
+    assert_eq!(a.duration_ms, Some(kept as u64));
+}
+
+#[test]
 fn bad_serial_params_are_refused_naming_the_field_and_nothing_is_sent() {
     let console = dut(DutPower::Manual, 0.05);
     let mut d = serial_driver(console.path());

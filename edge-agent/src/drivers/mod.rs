@@ -56,7 +56,7 @@ pub struct ActionRequest {
 
 /// Evidence a driver produced; the daemon writes it to the outbox (file,
 /// sha256, SQLite row) before anything else happens to it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NewArtifact {
     pub artifact_type: ArtifactType,
     /// MIME type, e.g. `image/jpeg`, `audio/wav`, `text/plain`.
@@ -70,7 +70,7 @@ pub struct NewArtifact {
 
 /// What an action returns: a structured summary (units in the key names,
 /// e.g. `voltage_v`, `current_a`) and any evidence.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ActionOutcome {
     pub result_summary: Map<String, Value>,
     pub artifacts: Vec<NewArtifact>,
@@ -134,6 +134,16 @@ pub enum DriverError {
     /// Cancelled (preemption or stop) before it finished.
     #[error("cancelled: {0}")]
     Cancelled(String),
+    /// Cancelled (preemption or stop) part way through a capture, with
+    /// what was captured until then (`partial`: its summary describes the
+    /// part kept, its artifacts are evidence like any other). The runner
+    /// keeps the artifacts and reports the session as for
+    /// [`DriverError::Cancelled`] with `why`.
+    #[error("cancelled: {why}")]
+    CancelledPartway {
+        why: String,
+        partial: Box<ActionOutcome>,
+    },
 }
 
 /// The face of every capability.

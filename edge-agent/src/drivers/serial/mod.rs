@@ -534,17 +534,17 @@ impl SerialDriver {
         let started = Instant::now();
         let until = started + Duration::from_millis(p.duration_ms);
         let mut link_lost = false;
+        let mut cancelled = false;
         // A capture keeps running through an unplug: the log then shows the
-        // gap, and whatever arrived is still evidence.
+        // gap, and whatever arrived is still evidence. A cancelled one
+        // keeps what it captured until then.
         loop {
             if capture.state() != LinkState::Open {
                 link_lost = true;
             }
             if req.cancel.is_cancelled() {
-                return Err(DriverError::Cancelled(format!(
-                    "capture_log cancelled after {} ms",
-                    started.elapsed().as_millis()
-                )));
+                cancelled = true;
+                break;
             }
             let now = Instant::now();
             if now >= until {
@@ -571,6 +571,7 @@ impl SerialDriver {
             "duration_ms": duration_ms,
             "bytes_dropped": dropped,
             "link_lost": link_lost,
+            "partial": cancelled,
         }));
         outcome.artifacts.push(NewArtifact {
             artifact_type: ArtifactType::SerialLog,
@@ -579,6 +580,15 @@ impl SerialDriver {
             duration_ms: Some(duration_ms),
             metadata,
         });
+        if cancelled {
+            return Err(DriverError::CancelledPartway {
+                why: format!(
+                    "capture_log cancelled after {duration_ms} of {} ms; the log captured until then is kept",
+                    p.duration_ms
+                ),
+                partial: Box::new(outcome),
+            });
+        }
         Ok(outcome)
     }
 }
