@@ -351,6 +351,40 @@ async fn session_end(hw: &Agent, session_id: &str, timeout: Duration) -> Value {
     .await
 }
 
+/// After a disturbance (`cause`): the capture `session_id` completed with
+/// its artifacts, the camera still takes a snapshot, no capability of the
+/// bench went offline, no session failed, and the bench is online.
+async fn assert_unharmed(
+    admin: &Agent,
+    hw: &Agent,
+    events: &EventLog,
+    camera_lease: &str,
+    session_id: &str,
+    cause: &str,
+) {
+    let session = session_end(hw, session_id, Duration::from_secs(60)).await;
+    assert_eq!(session["status"], "completed", "{session}");
+    assert!(
+        !session["artifact_refs"].as_array().unwrap().is_empty(),
+        "{session}"
+    );
+    let snap = hw
+        .act_ok(camera_lease, "snapshot", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(snap["status"], "completed");
+    assert_eq!(
+        offline_events(events, PROVIDER_ID),
+        Vec::<Value>::new(),
+        "the bench was taken offline by {cause}"
+    );
+    assert_eq!(events.of("session_failed"), Vec::<Value>::new());
+    assert_eq!(
+        provider(admin, PROVIDER_ID).await["online_status"],
+        "online"
+    );
+}
+
 /// `systemctl restart mosquitto`: on SIGTERM the broker publishes the last
 /// wills of the clients it closes (the bench's "offline") before it closes
 /// the registry's own connection. The registry drops those wills: its link
@@ -385,27 +419,15 @@ async fn a_graceful_broker_restart_takes_no_provider_offline() {
         .await
         .unwrap();
 
-    let session = session_end(&hw, &session_id, Duration::from_secs(60)).await;
-    assert_eq!(session["status"], "completed", "{session}");
-    assert!(
-        !session["artifact_refs"].as_array().unwrap().is_empty(),
-        "{session}"
-    );
-    let snap = hw
-        .act_ok(&camera_lease, "snapshot", json!({}))
-        .await
-        .unwrap();
-    assert_eq!(snap["status"], "completed");
-    assert_eq!(
-        offline_events(&events, PROVIDER_ID),
-        Vec::<Value>::new(),
-        "the bench was taken offline by the wills of a broker shutdown"
-    );
-    assert_eq!(events.of("session_failed"), Vec::<Value>::new());
-    assert_eq!(
-        provider(&admin, PROVIDER_ID).await["online_status"],
-        "online"
-    );
+    assert_unharmed(
+        &admin,
+        &hw,
+        &events,
+        &camera_lease,
+        &session_id,
+        "the wills of a broker shutdown",
+    )
+    .await;
 }
 
 /// The registry is away while the bench reports the end of a session: the
@@ -597,27 +619,15 @@ async fn a_registry_stopped_longer_than_the_offline_timeout_blames_no_provider()
     tokio::time::sleep(Duration::from_secs(6)).await;
     drop(paused);
 
-    let session = session_end(&hw, &session_id, Duration::from_secs(60)).await;
-    assert_eq!(session["status"], "completed", "{session}");
-    assert!(
-        !session["artifact_refs"].as_array().unwrap().is_empty(),
-        "{session}"
-    );
-    assert_eq!(
-        offline_events(&events, PROVIDER_ID),
-        Vec::<Value>::new(),
-        "the bench was taken offline for the time the registry was stopped"
-    );
-    assert_eq!(events.of("session_failed"), Vec::<Value>::new());
-    assert_eq!(
-        provider(&admin, PROVIDER_ID).await["online_status"],
-        "online"
-    );
-    let snap = hw
-        .act_ok(&camera_lease, "snapshot", json!({}))
-        .await
-        .unwrap();
-    assert_eq!(snap["status"], "completed");
+    assert_unharmed(
+        &admin,
+        &hw,
+        &events,
+        &camera_lease,
+        &session_id,
+        "the time the registry was stopped",
+    )
+    .await;
 }
 
 /// A planned restart of a registry with the embedded broker while the
