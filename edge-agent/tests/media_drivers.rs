@@ -884,6 +884,46 @@ fn a_simulated_recording_takes_real_time_and_is_a_wav_of_that_length_and_pitch()
 }
 
 #[test]
+fn a_cancelled_recording_keeps_the_audio_recorded_until_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mic = build(&spec(
+        CapabilityType::Microphone,
+        "sim",
+        json!({"sample_rate": 16000}),
+        dir.path(),
+    ))
+    .unwrap();
+    let r = req(
+        CapabilityAction::RecordAudio,
+        json!({"duration_ms": 20_000}),
+    );
+    let cancel = r.cancel.clone();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1200));
+        cancel.cancel();
+    });
+    let t0 = Instant::now();
+    let result = mic.execute(&r);
+    canceller.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let Err(DriverError::CancelledPartway { why, partial }) = result else {
+        panic!("expected CancelledPartway, got {result:?}");
+    };
+    assert!(why.contains("of 20000 ms"), "{why}");
+    assert_eq!(partial.result_summary["partial"], true);
+    let a = &partial.artifacts[0];
+    assert_eq!(a.content_type, "audio/wav");
+    let (x, spec) = wav_mono(&a.bytes);
+    assert_eq!(spec.sample_rate, 16000);
+    // About 1.2 s of the tone, as the summary says.
+    let kept_ms = partial.result_summary["duration_ms"].as_u64().unwrap();
+    assert!((1100..2500).contains(&kept_ms), "{kept_ms} ms");
+    assert_eq!(x.len() as u64 * 1000 / 16000, kept_ms);
+    assert_eq!(a.duration_ms, Some(kept_ms));
+    assert!(goertzel(&x, 16000.0, 440.0) > 50.0 * goertzel(&x, 16000.0, 880.0));
+}
+
+#[test]
 fn the_simulated_microphone_refuses_a_rate_it_does_not_have() {
     let dir = tempfile::tempdir().unwrap();
     let mut mic = build(&spec(

@@ -311,16 +311,27 @@ impl MicrophoneDriver {
         if let Some(k) = owned {
             release_in_background(k);
         }
-        if let Err(e) = waited {
-            self.note_failure(&e);
-            if matches!(e, DriverError::Unavailable(_)) {
-                if let Some(s) = self.stream.take() {
-                    release_in_background(s.capture.keepalive);
+        // A cancelled recording keeps the audio recorded until then.
+        let (frames, cancelled) = match waited {
+            Ok(()) => (needed, None),
+            Err(DriverError::Cancelled(why)) => {
+                let got = buffer.status().total_frames.saturating_sub(from);
+                if got == 0 {
+                    return Err(DriverError::Cancelled(why));
                 }
+                (got.min(needed), Some(why))
             }
-            return Err(e);
-        }
-        let samples = buffer.copy_frames(from, needed);
+            Err(e) => {
+                self.note_failure(&e);
+                if matches!(e, DriverError::Unavailable(_)) {
+                    if let Some(s) = self.stream.take() {
+                        release_in_background(s.capture.keepalive);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let samples = buffer.copy_frames(from, frames);
         let mut outcome = self.audio_evidence(
             &samples,
             &buffer,
@@ -333,7 +344,19 @@ impl MicrophoneDriver {
             "from_stream".into(),
             json!(from > 0 || self.stream.is_some()),
         );
-        Ok(outcome)
+        outcome
+            .result_summary
+            .insert("partial".into(), json!(cancelled.is_some()));
+        match cancelled {
+            None => Ok(outcome),
+            Some(why) => Err(DriverError::CancelledPartway {
+                why: format!(
+                    "record_audio cancelled after {} of {} ms ({why}); the audio recorded until then is kept",
+                    outcome.result_summary["duration_ms"], p.duration_ms
+                ),
+                partial: Box::new(outcome),
+            }),
+        }
     }
 
     /// A WAV artifact (plus VAD metadata) for `samples`.
