@@ -100,25 +100,36 @@ fn cpu_times(procs: &Counted) -> Vec<Option<Duration>> {
     procs.iter().map(|(_, pid)| cpu_time(*pid)).collect()
 }
 
-/// One row of the CPU table: CPU milliseconds per request of each process
-/// between `before` and `after`, their total, and the requests per second
-/// `cores` could serve at that total.
-fn cpu_row(
+/// CPU milliseconds per request of each counted process between `before`
+/// and `after` (`None` where a reading is missing).
+fn cpu_ms(
     before: &[Option<Duration>],
     after: &[Option<Duration>],
     requests: usize,
-    cores: usize,
-) -> Vec<String> {
+) -> Vec<Option<f64>> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| {
+            let (b, a) = (b.as_ref()?, a.as_ref()?);
+            Some(a.saturating_sub(*b).as_secs_f64() * 1000.0 / requests.max(1) as f64)
+        })
+        .collect()
+}
+
+/// One row of the CPU table: CPU milliseconds per request of each process
+/// (from [`cpu_ms`]), their total, and the requests per second `cores`
+/// could serve at that total.
+fn cpu_row(per_process: &[Option<f64>], cores: usize) -> Vec<String> {
     let mut total = 0.0;
     let mut cells = Vec::new();
-    for (b, a) in before.iter().zip(after) {
-        match (b, a) {
-            (Some(b), Some(a)) => {
-                let ms = a.saturating_sub(*b).as_secs_f64() * 1000.0 / requests.max(1) as f64;
+    for ms in per_process {
+        match ms {
+            Some(ms) => {
                 total += ms;
                 cells.push(format!("{ms:.3}"));
             }
-            _ => cells.push("-".into()),
+            None => cells.push("-".into()),
         }
     }
     cells.push(format!("{total:.3}"));
@@ -128,6 +139,31 @@ fn cpu_row(
         "-".into()
     });
     cells
+}
+
+/// For each level (callers, bare MQTT p50 in ms, action CPU ms per
+/// request of each counted process): the CPU one action may cost in all
+/// processes for the target to be reachable once the round trip is bound
+/// by CPU, beside what it costs. With `c` callers in a closed loop p50 is
+/// about `c` / rate, and the rate is at most `cores` / CPU per action, so
+/// p50 ≤ 5 × bare p50 needs CPU per action ≤ `cores` × 5 × bare p50 / `c`.
+fn print_budgets(levels: &[(usize, f64, Vec<Option<f64>>)], counted: &Counted, cores: usize) {
+    println!("
+CPU an action may cost for the target once bound by CPU ({cores} cores; a closed loop of c callers has p50 ~ c / rate):");
+    for (c, bare_p50, per_process) in levels {
+        let budget = cores as f64 * 5.0 * bare_p50 / *c as f64;
+        let total: f64 = per_process.iter().flatten().sum();
+        let outside: f64 = counted
+            .iter()
+            .zip(per_process)
+            .filter(|((name, _), _)| *name != "registry")
+            .filter_map(|(_, ms)| *ms)
+            .sum();
+        println!(
+            "{c:>11} callers: at most {budget:.3} ms per action; it costs {total:.3} ms, of which {outside:.3} ms outside the registry{}",
+            if outside >= budget { " (the whole budget before the registry does anything)" } else { "" }
+        );
+    }
 }
 
 /// Two clients on the broker: `ping` publishes, `echo` sends each message
@@ -371,6 +407,7 @@ async fn bench(args: Args) -> Result<()> {
     counted.push(("bench", std::process::id()));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut cpu_rows = Vec::new();
+    let mut budgets = Vec::new();
     let mut id_base = 1_000_000u64;
     for &c in &args.concurrency {
         let offset = id_base;
@@ -381,10 +418,12 @@ async fn bench(args: Args) -> Result<()> {
         let t1 = cpu_times(&counted);
         let mut a = run_level(c, args.requests, action.clone()).await?;
         let t2 = cpu_times(&counted);
-        cpu_rows.push((c, "bare MQTT", cpu_row(&t0, &t1, b.len(), cores)));
-        cpu_rows.push((c, "action", cpu_row(&t1, &t2, a.len(), cores)));
+        let action_ms = cpu_ms(&t1, &t2, a.len());
+        cpu_rows.push((c, "bare MQTT", cpu_row(&cpu_ms(&t0, &t1, b.len()), cores)));
+        cpu_rows.push((c, "action", cpu_row(&action_ms, cores)));
         let (b50, b99) = percentiles(&mut b);
         let (a50, a99) = percentiles(&mut a);
+        budgets.push((c, b50, action_ms));
         println!(
             "{:>11} {:>9} | {:>17.3} {:>9.3} | {:>17.3} {:>9.3} | {:>12.1}x",
             c,
@@ -416,6 +455,7 @@ async fn bench(args: Args) -> Result<()> {
         }
         println!("{line}");
     }
+    print_budgets(&budgets, &counted, cores);
     drop(lab);
     drop(private);
     Ok(())
