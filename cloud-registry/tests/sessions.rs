@@ -414,6 +414,11 @@ async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evid
     assert_eq!(session["input_summary"]["format"], "jpeg");
     assert_eq!(session["artifact_refs"], json!([artifact_id]));
     assert!(session["ended_at"].is_string());
+    // The waited answer reads as the stored session does, to the digit
+    // (the provider's time has nanoseconds; the store keeps microseconds).
+    let stored = b.session(&cmd.session_id).await;
+    assert_eq!(stored["started_at"], session["started_at"]);
+    assert_eq!(stored["ended_at"], session["ended_at"]);
 
     // Metadata first, bytes after: the usual order.
     let (s, meta) = b

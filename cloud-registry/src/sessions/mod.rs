@@ -631,7 +631,7 @@ impl Sessions {
             .authorize_action(who, lease_id, &capability_id)
             .await?;
 
-        let now = Utc::now();
+        let now = store::stored_time(Utc::now());
         let timeout_ms = req.timeout_ms.unwrap_or(self.cfg.default_timeout_ms);
         let deadline = now
             + chrono::Duration::milliseconds(

@@ -83,6 +83,13 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     )
 }
 
+/// `t` at the precision it is stored with (microseconds), so a session
+/// answered from memory (a waiting invoke) reads the same as when it is
+/// read back later.
+pub(crate) fn stored_time(t: Timestamp) -> Timestamp {
+    chrono::SubsecRound::trunc_subsecs(t, 6)
+}
+
 /// Stored form of a time: RFC 3339, UTC, microseconds (sorts as text).
 pub(crate) fn ts(t: &Timestamp) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
@@ -357,7 +364,7 @@ pub fn end_by_registry(
         return Ok(None);
     }
     row.session.status = status;
-    row.session.ended_at = Some(now);
+    row.session.ended_at = Some(stored_time(now));
     row.session.error_message = Some(message.to_string());
     row.ended_by = Some(EndedBy::Registry);
     update_session_row(&tx, &row)?;
@@ -518,7 +525,7 @@ pub fn apply_update(
                 (s, _) => (s, update.error_message.clone()),
             };
             row.session.status = status;
-            row.session.ended_at = Some(update.occurred_at);
+            row.session.ended_at = Some(stored_time(update.occurred_at));
             row.session.error_message = error.map(bound_error_message);
             row.ended_by = Some(EndedBy::Provider);
             row.provider_status = Some(update.status);
@@ -923,7 +930,7 @@ pub fn provider_lost(
         row.session.status = status;
         row.session.error_message = Some(message);
         if was_running {
-            row.session.ended_at = Some(now);
+            row.session.ended_at = Some(stored_time(now));
             row.ended_by = Some(EndedBy::Registry);
         }
         update_session_row(&tx, &row)?;
@@ -1047,7 +1054,7 @@ pub fn fail_overdue(
             None => silence,
         };
         row.session.status = SessionStatus::Failed;
-        row.session.ended_at = Some(now);
+        row.session.ended_at = Some(stored_time(now));
         row.session.error_message = Some(message);
         row.ended_by = Some(EndedBy::Registry);
         update_session_row(&tx, &row)?;
