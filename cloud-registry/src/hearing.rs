@@ -86,12 +86,11 @@ impl Hearing {
                 }
                 _ => false,
             });
-            if moved {
-                tracing::warn!(
-                    stalled_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX),
-                    "the registry did not run for a while (process stopped, machine frozen or starved); providers and sessions get a full window before their silence counts"
-                );
-            }
+            tracing::warn!(
+                stalled_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX),
+                window_restarted = moved,
+                "the registry did not run for a while (process stopped, machine frozen or starved); silence during it is not held against providers or sessions"
+            );
         }
         *self.link.borrow()
     }
