@@ -638,6 +638,47 @@ fn sim_camera(dir: &Path, extra: Value) -> Box<dyn Driver> {
 }
 
 #[test]
+fn a_cancelled_clip_keeps_the_frames_recorded_until_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cam = sim_camera(dir.path(), json!({}));
+    let r = req(
+        CapabilityAction::RecordClip,
+        json!({"duration_ms": 20_000, "fps": 10}),
+    );
+    let cancel = r.cancel.clone();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        cancel.cancel();
+    });
+    let t0 = Instant::now();
+    let result = cam.execute(&r);
+    canceller.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    let Err(DriverError::CancelledPartway { why, partial }) = result else {
+        panic!("expected CancelledPartway, got {result:?}");
+    };
+    assert!(why.contains("of 20000 ms"), "{why}");
+    assert_eq!(partial.result_summary["partial"], true);
+    let a = &partial.artifacts[0];
+    assert_eq!(a.artifact_type, ArtifactType::VideoClip);
+    let parts = clip::read(&a.bytes).expect("the cut clip parses");
+    assert!(!parts.is_empty());
+    assert_eq!(a.metadata["frame_count"], parts.len());
+    // It lasts until its last frame, well short of the 20 s asked for.
+    let last = parts.last().unwrap().timestamp_ms;
+    assert_eq!(a.duration_ms, Some(last));
+    assert!(last < 4000, "{last} ms");
+    // The camera records a whole clip again afterwards.
+    let out = run(
+        cam.as_mut(),
+        CapabilityAction::RecordClip,
+        json!({"duration_ms": 300, "fps": 10}),
+    )
+    .unwrap();
+    assert_eq!(out.result_summary["partial"], false);
+}
+
+#[test]
 fn a_simulated_clip_has_the_asked_duration_frame_rate_and_size() {
     let dir = tempfile::tempdir().unwrap();
     let mut cam = sim_camera(dir.path(), json!({}));

@@ -32,7 +32,7 @@ use shared_protocol::artifact::ArtifactType;
 use shared_protocol::capability::{CapabilityAction, CapabilityType};
 
 use self::frames::{CaptureMode, FormatPreference, RawFrame, StillFormat};
-use self::worker::{Command, Opened, WorkerConfig, WorkerHandle};
+use self::worker::{ClipResult, Command, Opened, WorkerConfig, WorkerHandle};
 use super::{
     parse_params, unsupported, ActionOutcome, ActionRequest, Driver, DriverConfigError,
     DriverError, DriverHealth, DriverSpec, NewArtifact,
@@ -483,21 +483,41 @@ impl CameraDriver {
             + duration
             + self.settings.capture_timeout
             + frame_time(opened.mode.fps) * (self.settings.warmup_frames + 2);
-        let result = self.call(req, Some(limit), "recording a clip", |reply| {
-            Command::Clip {
+        let (tx, rx) = mpsc::channel();
+        let sent = self.worker.as_ref().is_some_and(|w| {
+            w.tx.send(Command::Clip {
                 duration,
                 fps,
-                reply,
-            }
+                reply: tx,
+            })
+            .is_ok()
         });
-        let clip = match result {
-            Ok(c) => c,
+        if !sent {
+            self.worker = None;
+            return Err(DriverError::Device(format!(
+                "camera {}: the capture thread is gone",
+                self.backend.label()
+            )));
+        }
+        let (clip, cancelled) = match self.wait(&rx, req, Some(limit), "recording a clip") {
+            Ok(c) => (c, None),
+            // Cancelled part way: keep the frames recorded until then.
+            Err(DriverError::Cancelled(why)) => match self.cut_clip(&rx) {
+                Some(c) => (c, Some(why)),
+                None => return Err(DriverError::Cancelled(why)),
+            },
             Err(e) => {
                 if let Some(w) = &self.worker {
                     let _ = w.tx.send(Command::AbortClip);
                 }
+                self.fail(&e);
                 return Err(e);
             }
+        };
+        // A cut clip lasts until its last frame.
+        let duration_ms = match cancelled {
+            None => p.duration_ms,
+            Some(_) => clip.parts.last().map_or(0, |f| f.timestamp_ms),
         };
         let frame_count = clip.parts.len();
         let first_at = clip.parts.first().and_then(|p| p.captured_at);
@@ -507,7 +527,7 @@ impl CameraDriver {
         metadata.insert("height".into(), json!(clip.mode.height));
         metadata.insert("fps".into(), json!(fps));
         metadata.insert("frame_count".into(), json!(frame_count));
-        metadata.insert("duration_ms".into(), json!(p.duration_ms));
+        metadata.insert("duration_ms".into(), json!(duration_ms));
         metadata.insert("source_format".into(), json!(clip.mode.format.as_str()));
         metadata.insert("container".into(), json!("multipart/x-mixed-replace"));
         metadata.insert("boundary".into(), json!(clip::BOUNDARY));
@@ -518,16 +538,48 @@ impl CameraDriver {
         }
         let mut summary = metadata.clone();
         summary.insert("size_bytes".into(), json!(bytes.len()));
-        Ok(ActionOutcome {
+        summary.insert("partial".into(), json!(cancelled.is_some()));
+        let outcome = ActionOutcome {
             result_summary: summary,
             artifacts: vec![NewArtifact {
                 artifact_type: ArtifactType::VideoClip,
                 content_type: clip::content_type(),
                 bytes,
-                duration_ms: Some(p.duration_ms),
+                duration_ms: Some(duration_ms),
                 metadata,
             }],
-        })
+        };
+        match cancelled {
+            None => Ok(outcome),
+            Some(why) => Err(DriverError::CancelledPartway {
+                why: format!(
+                    "record_clip cancelled after {duration_ms} of {} ms ({why}); the frames recorded until then are kept",
+                    p.duration_ms
+                ),
+                partial: Box::new(outcome),
+            }),
+        }
+    }
+
+    /// Ask the capture thread to end the clip in progress now and wait
+    /// (up to the capture timeout) for the frames it kept; `None` when
+    /// there are none or the thread does not answer (the clip is then
+    /// given up).
+    fn cut_clip(&mut self, rx: &Receiver<Result<ClipResult, DriverError>>) -> Option<ClipResult> {
+        let w = self.worker.as_ref()?;
+        if w.tx.send(Command::CutClip).is_err() {
+            return None;
+        }
+        match rx.recv_timeout(self.settings.capture_timeout) {
+            Ok(Ok(clip)) => Some(clip),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                if let Some(w) = &self.worker {
+                    let _ = w.tx.send(Command::AbortClip);
+                }
+                None
+            }
+        }
     }
 
     fn start_stream(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {

@@ -113,8 +113,11 @@ pub enum Command {
         fps: u32,
         reply: Reply<ClipResult>,
     },
-    /// Give up the clip in progress (cancelled or past its deadline).
+    /// Give up the clip in progress (past its deadline, or failed).
     AbortClip,
+    /// End the clip in progress now (cancelled): its reply gets the frames
+    /// kept so far, or `Cancelled` when there are none.
+    CutClip,
     StartStream {
         fps: u32,
         reply: Reply<StreamInfo>,
@@ -319,6 +322,22 @@ impl Worker {
                 });
             }
             Command::AbortClip => self.clip = None,
+            Command::CutClip => {
+                if let Some(c) = self.clip.take() {
+                    let result = if c.parts.is_empty() {
+                        Err(DriverError::Cancelled(
+                            "before the clip's first frame".into(),
+                        ))
+                    } else {
+                        Ok(ClipResult {
+                            parts: c.parts,
+                            dropped_frames: c.dropped,
+                            mode: self.mode,
+                        })
+                    };
+                    let _ = c.reply.send(result);
+                }
+            }
             Command::StartStream { fps, reply } => {
                 let fps = fps.min(self.mode.fps).max(1);
                 if let Some(s) = &self.stream {
