@@ -303,6 +303,8 @@ async fn action_cancel_stops_an_interruptible_action_and_a_queued_one_never_star
         .unwrap()
         .contains("holder stopped"));
 
+    // Some frames into the clip.
+    tokio::time::sleep(Duration::from_millis(700)).await;
     let asked = Instant::now();
     daemon.submit(envelope(
         MessageType::ActionCancel,
@@ -324,6 +326,11 @@ async fn action_cancel_stops_an_interruptible_action_and_a_queued_one_never_star
             .contains("preempted at grace end"),
         "{last}"
     );
+    // The frames recorded before the cancel are kept as evidence.
+    assert_eq!(last["result_summary"]["partial"], true, "{last}");
+    let clip = &last["artifacts"].as_array().unwrap()[0];
+    assert_eq!(clip["artifact_type"], "video_clip", "{last}");
+    assert!(clip["size_bytes"].as_u64().unwrap() > 0, "{last}");
     daemon.shutdown().await;
 }
 
