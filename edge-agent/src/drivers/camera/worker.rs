@@ -233,6 +233,23 @@ struct ClipJob {
     reply: Reply<ClipResult>,
 }
 
+impl ClipJob {
+    /// Answer the clip's waiting reply with the frames kept, recorded in
+    /// `mode`; with `if_empty(self)` when there are none.
+    fn finish(self, mode: CaptureMode, if_empty: impl FnOnce(&ClipJob) -> DriverError) {
+        let result = if self.parts.is_empty() {
+            Err(if_empty(&self))
+        } else {
+            Ok(ClipResult {
+                parts: self.parts,
+                dropped_frames: self.dropped,
+                mode,
+            })
+        };
+        let _ = self.reply.send(result);
+    }
+}
+
 struct StreamState {
     ring: FrameRing,
     every: Duration,
@@ -324,18 +341,9 @@ impl Worker {
             Command::AbortClip => self.clip = None,
             Command::CutClip => {
                 if let Some(c) = self.clip.take() {
-                    let result = if c.parts.is_empty() {
-                        Err(DriverError::Cancelled(
-                            "before the clip's first frame".into(),
-                        ))
-                    } else {
-                        Ok(ClipResult {
-                            parts: c.parts,
-                            dropped_frames: c.dropped,
-                            mode: self.mode,
-                        })
-                    };
-                    let _ = c.reply.send(result);
+                    c.finish(self.mode, |_| {
+                        DriverError::Cancelled("before the clip's first frame".into())
+                    });
                 }
             }
             Command::StartStream { fps, reply } => {
@@ -509,20 +517,13 @@ impl Worker {
             let start = *c.start.get_or_insert(now);
             if now.duration_since(start) >= c.duration {
                 if let Some(c) = self.clip.take() {
-                    let result = if c.parts.is_empty() {
-                        Err(DriverError::Device(format!(
+                    c.finish(self.mode, |c| {
+                        DriverError::Device(format!(
                             "no usable frame in {} ms ({} failed verification)",
                             c.duration.as_millis(),
                             c.dropped
-                        )))
-                    } else {
-                        Ok(ClipResult {
-                            parts: c.parts,
-                            dropped_frames: c.dropped,
-                            mode: self.mode,
-                        })
-                    };
-                    let _ = c.reply.send(result);
+                        ))
+                    });
                 }
             } else if c.last_kept.is_none_or(|t| now.duration_since(t) >= c.every) {
                 match encoded(&frame) {
