@@ -898,16 +898,16 @@ fn wav_mono(bytes: &[u8]) -> (Vec<f32>, hound::WavSpec) {
     )
 }
 
+/// A simulated microphone with driver `settings` (e.g.
+/// `{"sample_rate": 16000}`).
+fn sim_microphone(dir: &Path, settings: Value) -> Box<dyn Driver> {
+    build(&spec(CapabilityType::Microphone, "sim", settings, dir)).unwrap()
+}
+
 #[test]
 fn a_simulated_recording_takes_real_time_and_is_a_wav_of_that_length_and_pitch() {
     let dir = tempfile::tempdir().unwrap();
-    let mut mic = build(&spec(
-        CapabilityType::Microphone,
-        "sim",
-        json!({"sample_rate": 16000}),
-        dir.path(),
-    ))
-    .unwrap();
+    let mut mic = sim_microphone(dir.path(), json!({"sample_rate": 16000}));
     assert_eq!(mic.health().status, HealthStatus::Healthy);
     let t0 = Instant::now();
     let out = run(
@@ -943,13 +943,7 @@ fn a_simulated_recording_takes_real_time_and_is_a_wav_of_that_length_and_pitch()
 #[test]
 fn a_cancelled_recording_keeps_the_audio_recorded_until_then() {
     let dir = tempfile::tempdir().unwrap();
-    let mut mic = build(&spec(
-        CapabilityType::Microphone,
-        "sim",
-        json!({"sample_rate": 16000}),
-        dir.path(),
-    ))
-    .unwrap();
+    let mut mic = sim_microphone(dir.path(), json!({"sample_rate": 16000}));
     let (why, partial) = cancelled_after(
         mic.as_mut(),
         req(
@@ -975,13 +969,7 @@ fn a_cancelled_recording_keeps_the_audio_recorded_until_then() {
 #[test]
 fn the_simulated_microphone_refuses_a_rate_it_does_not_have() {
     let dir = tempfile::tempdir().unwrap();
-    let mut mic = build(&spec(
-        CapabilityType::Microphone,
-        "sim",
-        json!({"sample_rate": 12345}),
-        dir.path(),
-    ))
-    .unwrap();
+    let mut mic = sim_microphone(dir.path(), json!({"sample_rate": 12345}));
     let e = run(
         mic.as_mut(),
         CapabilityAction::RecordAudio,
@@ -1004,13 +992,10 @@ fn the_simulated_microphone_refuses_a_rate_it_does_not_have() {
 #[test]
 fn voice_activity_segments_follow_the_bursts() {
     let dir = tempfile::tempdir().unwrap();
-    let mut mic = build(&spec(
-        CapabilityType::Microphone,
-        "sim",
-        json!({"sample_rate": 16000, "signal": "speech_bursts"}),
+    let mut mic = sim_microphone(
         dir.path(),
-    ))
-    .unwrap();
+        json!({"sample_rate": 16000, "signal": "speech_bursts"}),
+    );
     let out = run(
         mic.as_mut(),
         CapabilityAction::RecordAudio,
@@ -1031,13 +1016,10 @@ fn voice_activity_segments_follow_the_bursts() {
 #[test]
 fn an_audio_stream_keeps_its_ring_and_returns_the_excerpt_asked_for() {
     let dir = tempfile::tempdir().unwrap();
-    let mut mic = build(&spec(
-        CapabilityType::Microphone,
-        "sim",
-        json!({"sample_rate": 8000, "ring_seconds": 1, "signal": "speech_bursts"}),
+    let mut mic = sim_microphone(
         dir.path(),
-    ))
-    .unwrap();
+        json!({"sample_rate": 8000, "ring_seconds": 1, "signal": "speech_bursts"}),
+    );
     let out = run(mic.as_mut(), CapabilityAction::StartAudioStream, json!({})).unwrap();
     assert!(out.artifacts.is_empty());
     std::thread::sleep(Duration::from_millis(1600));
@@ -1071,13 +1053,10 @@ fn an_audio_stream_keeps_its_ring_and_returns_the_excerpt_asked_for() {
     assert!(!a.metadata["vad"]["segments"].as_array().unwrap().is_empty());
 
     // Nothing but silence: keep = voice uploads nothing.
-    let mut quiet = build(&spec(
-        CapabilityType::Microphone,
-        "sim",
-        json!({"sample_rate": 8000, "ring_seconds": 1, "signal": "silence"}),
+    let mut quiet = sim_microphone(
         dir.path(),
-    ))
-    .unwrap();
+        json!({"sample_rate": 8000, "ring_seconds": 1, "signal": "silence"}),
+    );
     run(
         quiet.as_mut(),
         CapabilityAction::StartAudioStream,
