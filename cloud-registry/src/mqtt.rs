@@ -52,7 +52,8 @@ use shared_protocol::capability::CapabilityBatchRegisterRequest;
 use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, PreemptNotice};
 use shared_protocol::mqtt::{
-    parse_topic, topic, topic_filter_all, Envelope, LeaseRevoked, MessageType, RegisterAck,
+    parse_topic, topic, topic_filter_all, Envelope, LeaseGranted, LeaseRevoked, MessageType,
+    RegisterAck,
     RegisterBody, SessionUpdate, StatusBody, TopicKind,
 };
 use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
@@ -799,7 +800,11 @@ fn command_for(ev: &CapabilityEvent) -> Option<(MessageType, Value)> {
     // Most events tell the provider nothing: decide before parsing.
     if !matches!(
         ev.event_type,
-        EventType::LeasePreemptRequested | EventType::LeasePreempted | EventType::LeaseExpired
+        EventType::LeasePreemptRequested
+            | EventType::LeasePreempted
+            | EventType::LeaseExpired
+            | EventType::LeaseReleased
+            | EventType::LeaseGranted
     ) {
         return None;
     }
@@ -847,13 +852,30 @@ fn command_for(ev: &CapabilityEvent) -> Option<(MessageType, Value)> {
                 serde_json::to_value(notice).ok()?,
             ))
         }
-        EventType::LeasePreempted | EventType::LeaseExpired => {
-            let reason =
-                data_str(ev, "reason").unwrap_or_else(|| ev.event_type.as_str().to_string());
+        EventType::LeaseGranted => {
+            let lease = lease?;
+            let body = LeaseGranted {
+                lease_id,
+                capability_id,
+                lease_generation: lease.generation?,
+                lease_mode: lease.mode,
+                expires_at: lease.expires_at,
+            };
+            Some((MessageType::LeaseGranted, serde_json::to_value(body).ok()?))
+        }
+        EventType::LeasePreempted | EventType::LeaseExpired | EventType::LeaseReleased => {
+            // A request that ends before it was ever granted (withdrawn,
+            // queue timeout) gave the bench nothing to fence.
+            let generation = lease.as_ref().and_then(|l| l.generation)?;
+            let reason = data_str(ev, "reason").unwrap_or_else(|| match ev.event_type {
+                EventType::LeaseReleased => "released".to_string(),
+                t => t.as_str().to_string(),
+            });
             let body = LeaseRevoked {
                 lease_id,
                 capability_id,
                 reason,
+                lease_generation: generation,
             };
             Some((MessageType::LeaseRevoked, serde_json::to_value(body).ok()?))
         }

@@ -5,7 +5,9 @@
 //! Start-up: open the outbox (repairing what a crash left), build every
 //! driver (no device is opened), start one runner thread per capability,
 //! then the link and the uploader. Commands from the registry (or
-//! [`Daemon::submit`]) go through one dispatcher.
+//! [`Daemon::submit`]) go through one dispatcher, which fences each
+//! `action_invoke` ([`crate::fence`], [`crate::clock`]) before a runner
+//! sees it.
 //!
 //! Shutdown (SIGTERM/SIGINT → one signal): stop taking commands; cancel
 //! queued sessions and interruptible running actions (non-interruptible
@@ -15,25 +17,29 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use shared_protocol::capability::CapabilityRegistration;
 use shared_protocol::lease::PreemptNotice;
 use shared_protocol::mqtt::{
-    ActionCancel, ActionCommand, Envelope, LeaseRevoked, MessageType, OpenSession, RegisterAck,
-    RegisterBody, SessionSync,
+    ActionCancel, ActionCommand, Envelope, FenceRefusal, LeaseGranted, LeaseRevoked, MessageType,
+    OpenSession, RegisterAck, RegisterBody, SessionSync,
 };
 use shared_protocol::provider::{HeartbeatRequest, ProviderFault, ProviderRegisterRequest};
 use shared_protocol::session::SessionStatus;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::clock::RegistryClock;
 use crate::config::{ConfigError, EdgeConfig};
+use crate::fence::Fences;
 use crate::link::{HeartbeatControl, Link, LinkConfig, LinkSource, LinkState};
 use crate::notify::Notifier;
 use crate::outbox::{Outbox, OutboxError, SyncAnswer};
-use crate::runner::{session_update, CancelOutcome, Rejection, Runners, UpdateSink};
+use crate::runner::{
+    refused_update, session_update, CancelOutcome, Rejection, Runners, UpdateSink,
+};
 use crate::uploader::Uploader;
 
 /// How long runners get to finish at shutdown before the daemon goes on.
@@ -68,6 +74,7 @@ pub struct Daemon {
     uploader_task: JoinHandle<()>,
     dispatcher_task: JoinHandle<()>,
     supervisor_task: JoinHandle<()>,
+    clock_task: JoinHandle<()>,
     notifier: Notifier,
 }
 
@@ -103,13 +110,15 @@ impl Daemon {
             artifacts_ready.clone(),
         );
 
+        let clock = RegistryClock::new(&cfg.registry.base_url)?;
         let c = cfg.clone();
         let ob = outbox.clone();
         let sink2 = sink.clone();
+        let clock2 = clock.clone();
         let (runners, registrations) = tokio::task::spawn_blocking(move || {
             let drivers = c.build_drivers()?;
             let pairs = c.capabilities.iter().cloned().zip(drivers).collect();
-            Runners::start(pairs, ob, sink2).map_err(DaemonError::Threads)
+            Runners::start(pairs, ob, sink2, clock2).map_err(DaemonError::Threads)
         })
         .await??;
         let runners = Arc::new(runners);
@@ -144,6 +153,7 @@ impl Daemon {
             artifacts_ready,
         )?;
         let uploader_task = tokio::spawn(uploader.run(stop_rx.clone()));
+        let clock_task = tokio::spawn(clock.clone().run(stop_rx.clone()));
 
         let (local_tx, local_rx) = mpsc::channel(256);
         let dispatcher_task = tokio::spawn(dispatch_loop(
@@ -154,6 +164,8 @@ impl Daemon {
                 sink: sink.clone(),
                 heartbeat: link.heartbeat_control(),
                 received: Arc::default(),
+                clock,
+                fences: Arc::default(),
             },
             stop_rx.clone(),
         ));
@@ -170,6 +182,7 @@ impl Daemon {
             uploader_task,
             dispatcher_task,
             supervisor_task,
+            clock_task,
             notifier: Notifier::from_env(),
         })
     }
@@ -310,6 +323,7 @@ impl Daemon {
             supervisor.abort();
         }
 
+        self.clock_task.abort();
         let mut uploader = self.uploader_task;
         if tokio::time::timeout(Duration::from_secs(2), &mut uploader)
             .await
@@ -422,6 +436,8 @@ struct Dispatcher {
     sink: UpdateSink,
     heartbeat: HeartbeatControl,
     received: Arc<Mutex<Received>>,
+    clock: Arc<RegistryClock>,
+    fences: Arc<Mutex<Fences>>,
 }
 
 /// Sessions this daemon got an `action_invoke` for since it started (the
@@ -457,19 +473,46 @@ impl Received {
     }
 }
 
+/// A command whose envelope is older than this on the registry's clock
+/// when it arrives has waited somewhere (a stopped bench or broker): what
+/// followed it is probably right behind, so the dispatcher first lets that
+/// backlog arrive ([`BACKLOG_SETTLE`]) and notes its revocations and grants
+/// before judging the command.
+pub const STALE_TRANSIT: Duration = Duration::from_millis(500);
+/// How long the dispatcher lets a backlog arrive before judging a command
+/// that was long in transit.
+pub const BACKLOG_SETTLE: Duration = Duration::from_millis(200);
+
 async fn dispatch_loop(
     mut link_rx: mpsc::Receiver<Envelope>,
     mut local_rx: mpsc::Receiver<Envelope>,
     d: Dispatcher,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut backlog: VecDeque<Envelope> = VecDeque::new();
     loop {
-        let env = tokio::select! {
-            Some(env) = link_rx.recv() => env,
-            Some(env) = local_rx.recv() => env,
-            _ = stop.changed() => return,
-            else => return,
+        let env = match backlog.pop_front() {
+            Some(env) => env,
+            None => tokio::select! {
+                Some(env) = link_rx.recv() => env,
+                Some(env) = local_rx.recv() => env,
+                _ = stop.changed() => return,
+                else => return,
+            },
         };
+        if backlog.is_empty()
+            && env.message_type == MessageType::ActionInvoke
+            && d.long_in_transit(&env)
+        {
+            tokio::select! {
+                _ = tokio::time::sleep(BACKLOG_SETTLE) => {}
+                _ = stop.changed() => return,
+            }
+            while let Ok(more) = link_rx.try_recv() {
+                backlog.push_back(more);
+            }
+            d.note_ahead(&backlog).await;
+        }
         d.handle(env).await;
     }
 }
@@ -489,6 +532,7 @@ impl Dispatcher {
     }
 
     async fn handle(&self, env: Envelope) {
+        self.clock.note_sent_at(env.sent_at);
         match env.message_type {
             MessageType::RegisterAck => {
                 match env.body_as::<RegisterAck>(MessageType::RegisterAck) {
@@ -516,7 +560,27 @@ impl Dispatcher {
                             tracing::warn!(%session_id, "action_invoke for a session already reported never received; not run");
                             return;
                         }
-                        match self.runners.submit(cmd) {
+                        let not_after = match self.fence(&cmd).await {
+                            Ok(t) => t,
+                            Err((why, detail)) => {
+                                tracing::warn!(
+                                    %session_id,
+                                    lease_id = %cmd.lease_id,
+                                    %capability_id,
+                                    refusal = %why,
+                                    "refused a command by its fence: {detail}"
+                                );
+                                self.emit(vec![refused_update(
+                                    &session_id,
+                                    &capability_id,
+                                    why,
+                                    &detail,
+                                )])
+                                .await;
+                                return;
+                            }
+                        };
+                        match self.runners.submit(cmd, not_after) {
                             Ok(()) => {}
                             Err(Rejection::DuplicateSession(id)) => {
                                 tracing::warn!(session_id = %id, "ignoring a second action_invoke for a session already accepted");
@@ -575,9 +639,37 @@ impl Dispatcher {
                     Err(e) => tracing::warn!("malformed action_cancel: {e}"),
                 }
             }
+            MessageType::LeaseGranted => {
+                match env.body_as::<LeaseGranted>(MessageType::LeaseGranted) {
+                    Ok(g) => {
+                        let superseded = lock_fences(&self.fences).note_lease(
+                            &g.capability_id,
+                            &g.lease_id,
+                            g.lease_generation,
+                            g.lease_mode,
+                        );
+                        tracing::info!(
+                            lease_id = %g.lease_id,
+                            capability_id = %g.capability_id,
+                            lease_generation = g.lease_generation,
+                            lease_mode = %g.lease_mode,
+                            superseded = superseded.len(),
+                            "lease granted"
+                        );
+                        self.stop_superseded(&g.capability_id, &g.lease_id, superseded)
+                            .await;
+                    }
+                    Err(e) => tracing::warn!("malformed lease_granted: {e}"),
+                }
+            }
             MessageType::LeaseRevoked => {
                 match env.body_as::<LeaseRevoked>(MessageType::LeaseRevoked) {
                     Ok(r) => {
+                        lock_fences(&self.fences).note_ended(
+                            &r.capability_id,
+                            &r.lease_id,
+                            r.lease_generation,
+                        );
                         let (updates, running) = self.runners.revoke_lease(
                             &r.lease_id,
                             &r.capability_id,
@@ -616,7 +708,144 @@ impl Dispatcher {
     }
 }
 
+fn lock_fences(m: &Mutex<Fences>) -> std::sync::MutexGuard<'_, Fences> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How soon after a sample of the registry's clock another may be taken to
+/// judge a command that looks past its `not_after`.
+const FENCE_RESAMPLE_GAP: Duration = Duration::from_secs(1);
+
 impl Dispatcher {
+    /// Judge `cmd` by its fence (docs/architecture.md "Fencing"): refused
+    /// when its lease is known to have ended or to be superseded, or when
+    /// its `not_after` may have passed on the registry's clock (a look
+    /// that says so with a sample older than [`FENCE_RESAMPLE_GAP`] is made
+    /// again after a fresh sample: the registry's clock may have been
+    /// stepped). Accepted, it returns `not_after` on this process's
+    /// monotonic clock, less the clock's uncertainty, and the lease is
+    /// noted (stopping the sessions of leases it supersedes).
+    async fn fence(&self, cmd: &ActionCommand) -> Result<Instant, (FenceRefusal, String)> {
+        lock_fences(&self.fences).check(
+            &cmd.capability_id,
+            &cmd.lease_id,
+            cmd.lease_generation,
+            cmd.lease_mode,
+        )?;
+        let mut est = self.clock.estimate();
+        if est.latest() >= cmd.not_after
+            && self.clock.age().is_none_or(|a| a > FENCE_RESAMPLE_GAP)
+        {
+            self.clock.refresh(FENCE_RESAMPLE_GAP).await;
+            est = self.clock.estimate();
+        }
+        let left = cmd.not_after - est.latest();
+        let Ok(left) = left.to_std() else {
+            return Err((
+                FenceRefusal::NotAfterPassed,
+                format!(
+                    "its not_after {} passed {} ms ago on the registry's clock (estimated {}, ±{} ms{})",
+                    cmd.not_after.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    (-left).num_milliseconds(),
+                    est.now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    est.uncertainty.as_millis(),
+                    if est.synced { "" } else { ", not yet sampled: this bench's own clock" },
+                ),
+            ));
+        };
+        // Checked again after the await: a revocation cannot have been
+        // handled meanwhile (one dispatcher), but be plain about it.
+        let superseded = {
+            let mut f = lock_fences(&self.fences);
+            f.check(
+                &cmd.capability_id,
+                &cmd.lease_id,
+                cmd.lease_generation,
+                cmd.lease_mode,
+            )?;
+            f.note_lease(
+                &cmd.capability_id,
+                &cmd.lease_id,
+                cmd.lease_generation,
+                cmd.lease_mode,
+            )
+        };
+        self.stop_superseded(&cmd.capability_id, &cmd.lease_id, superseded)
+            .await;
+        Ok(Instant::now() + left)
+    }
+
+    /// Whether `env` waited on its way here longer than [`STALE_TRANSIT`].
+    fn long_in_transit(&self, env: &Envelope) -> bool {
+        (self.clock.estimate().now - env.sent_at)
+            .to_std()
+            .is_ok_and(|d| d > STALE_TRANSIT)
+    }
+
+    /// Note the revocations and grants among `ahead` (commands that arrived
+    /// behind the one about to be judged) in the fences first.
+    async fn note_ahead(&self, ahead: &VecDeque<Envelope>) {
+        let mut noted = 0;
+        for env in ahead {
+            match env.message_type {
+                MessageType::LeaseRevoked => {
+                    if let Ok(r) = env.body_as::<LeaseRevoked>(MessageType::LeaseRevoked) {
+                        lock_fences(&self.fences).note_ended(
+                            &r.capability_id,
+                            &r.lease_id,
+                            r.lease_generation,
+                        );
+                        noted += 1;
+                    }
+                }
+                MessageType::LeaseGranted => {
+                    if let Ok(g) = env.body_as::<LeaseGranted>(MessageType::LeaseGranted) {
+                        let superseded = lock_fences(&self.fences).note_lease(
+                            &g.capability_id,
+                            &g.lease_id,
+                            g.lease_generation,
+                            g.lease_mode,
+                        );
+                        self.stop_superseded(&g.capability_id, &g.lease_id, superseded)
+                            .await;
+                        noted += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !ahead.is_empty() {
+            tracing::info!(
+                backlog = ahead.len(),
+                lease_changes = noted,
+                "commands arrived late; lease changes behind them noted before judging them"
+            );
+        }
+    }
+
+    /// Cancel the sessions of `superseded` leases on `capability_id`, which
+    /// lease `by` took over.
+    async fn stop_superseded(&self, capability_id: &str, by: &str, superseded: Vec<String>) {
+        for old in superseded {
+            let (updates, running) = self.runners.revoke_lease(
+                &old,
+                capability_id,
+                &format!("lease {old} superseded by lease {by}"),
+            );
+            if !updates.is_empty() || running > 0 {
+                tracing::warn!(
+                    lease_id = %old,
+                    %capability_id,
+                    by,
+                    queued_cancelled = updates.len(),
+                    running_stopped = running,
+                    "a newer lease took over; the older lease's sessions are stopped"
+                );
+            }
+            self.emit(updates).await;
+        }
+    }
+
     /// Note an `action_invoke` for `session_id` (see [`Received`]); returns
     /// what was noted before.
     fn note_received(&self, session_id: &str) -> Option<bool> {

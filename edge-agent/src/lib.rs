@@ -4,11 +4,13 @@
 //! one driver per capability type, keeps evidence in a SQLite outbox and talks
 //! to the registry over MQTT (control) and HTTP (artifact bytes).
 
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod devices;
 pub mod devsim;
 pub mod drivers;
+pub mod fence;
 pub mod link;
 pub mod notify;
 pub mod outbox;

@@ -20,6 +20,10 @@
 //! - Cancellation (`action_cancel`, `lease_revoked`, shutdown): a queued
 //!   session is cancelled at once; a running interruptible action gets its
 //!   [`CancelToken`] set; a non-interruptible one finishes first.
+//! - Fencing (docs/architecture.md "Fencing"): a session whose command's
+//!   `not_after` passes while it waits in the queue is refused
+//!   (`refused: not_after_passed`) and never runs; the check is made again
+//!   when its turn comes.
 //! - Deadlines: a session still queued at its deadline fails without
 //!   running; a running interruptible one is cancelled at its deadline; a
 //!   driver that has not returned [`ABANDON_GRACE`] after it is reported
@@ -38,12 +42,13 @@ use serde_json::{Map, Value};
 use shared_protocol::capability::{
     CapabilityAction, CapabilityRegistration, CapabilityType, HealthStatus,
 };
-use shared_protocol::mqtt::{ActionCommand, MessageType, SessionUpdate};
+use shared_protocol::mqtt::{ActionCommand, FenceRefusal, MessageType, SessionUpdate};
 use shared_protocol::provider::{CapabilityHealthReport, RunningSession};
 use shared_protocol::session::SessionStatus;
 use shared_protocol::Timestamp;
 use tokio::sync::Notify;
 
+use crate::clock::RegistryClock;
 use crate::config::CapabilityConfig;
 use crate::drivers::{ActionRequest, CancelToken, Driver, DriverError, DriverHealth};
 use crate::outbox::{Outbox, OutboxError, SyncAnswer, UpdateKind};
@@ -193,7 +198,27 @@ pub fn session_update(
         error_message,
         artifacts: Vec::new(),
         occurred_at: Utc::now(),
+        started_at: None,
+        refused: None,
     }
+}
+
+/// The `failed` update of a command the bench refused by its fence: the
+/// action never ran.
+pub fn refused_update(
+    session_id: &str,
+    capability_id: &str,
+    why: FenceRefusal,
+    detail: &str,
+) -> SessionUpdate {
+    let mut u = session_update(
+        session_id,
+        capability_id,
+        SessionStatus::Failed,
+        Some(format!("refused by the bench ({why}): {detail}")),
+    );
+    u.refused = Some(why);
+    u
 }
 
 /// Why a command was refused before anything ran.
@@ -248,6 +273,9 @@ struct SessionEntry {
     action: CapabilityAction,
     timeout_ms: u32,
     deadline: Instant,
+    /// The command's `not_after` on this process's monotonic clock (less
+    /// the registry clock's uncertainty): it must not start later.
+    not_after: Instant,
     phase: Phase,
     started_at: Option<Timestamp>,
     /// When the driver was given the action (monotonic).
@@ -304,11 +332,13 @@ pub struct Runners {
 impl Runners {
     /// Start one thread per capability. Each thread first asks its driver
     /// for its supported actions, metadata and health; the returned
-    /// registrations (seed 001 §4.2) carry them.
+    /// registrations (seed 001 §4.2) carry them. `clock` stamps each final
+    /// update's `started_at` in the registry's time.
     pub fn start(
         capabilities: Vec<(CapabilityConfig, Box<dyn Driver>)>,
         outbox: Outbox,
         sink: UpdateSink,
+        clock: Arc<RegistryClock>,
     ) -> std::io::Result<(Runners, Vec<CapabilityRegistration>)> {
         let board = Arc::new(Mutex::new(Board::default()));
         let mut slots = BTreeMap::new();
@@ -321,6 +351,7 @@ impl Runners {
                 board: board.clone(),
                 outbox: outbox.clone(),
                 sink: sink.clone(),
+                clock: clock.clone(),
             };
             let join = std::thread::Builder::new()
                 .name(format!("cap-{}", cap.id))
@@ -363,10 +394,11 @@ impl Runners {
         &self.sink
     }
 
-    /// Accept `cmd` for its capability's runner (non-blocking). On
-    /// `Err`, nothing was queued; the caller reports the rejection (except
-    /// [`Rejection::DuplicateSession`]).
-    pub fn submit(&self, cmd: ActionCommand) -> Result<(), Rejection> {
+    /// Accept `cmd` for its capability's runner (non-blocking); it must
+    /// start before `not_after` (the command's fence on this process's
+    /// monotonic clock) or is refused. On `Err`, nothing was queued; the
+    /// caller reports the rejection (except [`Rejection::DuplicateSession`]).
+    pub fn submit(&self, cmd: ActionCommand, not_after: Instant) -> Result<(), Rejection> {
         let Some(slot) = self.slots.get(&cmd.capability_id) else {
             return Err(Rejection::UnknownCapability {
                 capability_id: cmd.capability_id.clone(),
@@ -410,6 +442,7 @@ impl Runners {
                     action: cmd.action,
                     timeout_ms,
                     deadline: Instant::now() + Duration::from_millis(u64::from(timeout_ms)),
+                    not_after,
                     phase: Phase::Queued,
                     started_at: None,
                     started: None,
@@ -503,6 +536,18 @@ impl Runners {
             }
         }
         board.sessions.retain(|id, s| {
+            if s.phase == Phase::Queued && now >= s.not_after {
+                updates.push(refused_update(
+                    id,
+                    &s.capability_id,
+                    FenceRefusal::NotAfterPassed,
+                    &format!(
+                        "its not_after passed while it waited in the queue of capability `{}`",
+                        s.capability_id
+                    ),
+                ));
+                return false;
+            }
             if s.phase == Phase::Queued && now >= s.deadline {
                 updates.push(session_update(
                     id,
@@ -712,6 +757,7 @@ struct RunnerCtx {
     board: Arc<Mutex<Board>>,
     outbox: Outbox,
     sink: UpdateSink,
+    clock: Arc<RegistryClock>,
 }
 
 type RunnerInfo = (Vec<CapabilityAction>, Map<String, Value>);
@@ -785,6 +831,20 @@ impl RunnerCtx {
             if s.phase != Phase::Queued {
                 return;
             }
+            if Instant::now() >= s.not_after {
+                board.sessions.remove(&job.session_id);
+                drop(board);
+                self.sink.emit_logged(&refused_update(
+                    &job.session_id,
+                    &job.capability_id,
+                    FenceRefusal::NotAfterPassed,
+                    "its not_after had passed when its turn came",
+                ));
+                return;
+            }
+            let Some(s) = board.sessions.get_mut(&job.session_id) else {
+                return;
+            };
             s.phase = Phase::Running;
             s.started_at = Some(Utc::now());
             s.started = Some(Instant::now());
@@ -871,6 +931,7 @@ impl RunnerCtx {
             None,
         );
         update.artifacts = artifacts;
+        update.started_at = entry.started.map(|t| self.clock.at(t));
         // Only an outcome has a summary: a completed action, or the part a
         // cancelled capture kept.
         update.result_summary = summary.map(Value::Object);

@@ -127,6 +127,8 @@ mod tests {
             error_message: error,
             artifacts: Vec::new(),
             occurred_at: Utc::now(),
+            started_at: None,
+            refused: None,
         }
     }
 

@@ -171,7 +171,10 @@ async fn an_uploaded_file_stays_until_the_update_with_its_metadata_is_acknowledg
             "capability_id": "cam-test-01",
             "action": "snapshot",
             "params": {},
-            "timeout_ms": 10000
+            "timeout_ms": 10000,
+            "lease_generation": 1,
+            "lease_mode": "exclusive",
+            "not_after": (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc3339(),
         }),
     )));
     let outbox = daemon.outbox().clone();

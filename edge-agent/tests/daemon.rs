@@ -85,6 +85,9 @@ fn invoke(
             "action": action,
             "params": params,
             "timeout_ms": timeout_ms,
+            "lease_generation": 1,
+            "lease_mode": "exclusive",
+            "not_after": (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc3339(),
         }),
     )
 }

@@ -327,7 +327,10 @@ fn invoke(session_id: &str, capability_id: &str, action: &str) -> Envelope {
             "capability_id": capability_id,
             "action": action,
             "params": {},
-            "timeout_ms": 10000
+            "timeout_ms": 10000,
+            "lease_generation": 1,
+            "lease_mode": "exclusive",
+            "not_after": (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc3339(),
         }),
     )
 }
@@ -460,7 +463,8 @@ async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interrup
         MessageType::ActionInvoke,
         &json!({"session_id": "sess-press-1", "lease_id": "lease-p", "capability_id": "robot-test-01",
                 "action": "long_press", "params": {"x_mm": 20.0, "y_mm": 30.0, "hold_ms": 4000},
-                "timeout_ms": 20000}),
+                "timeout_ms": 20000, "lease_generation": 1, "lease_mode": "exclusive",
+                "not_after": (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc3339()}),
     );
     obs.publish(&bench.topic("commands"), &press).await;
     let hb = obs

@@ -32,3 +32,13 @@ wire_enum! {
         Viewer = "viewer",
     }
 }
+
+/// `GET /api/v1/time`: the registry's clock, for benches that fence
+/// commands by it (docs/architecture.md "Fencing").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegistryTime {
+    /// The registry's wall clock when it answered.
+    pub now: crate::Timestamp,
+    /// The same instant in milliseconds since the Unix epoch.
+    pub unix_ms: i64,
+}

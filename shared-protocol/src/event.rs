@@ -7,8 +7,9 @@ use serde_json::Value;
 use crate::Timestamp;
 
 wire_enum! {
-    /// Event types: the fifteen of seed 001 §7, then the audit-task events
-    /// (seed 001 §8) that share the stream.
+    /// Event types: the fifteen of seed 001 §7, `session_late_report`
+    /// (a fence violation, docs/architecture.md "Fencing"), then the
+    /// audit-task events (seed 001 §8) that share the stream.
     pub enum EventType {
         ProviderRegistered = "provider_registered",
         CapabilityRegistered = "capability_registered",
@@ -25,6 +26,9 @@ wire_enum! {
         SessionCompleted = "session_completed",
         SessionFailed = "session_failed",
         ArtifactUploaded = "artifact_uploaded",
+        /// A provider reported an action the bench started outside its
+        /// lease; `data` is the session with its `late_report`.
+        SessionLateReport = "session_late_report",
         AuditTaskCreated = "audit_task_created",
         AuditTaskClaimed = "audit_task_claimed",
         AuditTaskReleased = "audit_task_released",

@@ -266,6 +266,12 @@ pub struct CapabilityLease {
     pub ended_at: Option<Timestamp>,
     /// The authenticated principal holding the lease.
     pub principal: String,
+    /// The lease's place in the registry's grant order, set when it is
+    /// granted: each grant takes the next number, so of two leases of one
+    /// capability the larger generation is the later one. Commands to the
+    /// bench carry it as their fence (docs/architecture.md "Fencing").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
 }
 
 /// Answer to a group request: every lease of the group, all in the same

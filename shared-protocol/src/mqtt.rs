@@ -18,7 +18,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::artifact::CapabilityArtifact;
-use crate::capability::{CapabilityAction, CapabilityRegistration};
+use crate::capability::{CapabilityAction, CapabilityRegistration, LeaseMode};
 use crate::lease::PreemptNotice;
 use crate::provider::{OnlineStatus, ProviderRegisterRequest};
 use crate::session::SessionStatus;
@@ -208,6 +208,8 @@ wire_enum! {
         PreemptRequested = "preempt_requested",
         /// `commands` topic: [`LeaseRevoked`].
         LeaseRevoked = "lease_revoked",
+        /// `commands` topic: [`LeaseGranted`].
+        LeaseGranted = "lease_granted",
         /// `commands` topic: [`SessionSync`].
         SessionSync = "session_sync",
         /// `results` topic: [`SessionUpdate`].
@@ -264,6 +266,13 @@ impl Validate for RegisterAck {
 }
 
 /// Run `action` on `capability_id` for session `session_id`.
+///
+/// Every command is *fenced* to its lease (docs/architecture.md
+/// "Fencing"): the bench refuses it, and reports it refused, when its
+/// `not_after` has (possibly) passed on the registry's clock, when it knows
+/// the lease ended (a `lease_revoked` for it arrived), or when it knows a
+/// newer lease of the capability (a larger `lease_generation`: exclusive
+/// after anything older, shared after an older exclusive one).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActionCommand {
     pub session_id: String,
@@ -271,14 +280,44 @@ pub struct ActionCommand {
     pub capability_id: String,
     pub action: CapabilityAction,
     pub params: serde_json::Map<String, Value>,
-    /// The driver must finish within this many milliseconds.
+    /// The driver must finish within this many milliseconds of the
+    /// command reaching the bench.
     pub timeout_ms: u32,
+    /// The lease's place in the registry's grant order (the lease's
+    /// `generation`): every grant on the registry takes the next number.
+    pub lease_generation: u64,
+    /// The mode the lease holds the capability in.
+    pub lease_mode: LeaseMode,
+    /// On the registry's clock: the earlier of the lease's `expires_at` and
+    /// the action's deadline (sent time + `timeout_ms`). The bench starts
+    /// nothing for this command once this instant may have passed.
+    pub not_after: Timestamp,
 }
 
 impl Validate for ActionCommand {
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("session_id", &self.session_id)?;
-        check_id("capability_id", &self.capability_id)
+        check_id("capability_id", &self.capability_id)?;
+        if self.lease_generation == 0 {
+            return Err(ValidationError::new(
+                "lease_generation",
+                "must be at least 1 (the lease's generation)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+wire_enum! {
+    /// Why the bench refused a fenced command ([`SessionUpdate::refused`]).
+    pub enum FenceRefusal {
+        /// Its `not_after` had passed (or may have, within the bench's
+        /// clock uncertainty) when it reached the bench or its turn came.
+        NotAfterPassed = "not_after_passed",
+        /// The bench had been told the lease ended (`lease_revoked`).
+        LeaseEnded = "lease_ended",
+        /// The bench knew a newer lease of the capability.
+        LeaseSuperseded = "lease_superseded",
     }
 }
 
@@ -302,18 +341,42 @@ impl Validate for PreemptNotice {
     }
 }
 
-/// A lease ended early (revoked after preemption, or expired): the provider
-/// cancels what still runs under it.
+/// A lease ended (released, expired, or revoked after preemption): the
+/// provider cancels what still runs or waits under it, and refuses any
+/// command for it that arrives later.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaseRevoked {
     pub lease_id: String,
     pub capability_id: String,
     pub reason: String,
+    /// The ended lease's generation (0: not known).
+    #[serde(default)]
+    pub lease_generation: u64,
 }
 
 impl Validate for LeaseRevoked {
     fn validate(&self) -> Result<(), ValidationError> {
         Ok(())
+    }
+}
+
+/// A lease was granted on one of the provider's capabilities: from now on
+/// the bench refuses commands of older leases this one supersedes
+/// ([`ActionCommand`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseGranted {
+    pub lease_id: String,
+    pub capability_id: String,
+    pub lease_generation: u64,
+    pub lease_mode: LeaseMode,
+    /// The lease's expiry on the registry's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
+}
+
+impl Validate for LeaseGranted {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_id("capability_id", &self.capability_id)
     }
 }
 
@@ -331,6 +394,15 @@ pub struct SessionUpdate {
     #[serde(default)]
     pub artifacts: Vec<CapabilityArtifact>,
     pub occurred_at: Timestamp,
+    /// When the driver was given the action, on the registry's clock as
+    /// the bench estimates it (absent when it never started, or from an
+    /// older bench). The registry compares it with the lease's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    /// Set when the bench refused the command by its fence (the update is
+    /// then `failed`, and the action never ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<FenceRefusal>,
 }
 
 impl Validate for SessionUpdate {

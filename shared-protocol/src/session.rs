@@ -49,6 +49,14 @@ pub struct CapabilitySession {
     /// Artifact ids produced by this session.
     pub artifact_refs: Vec<String>,
     pub error_message: Option<String>,
+    /// A provider's report that arrived for an action the bench started
+    /// outside its lease (after the lease ended or the command's
+    /// `not_after`): kept as it came (`status`, `started_at`,
+    /// `result_summary`, `error_message`, `artifact_ids`, `received_at`),
+    /// never applied over the registry's verdict (docs/architecture.md
+    /// "Fencing"). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_report: Option<Value>,
 }
 
 /// Invoke an action on a leased capability:

@@ -81,6 +81,9 @@ pub struct LabOptions {
     pub outbox_durability: Option<String>,
     /// The registry's `sessions.result_grace_ms` (its default when `None`).
     pub result_grace_ms: Option<u64>,
+    /// Extra environment of the edge daemon (e.g. libfaketime's, to run
+    /// its clock off).
+    pub edge_env: Vec<(String, String)>,
 }
 
 impl Default for LabOptions {
@@ -97,6 +100,7 @@ impl Default for LabOptions {
             extra_speakers: 0,
             outbox_durability: None,
             result_grace_ms: None,
+            edge_env: Vec::new(),
         }
     }
 }
@@ -201,6 +205,8 @@ impl Lab {
             "--dut-console",
             "--link-dut-to-korad",
         ])
+        .arg("--journal")
+        .arg(root.join("sim/journal.jsonl"))
         .arg("--dir")
         .arg(root.join("sim"));
         let (sim, devices_line) =
@@ -342,10 +348,27 @@ impl Lab {
     pub fn start_edge(&mut self) -> Result<()> {
         let mut cmd = child_command("edge-agent", &self.root.join("logs/edge.log"))?;
         cmd.args(["run", "--config"]).arg(&self.edge_config);
+        cmd.envs(self.opts.edge_env.iter().map(|(k, v)| (k, v)));
         let (p, _) = Proc::start_ready("edge-agent", cmd, Duration::from_secs(30))
             .with_context(|| self.log_hint("edge"))?;
         self.edge = Some(p);
         Ok(())
+    }
+
+    /// Every relay switch frame the simulated LCUS board accepted so far
+    /// (bench-sim's `--journal`), oldest first: `{"channel", "on",
+    /// "changed", "at_unix_ms"}`.
+    pub fn relay_switches(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.root.join("sim/journal.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The edge daemon's process id (0 when it is not running).
+    pub fn edge_pid(&self) -> u32 {
+        self.edge.as_ref().map(Proc::pid).unwrap_or(0)
     }
 
     /// Kill the edge daemon with SIGKILL (no clean shutdown, no DISCONNECT).

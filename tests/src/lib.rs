@@ -234,6 +234,32 @@ where
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A process held stopped with `SIGSTOP` (a frozen VM, a debugger, a
+/// starved host); `SIGCONT` when dropped, also when a test panics.
+pub struct Frozen(u32);
+
+impl Frozen {
+    /// Stop process `pid`.
+    ///
+    /// Panics: `pid` is 0 or the signal cannot be sent.
+    pub fn new(pid: u32) -> Frozen {
+        assert!(pid != 0, "no process to freeze");
+        // SAFETY: kill(2) on a child process of this test.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Frozen(pid)
+    }
+
+    /// Let the process run again now.
+    pub fn thaw(self) {}
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
 /// Read a file to a string, naming it on error.
 pub fn read_to_string(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))

@@ -4,7 +4,9 @@
 //!   "mqtt": {"mode", "addr", "connected"}}`; 200 when the store answers and
 //!   the MQTT client is connected, else 503;
 //! - `GET /metrics`: Prometheus text format 0.0.4 (leases by status, events
-//!   total, providers online, MQTT messages in by topic kind, ...).
+//!   total, providers online, MQTT messages in by topic kind, ...);
+//! - `GET /time`: the registry's clock ([`RegistryTime`]), which benches
+//!   sample to fence commands (docs/architecture.md "Fencing").
 //!
 //! The exposition text is written by hand: a handful of gauges and counters
 //! does not justify a metrics registry crate.
@@ -18,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
+use shared_protocol::api::RegistryTime;
 
 use super::ApiState;
 
@@ -25,6 +28,18 @@ pub(super) fn routes() -> axum::Router<ApiState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/time", get(time))
+}
+
+/// The registry's wall clock, read as late as possible so that the
+/// sampler's round trip brackets it tightly.
+async fn time() -> Response {
+    let now = chrono::Utc::now();
+    let body = RegistryTime {
+        now,
+        unix_ms: now.timestamp_millis(),
+    };
+    ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
 }
 
 async fn healthz(State(st): State<ApiState>) -> Response {

@@ -442,6 +442,7 @@ mod tests {
             preempted_by: None,
             ended_at: Some(chrono::Utc::now()),
             principal: "agent-1".into(),
+            generation: None,
         }
     }
 

@@ -360,10 +360,10 @@ impl LeaseEngine {
             ));
         }
         db.write(|c| store::migrate(c)).await??;
-        let (rows, next_seq, counts) = db.read(|c| store::load_live(c)).await??;
+        let (rows, next_seq, next_generation, counts) = db.read(|c| store::load_live(c)).await??;
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut state = State::new(sender);
-        state.load(rows.clone(), next_seq, &Now::read(&*clock));
+        state.load(rows.clone(), next_seq, next_generation, &Now::read(&*clock));
         let mut view = View::default();
         view.load(&rows, &counts);
         let (stop, stop_rx) = watch::channel(false);
@@ -995,11 +995,12 @@ impl LeaseEngine {
     /// Reload the model from the table (after a failed commit), keep the
     /// directory, and accept operations again.
     async fn reload(&self) -> Result<(), LeaseError> {
-        let (rows, next_seq, counts) = self.db.read(|c| store::load_live(c)).await??;
+        let (rows, next_seq, next_generation, counts) =
+            self.db.read(|c| store::load_live(c)).await??;
         lock(&self.view).load(&rows, &counts);
         let mut st = lock(&self.state);
         let now = self.now();
-        st.load(rows, next_seq, &now);
+        st.load(rows, next_seq, next_generation, &now);
         st.refresh_candidates();
         st.available = true;
         let mut tx = Tx::default();

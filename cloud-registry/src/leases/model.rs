@@ -253,6 +253,9 @@ pub(crate) struct State {
     /// answers with the final status.
     pub recent_final: HashMap<String, CapabilityLease>,
     pub next_seq: u64,
+    /// The `generation` the next grant takes (grant order, never reused:
+    /// restored from the table's largest at start).
+    pub next_generation: u64,
     /// To the committer; `None` once shut down.
     pub sender: Option<mpsc::UnboundedSender<Piece>>,
     /// False while recovering from a failed commit.
@@ -280,6 +283,7 @@ impl State {
             rank_of: HashMap::new(),
             recent_final: HashMap::new(),
             next_seq: 1,
+            next_generation: 1,
             sender: Some(sender),
             available: true,
         }
@@ -288,13 +292,14 @@ impl State {
     /// Replace the leases with persisted rows (start, recovery); the
     /// directory is kept. Deadlines are recomputed from the persisted wall
     /// times (see `LeaseEngine::start`).
-    pub fn load(&mut self, rows: Vec<Row>, next_seq: u64, now: &Now) {
+    pub fn load(&mut self, rows: Vec<Row>, next_seq: u64, next_generation: u64, now: &Now) {
         self.holders.clear();
         self.leases.clear();
         self.queue.clear();
         self.rank_of.clear();
         self.recent_final.clear();
         self.next_seq = self.next_seq.max(next_seq);
+        self.next_generation = self.next_generation.max(next_generation);
         let mut waiters: BTreeMap<RankKey, Waiter> = BTreeMap::new();
         for row in rows {
             let lease = row.lease;

@@ -260,6 +260,8 @@ impl State {
                 continue;
             };
             let (deadline, expires_at) = now.after(e.book.requested_duration_seconds);
+            e.lease.generation = Some(self.next_generation);
+            self.next_generation += 1;
             e.lease.capability_id = cap.clone();
             e.lease.mode = mode;
             e.lease.status = LeaseStatus::Granted;
@@ -398,6 +400,7 @@ impl State {
                 preempted_by: None,
                 ended_at: None,
                 principal: adm.principal.clone(),
+                generation: None,
             };
             let entry = Entry {
                 lease,

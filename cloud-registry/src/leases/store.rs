@@ -68,14 +68,23 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         "CREATE INDEX IF NOT EXISTS capability_leases_live ON capability_leases(queue_seq)
              WHERE {}",
         live_condition()
-    ))
+    ))?;
+    // `generation` (the grant order that fences commands to the bench)
+    // came later: add it to a table made before.
+    let has_generation = conn
+        .prepare("SELECT 1 FROM pragma_table_info('capability_leases') WHERE name = 'generation'")?
+        .exists([])?;
+    if !has_generation {
+        conn.execute_batch("ALTER TABLE capability_leases ADD COLUMN generation INTEGER")?;
+    }
+    Ok(())
 }
 
 const COLUMNS: &str = "lease_id, capability_id, holder_type, holder_ref, project_id, purpose,
     priority, status, requested_at, granted_at, expires_at, grace_until, preempt_reason,
     evidence_required, mode, lease_group_id, preempted_by, ended_at, principal,
     requested_duration_seconds, queue_seq, want, preempt_if_needed, request_preempt_reason,
-    queue_deadline, pinned_capability_id";
+    queue_deadline, pinned_capability_id, generation";
 
 /// Stored form of a time: RFC 3339, UTC, microseconds.
 fn ts(t: &Timestamp) -> String {
@@ -135,6 +144,10 @@ fn read_row(r: &SqlRow<'_>) -> rusqlite::Result<Row> {
         preempted_by: r.get(16)?,
         ended_at: get_ts_opt(r, 17)?,
         principal: r.get(18)?,
+        generation: r
+            .get::<_, Option<i64>>(26)?
+            .map(|g| u64::try_from(g).map_err(|e| bad(26, e)))
+            .transpose()?,
     };
     let duration: i64 = r.get(19)?;
     let seq: i64 = r.get(20)?;
@@ -161,16 +174,17 @@ fn upsert(conn: &Connection, row: &Row) -> rusqlite::Result<()> {
              project_id, purpose, priority, status, requested_at, granted_at, expires_at,
              grace_until, preempt_reason, evidence_required, mode, lease_group_id, preempted_by,
              ended_at, principal, requested_duration_seconds, queue_seq, want, preempt_if_needed,
-             request_preempt_reason, queue_deadline, pinned_capability_id)
+             request_preempt_reason, queue_deadline, pinned_capability_id, generation)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)
+             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)
          ON CONFLICT(lease_id) DO UPDATE SET
              capability_id = excluded.capability_id, status = excluded.status,
              granted_at = excluded.granted_at, expires_at = excluded.expires_at,
              grace_until = excluded.grace_until, preempt_reason = excluded.preempt_reason,
              mode = excluded.mode, preempted_by = excluded.preempted_by,
              ended_at = excluded.ended_at, queue_deadline = excluded.queue_deadline,
-             pinned_capability_id = excluded.pinned_capability_id",
+             pinned_capability_id = excluded.pinned_capability_id,
+             generation = excluded.generation",
     )?;
     stmt.execute(params![
         l.lease_id,
@@ -199,6 +213,7 @@ fn upsert(conn: &Connection, row: &Row) -> rusqlite::Result<()> {
         b.request_preempt_reason,
         ts_opt(&b.queue_deadline),
         b.pinned_capability_id,
+        l.generation.map(|g| i64::try_from(g).unwrap_or(i64::MAX)),
     ])?;
     Ok(())
 }
@@ -246,12 +261,12 @@ fn live_condition() -> String {
 }
 
 /// What a start (or a recovery) reads: every lease not in a final status
-/// in arrival order, the next `queue_seq` to use, and the number of stored
-/// leases in each status.
-pub(crate) type Loaded = (Vec<Row>, u64, Vec<(LeaseStatus, u64)>);
+/// in arrival order, the next `queue_seq` and the next `generation` to
+/// use, and the number of stored leases in each status.
+pub(crate) type Loaded = (Vec<Row>, u64, u64, Vec<(LeaseStatus, u64)>);
 
 /// Every lease not in a final status, in arrival order, the next
-/// `queue_seq` to use, and the leases per status (one scan of the table).
+/// `queue_seq` and `generation` to use, and the leases per status.
 pub(crate) fn load_live(conn: &Connection) -> rusqlite::Result<Loaded> {
     let sql = format!(
         "SELECT {COLUMNS} FROM capability_leases WHERE {} ORDER BY queue_seq, lease_id",
@@ -266,7 +281,12 @@ pub(crate) fn load_live(conn: &Connection) -> rusqlite::Result<Loaded> {
             r.get(0)
         })?;
     let next = u64::try_from(max.unwrap_or(0)).unwrap_or(0) + 1;
-    Ok((rows, next, counts_by_status(conn)?))
+    let max_generation: Option<i64> =
+        conn.query_row("SELECT MAX(generation) FROM capability_leases", [], |r| {
+            r.get(0)
+        })?;
+    let next_generation = u64::try_from(max_generation.unwrap_or(0)).unwrap_or(0) + 1;
+    Ok((rows, next, next_generation, counts_by_status(conn)?))
 }
 
 /// One lease by id.

@@ -370,6 +370,23 @@ pub fn input_summary(params: &Map<String, Value>) -> Value {
     summary
 }
 
+/// The `not_after` of a command sent at `now` under `lease` with a driver
+/// deadline of `timeout_ms`: the earliest of that deadline, the lease's
+/// `expires_at` and, while it is being preempted, its `grace_until`
+/// (docs/architecture.md "Fencing").
+fn command_not_after(
+    lease: &CapabilityLease,
+    now: chrono::DateTime<Utc>,
+    timeout_ms: u32,
+) -> chrono::DateTime<Utc> {
+    let deadline = now + chrono::Duration::milliseconds(i64::from(timeout_ms));
+    [Some(deadline), lease.expires_at, lease.grace_until]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(deadline)
+}
+
 fn lease_end_reason(lease: &CapabilityLease) -> Option<String> {
     match lease.status {
         LeaseStatus::Revoked => Some(format!(
@@ -627,12 +644,14 @@ impl Sessions {
             .filter(|c| c.connected())
             .ok_or(SessionError::ControlPlaneDown)?
             .clone();
-        self.leases
+        let authorized = self
+            .leases
             .authorize_action(who, lease_id, &capability_id)
             .await?;
 
         let now = store::stored_time(Utc::now());
         let timeout_ms = req.timeout_ms.unwrap_or(self.cfg.default_timeout_ms);
+        let not_after = command_not_after(&authorized, now, timeout_ms);
         let deadline = now
             + chrono::Duration::milliseconds(
                 i64::from(timeout_ms) + self.cfg.result_grace_ms.min(i64::MAX as u64) as i64,
@@ -645,6 +664,9 @@ impl Sessions {
             action: req.action,
             params: req.params,
             timeout_ms,
+            lease_generation: authorized.generation.unwrap_or(0),
+            lease_mode: authorized.mode,
+            not_after,
         };
         let limit = self.max_command_bytes.load(Ordering::Relaxed);
         if limit > 0 {
@@ -670,6 +692,7 @@ impl Sessions {
                 result_summary: None,
                 artifact_refs: vec![],
                 error_message: None,
+                late_report: None,
             },
             provider_id: provider_id.clone(),
             principal: who.name.clone(),
@@ -1141,12 +1164,17 @@ impl Sessions {
         } else {
             None
         };
+        let fence_end = if update.status.is_final() && update.started_at.is_some() {
+            self.fence_end_for(&update).await
+        } else {
+            None
+        };
         let provider = provider_id.to_string();
         let session_id = update.session_id.clone();
         let applied = self
             .db
             .write_grouped(move |c| {
-                store::apply_update(c, &provider, &update, lease_reason, Utc::now())
+                store::apply_update(c, &provider, &update, lease_reason, fence_end, Utc::now())
             })
             .await;
         match applied {
@@ -1169,6 +1197,21 @@ impl Sessions {
                 tracing::error!(provider_id, %session_id, error = %e, "session update not stored")
             }
         }
+    }
+
+    /// When the authority of `update`'s command ended ([`store::fence_end`]):
+    /// `None` when the session or its lease cannot be read.
+    async fn fence_end_for(&self, update: &SessionUpdate) -> Option<chrono::DateTime<Utc>> {
+        let id = update.session_id.clone();
+        let row = self
+            .db
+            .read(move |c| store::load_session(c, &id))
+            .await
+            .ok()?
+            .ok()??;
+        let lease = self.leases.get(&row.session.lease_id).await?;
+        let ended = lease.ended_at.filter(|_| lease.status.is_final());
+        Some(store::fence_end(&row, ended))
     }
 
     /// Why the lease under an update's session ended, when it ended before

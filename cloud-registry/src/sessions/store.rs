@@ -80,7 +80,16 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             received_at TEXT NOT NULL,
             PRIMARY KEY (artifact_id, provider_id)
         );",
-    )
+    )?;
+    // `late_report` (a report of an action run outside its lease) came
+    // later: add it to a table made before.
+    let has_late_report = conn
+        .prepare("SELECT 1 FROM pragma_table_info('capability_sessions') WHERE name = 'late_report'")?
+        .exists([])?;
+    if !has_late_report {
+        conn.execute_batch("ALTER TABLE capability_sessions ADD COLUMN late_report TEXT")?;
+    }
+    Ok(())
 }
 
 /// `t` at the precision it is stored with (microseconds), so a session
@@ -166,7 +175,7 @@ pub struct SessionRow {
 
 const SESSION_COLUMNS: &str = "session_id, lease_id, capability_id, provider_id, principal,
     action, started_at, ended_at, status, input_summary, result_summary, artifact_refs,
-    error_message, timeout_ms, deadline_at, ended_by, provider_status, revoke_reason";
+    error_message, timeout_ms, deadline_at, ended_by, provider_status, revoke_reason, late_report";
 
 fn read_session(r: &SqlRow<'_>) -> rusqlite::Result<SessionRow> {
     let result_summary: Option<String> = r.get(10)?;
@@ -187,6 +196,10 @@ fn read_session(r: &SqlRow<'_>) -> rusqlite::Result<SessionRow> {
                 .transpose()?,
             artifact_refs: get_json(r, 11)?,
             error_message: r.get(12)?,
+            late_report: r
+                .get::<_, Option<String>>(18)?
+                .map(|s| serde_json::from_str(&s).map_err(|e| bad(18, e)))
+                .transpose()?,
         },
         provider_id: r.get(3)?,
         principal: r.get(4)?,
@@ -209,7 +222,8 @@ fn insert_session_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<(
     let s = &row.session;
     let mut stmt = conn.prepare_cached(&format!(
         "INSERT INTO capability_sessions ({SESSION_COLUMNS})
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+             ?19)"
     ))?;
     stmt.execute(params![
         s.session_id,
@@ -230,6 +244,7 @@ fn insert_session_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<(
         row.ended_by.map(EndedBy::as_str),
         row.provider_status.map(SessionStatus::as_str),
         row.revoke_reason,
+        s.late_report.as_ref().map(Value::to_string),
     ])?;
     Ok(())
 }
@@ -246,7 +261,7 @@ fn update_session_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<(
     let mut stmt = conn.prepare_cached(
         "UPDATE capability_sessions SET ended_at = ?2, status = ?3, result_summary = ?4,
              artifact_refs = ?5, error_message = ?6, deadline_at = ?7, ended_by = ?8,
-             provider_status = ?9, revoke_reason = ?10
+             provider_status = ?9, revoke_reason = ?10, late_report = ?11
          WHERE session_id = ?1",
     )?;
     let n = stmt.execute(params![
@@ -260,6 +275,7 @@ fn update_session_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<(
         row.ended_by.map(EndedBy::as_str),
         row.provider_status.map(SessionStatus::as_str),
         row.revoke_reason,
+        s.late_report.as_ref().map(Value::to_string),
     ])?;
     if n == 0 {
         return Err(rusqlite::Error::QueryReturnedNoRows);
@@ -461,12 +477,19 @@ pub fn lease_end_message(reason: &str, provider_message: Option<&str>) -> String
 /// - Artifact metadata is stored (`uploaded = 0`), or bound at once to
 ///   bytes the same provider sent earlier with the same sha256.
 ///
+/// - A final report of an action the bench started after `fence_end`
+///   (the earlier of the command's deadline and the lease's end, see
+///   [`fence_end`]) never replaces the registry's verdict: it is kept in
+///   `late_report` with a `session_late_report` event, and a session still
+///   open ends `failed`, saying so.
+///
 /// Runs in a savepoint, like [`insert_session`]; a refusal rolls it back.
 pub fn apply_update(
     conn: &mut Connection,
     provider_id: &str,
     update: &SessionUpdate,
     lease_end_reason: Option<String>,
+    fence_end: Option<Timestamp>,
     now: Timestamp,
 ) -> Result<UpdateApplied, UpdateRefused> {
     let tx = conn.savepoint()?;
@@ -509,7 +532,50 @@ pub fn apply_update(
         }
     }
     let mut end_event = None;
-    if update.status.is_final() {
+    let outside_fence = match (update.status.is_final(), update.started_at, fence_end) {
+        (true, Some(started), Some(end)) => started > end + chrono::Duration::milliseconds(1),
+        _ => false,
+    };
+    if outside_fence {
+        // A repeat of a late report (QoS 1) finds it kept already.
+        if row.session.late_report.is_some() {
+            tx.commit()?;
+            out.session = Some(row.session);
+            return Ok(out);
+        }
+        let end = fence_end.unwrap_or(now);
+        let started = update.started_at.unwrap_or(now);
+        row.session.late_report = Some(serde_json::json!({
+            "status": update.status,
+            "started_at": stored_time(started),
+            "fence_end": stored_time(end),
+            "result_summary": update.result_summary,
+            "error_message": update.error_message.clone().map(bound_error_message),
+            "artifact_ids": update.artifacts.iter().map(|a| a.artifact_id.as_str()).collect::<Vec<_>>(),
+            "received_at": stored_time(now),
+        }));
+        if !row.session.status.is_final() {
+            let late_ms = (started - end).num_milliseconds();
+            row.session.status = SessionStatus::Failed;
+            row.session.ended_at = Some(stored_time(now));
+            row.session.error_message = Some(bound_error_message(format!(
+                "the bench started the action {late_ms} ms after its lease or deadline ended                  ({}); its report ({}) is kept as late_report",
+                ts(&end),
+                update.status
+            )));
+            row.ended_by = Some(EndedBy::Registry);
+            end_event = Some(final_event_type(SessionStatus::Failed));
+        }
+        changed = true;
+        tracing::warn!(
+            provider_id,
+            session_id = %update.session_id,
+            started_at = %ts(&started),
+            fence_end = %ts(&end),
+            reported = %update.status,
+            "a provider reported an action its bench started outside the lease; kept as late_report, not applied"
+        );
+    } else if update.status.is_final() {
         let may_end = match (row.session.status.is_final(), row.ended_by) {
             (false, _) => true,
             (true, Some(EndedBy::Registry)) => true,
@@ -533,7 +599,10 @@ pub fn apply_update(
             changed = true;
         }
     }
-    if update.result_summary.is_some() && row.session.result_summary != update.result_summary {
+    if !outside_fence
+        && update.result_summary.is_some()
+        && row.session.result_summary != update.result_summary
+    {
         row.session.result_summary = update.result_summary.clone();
         changed = true;
     }
@@ -544,9 +613,28 @@ pub fn apply_update(
         out.events
             .push(append(&tx, session_event(t, provider_id, &row))?);
     }
+    if outside_fence && changed {
+        out.events.push(append(
+            &tx,
+            session_event(EventType::SessionLateReport, provider_id, &row),
+        )?);
+    }
     tx.commit()?;
     out.session = Some(row.session);
     Ok(out)
+}
+
+/// When a fenced command's authority ended, on the registry's clock: the
+/// earlier of the session's own deadline (`started_at` + `timeout_ms`, the
+/// command's `not_after` at most) and `lease_ended_at`, the lease's end if
+/// it has ended. An action the bench started after it ran outside its
+/// lease.
+pub fn fence_end(row: &SessionRow, lease_ended_at: Option<Timestamp>) -> Timestamp {
+    let deadline = row.session.started_at + chrono::Duration::milliseconds(i64::from(row.timeout_ms));
+    match lease_ended_at {
+        Some(t) if t < deadline => t,
+        _ => deadline,
+    }
 }
 
 /// Insert one artifact's metadata; `Some(reason)` when it is ignored.

@@ -18,6 +18,11 @@
 //! `vanish <name|all>`, `reappear <name|all>` (pull/replug the USB cable;
 //! answered with the device line, or `{"event":…}` with `--json`),
 //! `dut-power on|off` (manual DUT power when not linked), `quit`.
+//!
+//! With `--journal FILE` every switch frame the LCUS relay board accepts is
+//! appended to FILE as one JSON line, `{"device":"lcus","channel":1,
+//! "on":true,"changed":true,"at_unix_ms":…}` (wall clock, within about
+//! 10 ms), so a test in another process can tell when the hardware acted.
 
 use std::path::PathBuf;
 
@@ -28,7 +33,7 @@ use edge_agent::devsim::dut_console::{
 };
 use edge_agent::devsim::grbl::{GrblConfig, GrblSim};
 use edge_agent::devsim::korad::{KoradConfig, KoradSim};
-use edge_agent::devsim::lcus::{LcusConfig, LcusSim};
+use edge_agent::devsim::lcus::{LcusConfig, LcusHandle, LcusSim};
 use edge_agent::devsim::numato::{NumatoConfig, NumatoSim};
 use edge_agent::devsim::scpi_psu::{ScpiPsuConfig, ScpiPsuSim};
 use edge_agent::devsim::SimulatorControl;
@@ -94,6 +99,9 @@ struct Args {
     /// Print the device list (and control replies) as JSON.
     #[arg(long)]
     json: bool,
+    /// Append every relay switch frame accepted to this file (JSON lines).
+    #[arg(long, value_name = "FILE")]
+    journal: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -164,9 +172,11 @@ fn start(args: &Args) -> anyhow::Result<Bench> {
             ..LcusConfig::default()
         };
         let link = link_path(args, "lcus", "usb-1a86_USB_Serial-if00-port0");
-        sims.push(Box::new(
-            LcusSim::start(config, Some(&link)).context("starting lcus")?,
-        ));
+        let sim = LcusSim::start(config, Some(&link)).context("starting lcus")?;
+        if let Some(path) = &args.journal {
+            journal_switches(sim.handle().clone(), path.clone())?;
+        }
+        sims.push(Box::new(sim));
     }
     if let Some(channels) = args.numato {
         let config = NumatoConfig {
@@ -222,6 +232,46 @@ fn start(args: &Args) -> anyhow::Result<Bench> {
         sims.push(Box::new(sim));
     }
     Ok(Bench { sims, dut_power })
+}
+
+/// Append each switch frame `lcus` accepts to `path`, from a thread that
+/// looks every 5 ms (the switch's instant is turned into wall time).
+///
+/// Errors: the file cannot be opened for appending.
+fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening the journal {}", path.display()))?;
+    std::thread::Builder::new()
+        .name("journal".into())
+        .spawn(move || {
+            let mut written = 0;
+            loop {
+                let switches = lcus.snapshot().switches;
+                for sw in switches.iter().skip(written) {
+                    let ago = std::time::Instant::now().saturating_duration_since(sw.at);
+                    let at = chrono::Utc::now()
+                        - chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::zero());
+                    let line = serde_json::json!({
+                        "device": "lcus",
+                        "channel": sw.channel,
+                        "on": sw.on,
+                        "changed": sw.changed,
+                        "at_unix_ms": at.timestamp_millis(),
+                    });
+                    if writeln!(file, "{line}").and_then(|()| file.flush()).is_err() {
+                        return;
+                    }
+                }
+                written = switches.len();
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        })
+        .context("starting the journal thread")?;
+    Ok(())
 }
 
 fn device_line(s: &dyn SimulatorControl) -> String {
