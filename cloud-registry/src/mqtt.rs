@@ -53,8 +53,7 @@ use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, PreemptNotice};
 use shared_protocol::mqtt::{
     parse_topic, topic, topic_filter_all, Envelope, LeaseGranted, LeaseRevoked, MessageType,
-    RegisterAck,
-    RegisterBody, SessionUpdate, StatusBody, TopicKind,
+    RegisterAck, RegisterBody, SessionUpdate, StatusBody, TopicKind,
 };
 use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
 use shared_protocol::Validate;

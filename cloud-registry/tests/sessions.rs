@@ -1941,3 +1941,136 @@ async fn a_providers_long_error_message_is_cut_in_the_session() {
     );
     b.reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn every_action_invoke_carries_its_lease_fence() {
+    let mut b = Bench::start().await;
+    let first = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &first,
+        json!({"action": "snapshot", "timeout_ms": 4000}),
+    );
+    let cmd = b.next_command().await;
+    let (_, lease) = b
+        .api
+        .get(
+            &format!("/api/v1/capability-leases/{first}"),
+            Some(&b.admin),
+        )
+        .await;
+    let generation = lease["generation"]
+        .as_u64()
+        .expect("a granted lease has a generation");
+    assert_eq!(cmd.lease_generation, generation);
+    assert_eq!(cmd.lease_mode.as_str(), "exclusive");
+    // The action's deadline (4 s) comes before the lease's expiry (300 s).
+    let sent = chrono::Utc::now();
+    let left = (cmd.not_after - sent).num_milliseconds();
+    assert!((3_000..=4_000).contains(&left), "not_after {left} ms ahead");
+    b.report(&cmd, "completed", json!({})).await;
+    assert_eq!(call.await.unwrap().0, StatusCode::ACCEPTED);
+
+    // The next grant of the capability is a later generation, and the
+    // bench is told of the end of the first lease and the grant.
+    let (s, _) = b
+        .api
+        .post(
+            &format!("/api/v1/capability-leases/{first}/release"),
+            Some(&b.agent),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let revoked = b
+        .provider
+        .next_of(MessageType::LeaseRevoked, Duration::from_secs(5))
+        .await
+        .expect("lease_revoked for a release");
+    assert_eq!(revoked.body["lease_id"], first.as_str());
+    assert_eq!(revoked.body["lease_generation"], generation);
+    let second = b.lease(&b.other_agent, OTHER_AGENT, "cam-1", 60).await;
+    let granted = b
+        .provider
+        .next_of(MessageType::LeaseGranted, Duration::from_secs(5))
+        .await
+        .expect("lease_granted");
+    assert_eq!(granted.body["lease_id"], second.as_str());
+    assert!(granted.body["lease_generation"].as_u64() > Some(generation));
+}
+
+#[tokio::test]
+async fn a_report_of_an_action_started_after_its_lease_ended_is_kept_but_never_applied() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(&b.agent, &lease, json!({"action": "snapshot"}));
+    let cmd = b.next_command().await;
+    assert_eq!(call.await.unwrap().0, StatusCode::ACCEPTED);
+    let (s, _) = b
+        .api
+        .post(
+            &format!("/api/v1/capability-leases/{lease}/release"),
+            Some(&b.agent),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    // A bench without a fence ran it anyway, a second after the release.
+    let late_start = chrono::Utc::now() + chrono::Duration::seconds(1);
+    b.report(
+        &cmd,
+        "completed",
+        json!({"started_at": late_start, "result_summary": {"width": 640}}),
+    )
+    .await;
+    let session = eventually(Duration::from_secs(5), "late report kept", || async {
+        let s = b.session(&cmd.session_id).await;
+        s.get("late_report").is_some().then_some(s)
+    })
+    .await;
+    assert_eq!(session["status"], "failed", "{session}");
+    assert!(
+        session["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("after its lease or deadline ended"),
+        "{session}"
+    );
+    assert_eq!(session["late_report"]["status"], "completed");
+    assert_eq!(session["late_report"]["result_summary"]["width"], 640);
+    assert!(session["result_summary"].is_null(), "{session}");
+    let late = b.events_of("session_late_report").await;
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0]["session_id"], cmd.session_id.as_str());
+    assert!(b.events_of("session_completed").await.is_empty());
+
+    // The same report again (QoS 1) changes nothing.
+    b.report(&cmd, "completed", json!({"started_at": late_start}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.events_of("session_late_report").await.len(), 1);
+    assert_eq!(b.session(&cmd.session_id).await["status"], "failed");
+}
+
+#[tokio::test]
+async fn a_report_of_an_action_started_inside_its_fence_completes_the_session() {
+    let mut b = Bench::start().await;
+    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
+    let call = b.invoke(
+        &b.agent,
+        &lease,
+        json!({"action": "snapshot", "wait_ms": 5000}),
+    );
+    let cmd = b.next_command().await;
+    b.report(
+        &cmd,
+        "completed",
+        json!({"started_at": chrono::Utc::now(), "result_summary": {"width": 640}}),
+    )
+    .await;
+    let (s, session) = call.await.unwrap();
+    assert_eq!(s, StatusCode::OK, "{session}");
+    assert_eq!(session["status"], "completed");
+    assert!(session.get("late_report").is_none(), "{session}");
+    assert!(b.events_of("session_late_report").await.is_empty());
+}

@@ -203,15 +203,15 @@ impl RegistryClock {
         lock(&self.state).last_attempt = Some(Instant::now());
         let sent = Instant::now();
         let answer = tokio::time::timeout(SAMPLE_TIMEOUT, async {
-            let resp = self
-                .http
-                .get(&self.url)
-                .send()
-                .await
-                .map_err(|source| ClockError::Http {
-                    url: self.url.clone(),
-                    source,
-                })?;
+            let resp =
+                self.http
+                    .get(&self.url)
+                    .send()
+                    .await
+                    .map_err(|source| ClockError::Http {
+                        url: self.url.clone(),
+                        source,
+                    })?;
             if !resp.status().is_success() {
                 return Err(ClockError::Status {
                     url: self.url.clone(),

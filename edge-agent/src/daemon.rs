@@ -733,8 +733,7 @@ impl Dispatcher {
             cmd.lease_mode,
         )?;
         let mut est = self.clock.estimate();
-        if est.latest() >= cmd.not_after
-            && self.clock.age().is_none_or(|a| a > FENCE_RESAMPLE_GAP)
+        if est.latest() >= cmd.not_after && self.clock.age().is_none_or(|a| a > FENCE_RESAMPLE_GAP)
         {
             self.clock.refresh(FENCE_RESAMPLE_GAP).await;
             est = self.clock.estimate();

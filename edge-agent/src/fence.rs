@@ -62,7 +62,9 @@ impl Fences {
         if c.ended.contains(lease_id) {
             return Err((
                 FenceRefusal::LeaseEnded,
-                format!("lease `{lease_id}` on `{capability_id}` has ended (lease_revoked received)"),
+                format!(
+                    "lease `{lease_id}` on `{capability_id}` has ended (lease_revoked received)"
+                ),
             ));
         }
         let newer = if mode == LeaseMode::Exclusive {
@@ -162,7 +164,10 @@ mod tests {
         for (id, g, m) in [("old-shared", 3, SharedRead), ("old-excl", 2, Exclusive)] {
             let (why, msg) = f.check("cam", id, g, m).unwrap_err();
             assert_eq!(why, FenceRefusal::LeaseSuperseded);
-            assert!(msg.contains("`new`") && msg.contains("generation 5"), "{msg}");
+            assert!(
+                msg.contains("`new`") && msg.contains("generation 5"),
+                "{msg}"
+            );
         }
         assert!(f.check("cam", "new", 5, Exclusive).is_ok());
     }

@@ -104,18 +104,27 @@ impl Fixture {
     /// The edge logs its first sample of the registry's clock.
     async fn wait_clock_sampled(&self) {
         let log = self.lab.root.join("logs/edge.log");
-        eventually(Duration::from_secs(10), "edge sampled the registry clock", || async {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            (text.contains("registry clock sampled")
-                || text.contains("commands are fenced by the registry's clock"))
-            .then_some(())
-        })
+        eventually(
+            Duration::from_secs(10),
+            "edge sampled the registry clock",
+            || async {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                (text.contains("registry clock sampled")
+                    || text.contains("commands are fenced by the registry's clock"))
+                .then_some(())
+            },
+        )
         .await;
     }
 
     /// Lease the relay for `who`, `seconds` long, waiting up to
     /// `wait_seconds` for the grant.
-    async fn lease_relay(&self, who: &Agent, seconds: u32, wait_seconds: u32) -> (StatusCode, Value) {
+    async fn lease_relay(
+        &self,
+        who: &Agent,
+        seconds: u32,
+        wait_seconds: u32,
+    ) -> (StatusCode, Value) {
         who.post(
             &format!("/api/v1/capability-leases/request?wait_seconds={wait_seconds}"),
             &json!({
@@ -140,7 +149,10 @@ impl Fixture {
             "relay lease for {}: {s}: {l}",
             who.name
         );
-        assert!(l["generation"].as_u64().is_some(), "a granted lease has a generation: {l}");
+        assert!(
+            l["generation"].as_u64().is_some(),
+            "a granted lease has a generation: {l}"
+        );
         l["lease_id"].as_str().unwrap().to_string()
     }
 
@@ -196,9 +208,11 @@ impl Fixture {
                 .await
                 .expect("relay acts");
         }
-        eventually(Duration::from_secs(3), "journal has both frames", || async {
-            (self.lab.relay_switches().len() >= before + 2).then_some(())
-        })
+        eventually(
+            Duration::from_secs(3),
+            "journal has both frames",
+            || async { (self.lab.relay_switches().len() >= before + 2).then_some(()) },
+        )
         .await;
         let (s, _) = self.hw.release(&lease).await.unwrap();
         assert_eq!(s, StatusCode::OK);
@@ -289,7 +303,8 @@ async fn frozen_edge_with_a_second_holder(offset: Option<&str>) {
     assert_eq!(s, StatusCode::OK);
     let second = f.granted_relay(&f.chief, 30).await;
     assert!(
-        f.lease(&second).await["generation"].as_u64() > f.lease(&first).await["generation"].as_u64()
+        f.lease(&second).await["generation"].as_u64()
+            > f.lease(&first).await["generation"].as_u64()
     );
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     frozen.thaw();
@@ -307,7 +322,10 @@ async fn frozen_edge_with_a_second_holder(offset: Option<&str>) {
     .await;
     f.refused(std::slice::from_ref(&stale)).await;
     let late = f.frames_on(1, frozen_at);
-    assert!(late.is_empty(), "first holder's frames after its release: {late:?}");
+    assert!(
+        late.is_empty(),
+        "first holder's frames after its release: {late:?}"
+    );
     let (s, _) = f.chief.release(&second).await.unwrap();
     assert_eq!(s, StatusCode::OK);
 }

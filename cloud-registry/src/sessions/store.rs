@@ -84,7 +84,9 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     // `late_report` (a report of an action run outside its lease) came
     // later: add it to a table made before.
     let has_late_report = conn
-        .prepare("SELECT 1 FROM pragma_table_info('capability_sessions') WHERE name = 'late_report'")?
+        .prepare(
+            "SELECT 1 FROM pragma_table_info('capability_sessions') WHERE name = 'late_report'",
+        )?
         .exists([])?;
     if !has_late_report {
         conn.execute_batch("ALTER TABLE capability_sessions ADD COLUMN late_report TEXT")?;
@@ -630,7 +632,8 @@ pub fn apply_update(
 /// it has ended. An action the bench started after it ran outside its
 /// lease.
 pub fn fence_end(row: &SessionRow, lease_ended_at: Option<Timestamp>) -> Timestamp {
-    let deadline = row.session.started_at + chrono::Duration::milliseconds(i64::from(row.timeout_ms));
+    let deadline =
+        row.session.started_at + chrono::Duration::milliseconds(i64::from(row.timeout_ms));
     match lease_ended_at {
         Some(t) if t < deadline => t,
         _ => deadline,

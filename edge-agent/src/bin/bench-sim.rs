@@ -262,7 +262,10 @@ fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
                         "changed": sw.changed,
                         "at_unix_ms": at.timestamp_millis(),
                     });
-                    if writeln!(file, "{line}").and_then(|()| file.flush()).is_err() {
+                    if writeln!(file, "{line}")
+                        .and_then(|()| file.flush())
+                        .is_err()
+                    {
                         return;
                     }
                 }
