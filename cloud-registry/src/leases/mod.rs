@@ -503,6 +503,11 @@ impl LeaseEngine {
     /// Events: `lease_requested`, then `lease_granted` when granted at once,
     /// and `lease_preempt_requested` for a holder it preempts.
     ///
+    /// Cancellation: dropping this future after the request was admitted
+    /// (while its commit is in flight) gives the lease up, as
+    /// [`abandon`](Self::abandon) does; once it has answered, the lease
+    /// is the caller's.
+    ///
     /// Errors: `InvalidRequest` (a field out of range; a duration outside
     /// 1..=`max_duration_seconds`, checked first so that the message names
     /// the configured maximum; `holder_ref` not the caller's; `mode` not
@@ -816,8 +821,9 @@ impl LeaseEngine {
     }
 
     /// Give up leases whose requester went away before it was told their
-    /// ids (an HTTP client that disconnected while its request waited for
-    /// the grant): a lease still `requested` is withdrawn with its whole
+    /// ids (what a dropped [`Unanswered`] does; e.g. an HTTP client that
+    /// disconnected before its answer was written): a lease still
+    /// `requested` is withdrawn with its whole
     /// group (`released`), and one `granted` but not yet acted on is
     /// released, its capability going to the next waiter in the same
     /// commit. Leases in any other status (in use, being preempted, ended)
