@@ -1585,6 +1585,91 @@ async fn the_same_idempotency_key_gets_the_same_lease() {
     assert_eq!(lab.status(&bob.lease_id).await, LeaseStatus::Requested);
 }
 
+/// An idempotency key survives a restart of the registry: the retry of a
+/// request whose answer was lost just before the restart gets the same
+/// lease; a key older than 24 h (on the wall clock) is forgotten.
+#[tokio::test]
+async fn an_idempotency_key_is_kept_across_a_restart_for_24_hours() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    let key = leases::IdempotencyKey::parse("before-restart").expect("key");
+    let old_key = leases::IdempotencyKey::parse("a-day-old").expect("key");
+    let first = lab
+        .engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), Some(&key))
+        .await
+        .expect("alice")
+        .answered();
+    lab.clock.advance(Duration::from_secs(60));
+    let _old = lab
+        .engine
+        .request_unanswered(
+            &who("alice"),
+            ask("alice", "cam-02", 50, 60),
+            Some(&old_key),
+        )
+        .await
+        .expect("alice 2")
+        .answered();
+    let restart = |wall: chrono::DateTime<chrono::Utc>, path: PathBuf| async move {
+        let clock = Arc::new(ManualClock::starting_at(wall));
+        let db = open_db(&path).await;
+        let bus = EventBus::new(db.clone());
+        let engine = LeaseEngine::start_with_clock(
+            db,
+            bus,
+            LeaseConfig {
+                sweep_interval_ms: LONG_SWEEP_MS,
+                ..LeaseConfig::default()
+            },
+            clock,
+        )
+        .await
+        .expect("restart");
+        engine.upsert_capability(camera("cam-01")).await;
+        engine.upsert_capability(camera("cam-02")).await;
+        engine
+    };
+    let wall = lab.clock_wall();
+    let path = lab.path.clone();
+    lab.engine.shutdown().await;
+    let Lab { _dir, .. } = lab;
+
+    let engine = restart(wall + chrono::TimeDelta::seconds(5), path.clone()).await;
+    let again = engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), Some(&key))
+        .await
+        .expect("retry");
+    assert!(again.replayed);
+    assert_eq!(again.answer.lease_id, first.lease_id);
+    again.answered();
+    engine.shutdown().await;
+    drop(engine);
+
+    // A day and 30 s after the first request: the first key is past
+    // 24 h, the second (made 60 s later) is not.
+    let engine = restart(wall + chrono::TimeDelta::seconds(24 * 3600 - 30), path).await;
+    let fresh = engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), Some(&key))
+        .await
+        .expect("after a day");
+    assert!(!fresh.replayed);
+    assert_ne!(fresh.answer.lease_id, first.lease_id);
+    fresh.answered();
+    let kept = engine
+        .request_unanswered(
+            &who("alice"),
+            ask("alice", "cam-02", 50, 60),
+            Some(&old_key),
+        )
+        .await
+        .expect("second key");
+    assert!(kept.replayed);
+    kept.answered();
+    engine.shutdown().await;
+}
+
 #[tokio::test]
 async fn lease_errors_map_to_http_statuses() {
     let cases: Vec<(LeaseError, u16)> = vec![

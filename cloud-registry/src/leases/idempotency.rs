@@ -4,19 +4,140 @@
 //! a second request.
 //!
 //! A key belongs to one principal (the same key from another principal is
-//! another request), is kept [`KEY_TTL`] on the monotonic clock (at most
-//! [`MAX_KEYS`], oldest dropped first), and lives in memory only: it is
-//! not kept across a registry restart. A key whose leases were given up
+//! another request) and is kept [`KEY_TTL`] (at most [`MAX_KEYS`], oldest
+//! dropped first). Keys are looked up in memory and stored in the
+//! `lease_idempotency_keys` table in the same transaction as the leases
+//! they made, so a retry after a registry restart still finds them; a
+//! restart counts the time since `created_at` on the wall clock, as lease
+//! deadlines do. A key whose leases were given up
 //! ([`super::LeaseEngine::abandon`]) is forgotten with them, so that the
 //! retry of a requester that went away is a new request.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use chrono::SecondsFormat;
+use rusqlite::{params, Connection};
 use sha2::{Digest, Sha256};
+use shared_protocol::Timestamp;
 use tokio::time::Instant;
 
 use super::LeaseError;
+
+/// Create the `lease_idempotency_keys` table (idempotent): one row per
+/// remembered key, `lease_ids` a JSON array, `created_at` RFC 3339 UTC.
+pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS lease_idempotency_keys (
+            principal       TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            fingerprint     BLOB NOT NULL,
+            lease_ids       TEXT NOT NULL,
+            created_at      TEXT NOT NULL,
+            PRIMARY KEY (principal, idempotency_key)
+        )",
+    )
+}
+
+/// A change of the stored keys, committed with the lease rows of the same
+/// operation.
+#[derive(Debug, Clone)]
+pub(crate) enum KeyChange {
+    Put {
+        principal: String,
+        key: String,
+        fingerprint: [u8; 32],
+        lease_ids: Vec<String>,
+        created_at: Timestamp,
+    },
+    Forget {
+        principal: String,
+        key: String,
+    },
+}
+
+fn ts(t: &Timestamp) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// Apply `changes` in order (inside the caller's transaction).
+pub(crate) fn write(conn: &Connection, changes: &[KeyChange]) -> rusqlite::Result<()> {
+    for c in changes {
+        match c {
+            KeyChange::Put {
+                principal,
+                key,
+                fingerprint,
+                lease_ids,
+                created_at,
+            } => {
+                let ids = serde_json::to_string(lease_ids).unwrap_or_else(|_| "[]".to_string());
+                conn.prepare_cached(
+                    "INSERT OR REPLACE INTO lease_idempotency_keys
+                         (principal, idempotency_key, fingerprint, lease_ids, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?
+                .execute(params![
+                    principal,
+                    key,
+                    &fingerprint[..],
+                    ids,
+                    ts(created_at)
+                ])?;
+            }
+            KeyChange::Forget { principal, key } => {
+                conn.prepare_cached(
+                    "DELETE FROM lease_idempotency_keys
+                     WHERE principal = ?1 AND idempotency_key = ?2",
+                )?
+                .execute(params![principal, key])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A stored key: principal, key, fingerprint, lease ids, `created_at`.
+pub(crate) type StoredKey = (String, String, [u8; 32], Vec<String>, Timestamp);
+
+/// Delete the keys created before `cutoff` and read the others, oldest
+/// first. A row that does not parse is skipped (and logged): a key is a
+/// convenience, never a reason not to start.
+pub(crate) fn load(conn: &Connection, cutoff: Timestamp) -> rusqlite::Result<Vec<StoredKey>> {
+    conn.execute(
+        "DELETE FROM lease_idempotency_keys WHERE created_at < ?1",
+        params![ts(&cutoff)],
+    )?;
+    let mut stmt = conn.prepare(
+        "SELECT principal, idempotency_key, fingerprint, lease_ids, created_at
+         FROM lease_idempotency_keys ORDER BY created_at",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, String>(4)?,
+        ))
+    })?;
+    let mut keys = Vec::new();
+    for row in rows {
+        let (principal, key, fp, ids, created) = row?;
+        let parsed = (
+            <[u8; 32]>::try_from(fp.as_slice()).ok(),
+            serde_json::from_str::<Vec<String>>(&ids).ok(),
+            chrono::DateTime::parse_from_rfc3339(&created).ok(),
+        );
+        match parsed {
+            (Some(fp), Some(ids), Some(created)) => {
+                keys.push((principal, key, fp, ids, created.with_timezone(&chrono::Utc)))
+            }
+            _ => tracing::warn!(%principal, %key, "unreadable idempotency key row skipped"),
+        }
+    }
+    Ok(keys)
+}
 
 /// How long a key is remembered: 24 h.
 pub const KEY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -94,6 +215,10 @@ pub(crate) struct KeyBook {
     order: VecDeque<(Instant, Owner)>,
     /// Lease id → the key that made it.
     by_lease: HashMap<String, Owner>,
+    /// Keys dropped from memory (expired, over the limit, forgotten) whose
+    /// rows are still to be deleted by the next commit that carries key
+    /// changes ([`KeyBook::take_changes`]).
+    changes: Vec<KeyChange>,
 }
 
 impl KeyBook {
@@ -120,8 +245,30 @@ impl KeyBook {
         }
     }
 
-    /// Remember that `principal`'s request with `key` made `lease_ids`.
+    /// Remember that `principal`'s request with `key` made `lease_ids`,
+    /// at `wall` (its stored `created_at`); the row is written by the
+    /// commit that takes [`take_changes`](Self::take_changes).
     pub fn insert(
+        &mut self,
+        now: Instant,
+        wall: Timestamp,
+        principal: &str,
+        key: &IdempotencyKey,
+        fingerprint: [u8; 32],
+        lease_ids: Vec<String>,
+    ) {
+        self.changes.push(KeyChange::Put {
+            principal: principal.to_string(),
+            key: key.as_str().to_string(),
+            fingerprint,
+            lease_ids: lease_ids.clone(),
+            created_at: wall,
+        });
+        self.restore(now, principal, key, fingerprint, lease_ids);
+    }
+
+    /// Remember a stored key (at start) without writing it again.
+    pub fn restore(
         &mut self,
         now: Instant,
         principal: &str,
@@ -159,9 +306,18 @@ impl KeyBook {
                     for other in &e.lease_ids {
                         self.by_lease.remove(other);
                     }
+                    self.changes.push(KeyChange::Forget {
+                        principal: owner.0.clone(),
+                        key: owner.1.as_str().to_string(),
+                    });
                 }
             }
         }
+    }
+
+    /// The row changes not yet handed to a commit.
+    pub fn take_changes(&mut self) -> Vec<KeyChange> {
+        std::mem::take(&mut self.changes)
     }
 
     /// Number of keys remembered.
@@ -194,6 +350,10 @@ impl KeyBook {
                 for id in &e.lease_ids {
                     self.by_lease.remove(id);
                 }
+                self.changes.push(KeyChange::Forget {
+                    principal: owner.0.clone(),
+                    key: owner.1.as_str().to_string(),
+                });
             }
         }
     }
@@ -221,7 +381,14 @@ mod tests {
         let now = Instant::now();
         let mut book = KeyBook::default();
         let fp = fingerprint("single", &"a");
-        book.insert(now, "alice", &key("k1"), fp, vec!["l1".into()]);
+        book.insert(
+            now,
+            chrono::Utc::now(),
+            "alice",
+            &key("k1"),
+            fp,
+            vec!["l1".into()],
+        );
         assert_eq!(
             book.lookup(now, "alice", &key("k1"), &fp).unwrap(),
             Some(vec!["l1".to_string()])
@@ -239,8 +406,22 @@ mod tests {
         let now = Instant::now();
         let mut book = KeyBook::default();
         let fp = fingerprint("single", &"a");
-        book.insert(now, "alice", &key("k1"), fp, vec!["l1".into()]);
-        book.insert(now, "alice", &key("k2"), fp, vec!["l2".into()]);
+        book.insert(
+            now,
+            chrono::Utc::now(),
+            "alice",
+            &key("k1"),
+            fp,
+            vec!["l1".into()],
+        );
+        book.insert(
+            now,
+            chrono::Utc::now(),
+            "alice",
+            &key("k2"),
+            fp,
+            vec!["l2".into()],
+        );
         book.forget_leases(&["l2".to_string()]);
         assert_eq!(book.lookup(now, "alice", &key("k2"), &fp).unwrap(), None);
         let later = now + KEY_TTL;

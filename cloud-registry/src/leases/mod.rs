@@ -117,7 +117,13 @@ use tokio::task::JoinHandle;
 pub use clock::{LeaseClock, ManualClock, SystemClock};
 pub use error::LeaseError;
 pub use idempotency::{IdempotencyKey, KEY_TTL as IDEMPOTENCY_KEY_TTL};
-pub use store::migrate;
+
+/// Create the lease engine's tables (leases, idempotency keys);
+/// idempotent. [`LeaseEngine::start`] runs it too.
+pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    store::migrate(conn)?;
+    idempotency::migrate(conn)
+}
 pub use unanswered::{AnswerStats, Stage, Unanswered};
 
 use crate::auth::Principal;
@@ -392,8 +398,21 @@ impl LeaseEngine {
                 "must be at least 1",
             ));
         }
-        db.write(|c| store::migrate(c)).await??;
+        db.write(|c| migrate(c)).await??;
         let (rows, next_seq, counts) = db.read(|c| store::load_live(c)).await??;
+        let now = Now::read(&*clock);
+        let cutoff = now.wall - idempotency::KEY_TTL;
+        let stored_keys = db.write(move |c| idempotency::load(c, cutoff)).await??;
+        let mut keys = idempotency::KeyBook::default();
+        for (principal, key, fp, ids, created_at) in stored_keys {
+            let Ok(key) = IdempotencyKey::parse(&key) else {
+                continue;
+            };
+            // Its age on the wall clock, as lease deadlines across a restart.
+            let age = (now.wall - created_at).to_std().unwrap_or_default();
+            let created = now.instant.checked_sub(age).unwrap_or(now.instant);
+            keys.restore(created, &principal, &key, fp, ids);
+        }
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut state = State::new(sender);
         state.load(rows.clone(), next_seq, &Now::read(&*clock));
@@ -410,7 +429,7 @@ impl LeaseEngine {
             tasks: Mutex::new(Vec::new()),
             counters: Arc::new(Counters::default()),
             answers: Default::default(),
-            keys: Mutex::new(Default::default()),
+            keys: Mutex::new(keys),
         });
         tracing::info!(
             live_leases = rows.len(),
@@ -573,7 +592,7 @@ impl LeaseEngine {
                             members: vec![member],
                         },
                     )?;
-                    self.remember(&now, holder, key, fingerprint, &ids);
+                    self.remember(&mut tx, &now, holder, key, fingerprint, &ids);
                     let lease = ids.first().and_then(|id| st.snapshot(id));
                     Ok((ids, lease, Self::submit(&mut st, tx)))
                 }
@@ -633,8 +652,11 @@ impl LeaseEngine {
         Ok(Some((ids, Self::barrier(st)?)))
     }
 
+    /// Remember `key` for `ids`; its row goes into `tx`, the commit of the
+    /// leases it made.
     fn remember(
         &self,
+        tx: &mut Tx,
         now: &Now,
         holder: &Principal,
         key: Option<&IdempotencyKey>,
@@ -642,7 +664,9 @@ impl LeaseEngine {
         ids: &[String],
     ) {
         if let (Some(key), Some(fp)) = (key, fingerprint) {
-            lock(&self.keys).insert(now.instant, &holder.name, key, fp, ids.to_vec());
+            let mut book = lock(&self.keys);
+            book.insert(now.instant, now.wall, &holder.name, key, fp, ids.to_vec());
+            tx.keys.extend(book.take_changes());
         }
     }
 
@@ -748,7 +772,7 @@ impl LeaseEngine {
                             members,
                         },
                     )?;
-                    self.remember(&now, holder, key, fingerprint, &ids);
+                    self.remember(&mut tx, &now, holder, key, fingerprint, &ids);
                     let leases: Vec<CapabilityLease> =
                         ids.iter().filter_map(|id| st.snapshot(id)).collect();
                     Ok((ids, leases, Self::submit(&mut st, tx)))
@@ -866,7 +890,11 @@ impl LeaseEngine {
                 );
             }
         }
-        lock(&self.keys).forget_leases(lease_ids);
+        {
+            let mut book = lock(&self.keys);
+            book.forget_leases(lease_ids);
+            tx.keys.extend(book.take_changes());
+        }
         Self::submit(&mut st, tx)
     }
 
