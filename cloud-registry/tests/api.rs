@@ -1274,6 +1274,64 @@ async fn out_of_range_lease_numbers_name_the_range_in_force() {
     reg.shutdown().await;
 }
 
+/// `Idempotency-Key` over HTTP: a malformed key is 400 `invalid_header`
+/// and requests nothing; a group retried with its key gets the same
+/// group (`Idempotent-Replayed: true`); a single request with that key
+/// is another request and is refused.
+#[tokio::test]
+async fn an_idempotency_key_replays_a_group_and_a_bad_key_requests_nothing() {
+    let dir = TempDir::new().unwrap();
+    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let op = new_token(&reg, Role::Operator, "op-9").await;
+    let post = |path: &str, key: &str, body: &Value| {
+        api.http
+            .post(format!("{}{path}", api.base))
+            .bearer_auth(&op)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+    };
+    let single = lease_body("cam-front-01", "op-9", 50, 60);
+    for bad in ["", "has space", &"k".repeat(256)] {
+        let r = post("/api/v1/capability-leases/request", bad, &single)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_header", "{v}");
+        assert_eq!(v["error"]["details"]["header"], "Idempotency-Key");
+    }
+    let (_, list) = api
+        .get("/api/v1/capability-leases?principal=op-9", Some(&op))
+        .await;
+    assert_eq!(list["leases"].as_array().unwrap().len(), 0, "{list}");
+
+    let mut group = lease_body("x", "op-9", 50, 60);
+    group.as_object_mut().unwrap().remove("capability_id");
+    group["capability_ids"] = json!(["cam-front-01", "thumb-robot-01"]);
+    let path = "/api/v1/capability-leases/request-group";
+    let first = post(path, "grp-1", &group).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Value = first.json().await.unwrap();
+    let again = post(path, "grp-1", &group).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["lease_group_id"], first["lease_group_id"]);
+    assert_eq!(again["leases"], first["leases"]);
+    let other = post("/api/v1/capability-leases/request", "grp-1", &single)
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let other: Value = other.json().await.unwrap();
+    assert_eq!(other["error"]["code"], "idempotency_key_reused", "{other}");
+    let (_, list) = api
+        .get("/api/v1/capability-leases?principal=op-9", Some(&op))
+        .await;
+    assert_eq!(list["leases"].as_array().unwrap().len(), 2, "{list}");
+    reg.shutdown().await;
+}
+
 /// A client that disconnects while its request waits for a grant
 /// (`?wait_seconds=N`) never learns its lease id; the registry gives the
 /// request up (`released`, reason `client_disconnected`) instead of later

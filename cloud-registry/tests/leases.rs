@@ -1415,6 +1415,261 @@ async fn abandoning_releases_an_unclaimed_grant_and_leaves_a_lease_in_use() {
     assert_eq!(lab.engine.queue_len(), 0);
 }
 
+/// Wait (up to 5 s) until lease `lease_id` is committed in `status`: a
+/// give-up by a dropped guard commits in the background.
+async fn committed_as(lab: &Lab, lease_id: &str, status: LeaseStatus) {
+    for _ in 0..500 {
+        if lab.engine.get(lease_id).await.map(|l| l.status) == Some(status) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("lease {lease_id} not {status} within 5 s");
+}
+
+/// The leases of `principal`, newest first.
+async fn leases_of(lab: &Lab, principal: &str) -> Vec<CapabilityLease> {
+    lab.engine
+        .list(LeaseFilter {
+            principal: Some(principal.to_string()),
+            ..LeaseFilter::default()
+        })
+        .await
+}
+
+/// A request whose caller is dropped while the engine commits it (the
+/// caller never learned the lease id) is given up: a grant is released
+/// and a waiting request withdrawn, with reason `client_disconnected`.
+#[tokio::test]
+async fn a_request_dropped_while_its_commit_is_in_flight_is_given_up() {
+    use futures::FutureExt;
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let pending = lab
+        .engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), None)
+        .now_or_never();
+    assert!(pending.is_none(), "the commit is still in flight");
+    let bob = lab
+        .engine
+        .request(&who("bob"), ask("bob", "cam-01", 50, 60))
+        .await
+        .expect("bob");
+    // Alice's grant was given up before Bob's request was admitted.
+    assert_eq!(bob.status, LeaseStatus::Granted);
+    let alice = leases_of(&lab, "alice").await;
+    assert_eq!(alice.len(), 1);
+    assert_eq!(alice[0].status, LeaseStatus::Released);
+    let released = lab.events_of(EventType::LeaseReleased).await;
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].data["reason"], leases::CLIENT_DISCONNECTED);
+
+    // Carol waits behind Bob; dropped in the commit, she leaves the queue.
+    let pending = lab
+        .engine
+        .request_unanswered(&who("carol"), ask("carol", "cam-01", 50, 60), None)
+        .now_or_never();
+    assert!(pending.is_none());
+    assert_eq!(lab.engine.queue_len(), 0);
+    let mut carol = Vec::new();
+    for _ in 0..500 {
+        carol = leases_of(&lab, "carol").await;
+        if !carol.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(carol.len(), 1, "carol's request is stored");
+    committed_as(&lab, &carol[0].lease_id, LeaseStatus::Released).await;
+    let stats = lab.engine.answer_stats();
+    assert_eq!(stats.given_up_leases, 2);
+    assert!(stats.given_up.contains(&("committing".to_string(), 2)));
+}
+
+/// The guard of a committed request gives it up when dropped unanswered
+/// and keeps it once answered.
+#[tokio::test]
+async fn an_unanswered_request_is_given_up_and_an_answered_one_kept() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let dropped = lab
+        .engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), None)
+        .await
+        .expect("alice");
+    let id = dropped.answer.lease_id.clone();
+    assert_eq!(dropped.unanswered.lease_ids(), std::slice::from_ref(&id));
+    drop(dropped);
+    committed_as(&lab, &id, LeaseStatus::Released).await;
+
+    let kept = lab
+        .engine
+        .request_unanswered(&who("bob"), ask("bob", "cam-01", 50, 60), None)
+        .await
+        .expect("bob")
+        .answered();
+    assert_eq!(lab.status(&kept.lease_id).await, LeaseStatus::Granted);
+    assert_eq!(lab.engine.answer_stats().answered, 1);
+}
+
+/// A retry with the same idempotency key gets the same lease, also when
+/// twenty copies arrive at once; another principal's key is its own; the
+/// same key with another body is refused; a key whose request was given
+/// up is forgotten, so the retry is a new request.
+#[tokio::test]
+async fn the_same_idempotency_key_gets_the_same_lease() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let key = leases::IdempotencyKey::parse("7d1c1a2e-retry").expect("key");
+    let copies = (0..20).map(|_| {
+        let engine = lab.engine.clone();
+        let key = key.clone();
+        async move {
+            engine
+                .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), Some(&key))
+                .await
+                .expect("alice")
+        }
+    });
+    let answers = futures::future::join_all(copies).await;
+    let ids: HashSet<_> = answers.iter().map(|a| a.answer.lease_id.clone()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(answers.iter().filter(|a| !a.replayed).count(), 1);
+    assert!(answers
+        .iter()
+        .all(|a| a.answer.status == LeaseStatus::Granted));
+    for a in answers {
+        a.answered();
+    }
+    assert_eq!(leases_of(&lab, "alice").await.len(), 1);
+
+    let bob = lab
+        .engine
+        .request_unanswered(&who("bob"), ask("bob", "cam-01", 50, 60), Some(&key))
+        .await
+        .expect("bob");
+    assert!(!bob.replayed);
+    assert_eq!(bob.answer.status, LeaseStatus::Requested);
+    let bob = bob.answered();
+
+    let reused = lab
+        .engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 60, 60), Some(&key))
+        .await;
+    assert!(
+        matches!(reused, Err(LeaseError::IdempotencyKeyReused { .. })),
+        "{:?}",
+        reused.map(|r| r.answered())
+    );
+    assert_eq!(leases_of(&lab, "alice").await.len(), 1);
+
+    // Bob's next request, with a new key, is given up unanswered; its
+    // retry with that key is a new request.
+    let key2 = leases::IdempotencyKey::parse("bob-2").expect("key");
+    let first = lab
+        .engine
+        .request_unanswered(&who("bob"), ask("bob", "cam-01", 50, 60), Some(&key2))
+        .await
+        .expect("bob 2");
+    let first_id = first.answer.lease_id.clone();
+    drop(first);
+    let retry = lab
+        .engine
+        .request_unanswered(&who("bob"), ask("bob", "cam-01", 50, 60), Some(&key2))
+        .await
+        .expect("bob 2 again")
+        .answered();
+    assert_ne!(retry.lease_id, first_id);
+    committed_as(&lab, &first_id, LeaseStatus::Released).await;
+    assert_eq!(lab.status(&retry.lease_id).await, LeaseStatus::Requested);
+    assert_eq!(lab.status(&bob.lease_id).await, LeaseStatus::Requested);
+}
+
+/// An idempotency key survives a restart of the registry: the retry of a
+/// request whose answer was lost just before the restart gets the same
+/// lease; a key older than 24 h (on the wall clock) is forgotten.
+#[tokio::test]
+async fn an_idempotency_key_is_kept_across_a_restart_for_24_hours() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    let key = leases::IdempotencyKey::parse("before-restart").expect("key");
+    let old_key = leases::IdempotencyKey::parse("a-day-old").expect("key");
+    let first = lab
+        .engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), Some(&key))
+        .await
+        .expect("alice")
+        .answered();
+    lab.clock.advance(Duration::from_secs(60));
+    let _old = lab
+        .engine
+        .request_unanswered(
+            &who("alice"),
+            ask("alice", "cam-02", 50, 60),
+            Some(&old_key),
+        )
+        .await
+        .expect("alice 2")
+        .answered();
+    let restart = |wall: chrono::DateTime<chrono::Utc>, path: PathBuf| async move {
+        let clock = Arc::new(ManualClock::starting_at(wall));
+        let db = open_db(&path).await;
+        let bus = EventBus::new(db.clone());
+        let engine = LeaseEngine::start_with_clock(
+            db,
+            bus,
+            LeaseConfig {
+                sweep_interval_ms: LONG_SWEEP_MS,
+                ..LeaseConfig::default()
+            },
+            clock,
+        )
+        .await
+        .expect("restart");
+        engine.upsert_capability(camera("cam-01")).await;
+        engine.upsert_capability(camera("cam-02")).await;
+        engine
+    };
+    let wall = lab.clock_wall();
+    let path = lab.path.clone();
+    lab.engine.shutdown().await;
+    let Lab { _dir, .. } = lab;
+
+    let engine = restart(wall + chrono::TimeDelta::seconds(5), path.clone()).await;
+    let again = engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), Some(&key))
+        .await
+        .expect("retry");
+    assert!(again.replayed);
+    assert_eq!(again.answer.lease_id, first.lease_id);
+    again.answered();
+    engine.shutdown().await;
+    drop(engine);
+
+    // A day and 30 s after the first request: the first key is past
+    // 24 h, the second (made 60 s later) is not.
+    let engine = restart(wall + chrono::TimeDelta::seconds(24 * 3600 - 30), path).await;
+    let fresh = engine
+        .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), Some(&key))
+        .await
+        .expect("after a day");
+    assert!(!fresh.replayed);
+    assert_ne!(fresh.answer.lease_id, first.lease_id);
+    fresh.answered();
+    let kept = engine
+        .request_unanswered(
+            &who("alice"),
+            ask("alice", "cam-02", 50, 60),
+            Some(&old_key),
+        )
+        .await
+        .expect("second key");
+    assert!(kept.replayed);
+    kept.answered();
+    engine.shutdown().await;
+}
+
 #[tokio::test]
 async fn lease_errors_map_to_http_statuses() {
     let cases: Vec<(LeaseError, u16)> = vec![

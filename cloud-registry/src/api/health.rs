@@ -87,6 +87,32 @@ async fn metrics(State(st): State<ApiState>) -> Response {
             .map(|(s, n)| (format!("{{status=\"{s}\"}}"), *n))
             .collect::<Vec<_>>(),
     );
+    let answers = st.leases.answer_stats();
+    metric(
+        &mut out,
+        "benchlink_lease_requests_answered_total",
+        "counter",
+        "Lease requests whose answer the requester took (for HTTP: hyper took the response body).",
+        &[(String::new(), answers.answered)],
+    );
+    metric(
+        &mut out,
+        "benchlink_lease_requests_given_up_total",
+        "counter",
+        "Lease requests given up because the requester went away before it took the answer, by stage.",
+        &answers
+            .given_up
+            .iter()
+            .map(|(stage, n)| (format!("{{stage=\"{stage}\"}}"), *n))
+            .collect::<Vec<_>>(),
+    );
+    metric(
+        &mut out,
+        "benchlink_leases_given_up_total",
+        "counter",
+        "Leases of those given-up requests (withdrawn or released).",
+        &[(String::new(), answers.given_up_leases)],
+    );
     let events = st.db.read(|c| crate::events::last_id(c)).await;
     if let Ok(Ok(n)) = events {
         metric(

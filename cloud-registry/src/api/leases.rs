@@ -19,28 +19,41 @@
 //! A request answers 201 with the lease when granted at once, 202 when it
 //! waits in the queue (`status: requested`); `?wait_seconds=N` first waits
 //! that long for the grant (0..=300; more is 400 `invalid_query`, nothing
-//! is requested). A client that disconnects during
-//! that wait never learns its lease id, so its request is given up
-//! ([`crate::leases::LeaseEngine::abandon`]): withdrawn from the queue, or
-//! released if it was granted as the client went away. When the registry
-//! begins to shut down, a waiting request is answered at once with its
-//! lease as it is (202 while still `requested`), so the client keeps its
-//! lease id and the shutdown does not wait for it.
+//! is requested). When the registry begins to shut down, a waiting request
+//! is answered at once with its lease as it is (202 while still
+//! `requested`), so the client keeps its lease id and the shutdown does
+//! not wait for it.
+//!
+//! A client that goes away before it has its answer never learns its
+//! lease ids, so its request is given up ([`Unanswered`]: withdrawn from
+//! the queue, or released if granted). The guard lives from the engine's
+//! admission on, through the commit and the wait, and inside the response
+//! body ([`AnswerBody`]) until hyper takes the body's bytes: hyper drops
+//! the handler's future, or a response not yet written, when it reads the
+//! end of the connection (FIN or RST) while the request is in progress
+//! (HTTP/1.1 without half-close). A close that arrives after the answer
+//! was written cannot be told from a client that read it; for that,
+//! `Idempotency-Key` (a retry gets the same lease, `Idempotent-Replayed:
+//! true`) and `GET /capability-leases?principal=` (see docs/http-api.md).
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use shared_protocol::api::Role;
 use shared_protocol::lease::{
-    CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseReleaseRequest, LeaseRenewRequest,
-    LeaseRequest, LeaseStatus, MAX_PRIORITY,
+    CapabilityLease, LeaseGroupRequest, LeaseReleaseRequest, LeaseRenewRequest, LeaseRequest,
+    LeaseStatus, MAX_PRIORITY,
 };
 use shared_protocol::validate::{Validate, ValidationError};
 
@@ -48,7 +61,9 @@ use super::{parse_in_range, parse_one, ApiQuery, ApiState, OptionalJson};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
-use crate::leases::{LeaseConfig, LeaseEngine, LeaseError, LeaseFilter};
+use crate::leases::{
+    IdempotencyKey, LeaseConfig, LeaseError, LeaseFilter, Requested, Stage, Unanswered,
+};
 
 /// Roles that may hold leases.
 pub const LEASE_ROLES: &[Role] = &[Role::AuditAgent, Role::Operator, Role::Admin];
@@ -224,62 +239,109 @@ impl LeaseBody {
     }
 }
 
-/// Gives up the leases of a request that waits for its grant inside the
-/// handler when the handler is dropped before it answers, which is what
-/// happens when the client disconnects: nobody would ever learn those
-/// lease ids, yet a granted one would hold its capability until it
-/// expires. Dropping spawns [`LeaseEngine::abandon`] (withdraw if still
-/// `requested`, release if `granted`) on the current runtime.
-struct GiveUpIfDropped {
-    engine: Arc<LeaseEngine>,
-    lease_ids: Vec<String>,
+/// The `Idempotency-Key` request header: names one lease request, so
+/// that sending it again (after a lost answer) answers the same lease.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Set to `true` on an answer replayed for an `Idempotency-Key` seen
+/// before.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// The request's `Idempotency-Key`, if any.
+///
+/// Errors: 400 `invalid_header` (`details.header`) for a key that is not
+/// 1 to 255 visible ASCII characters, or given twice.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bad = |message: String| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_header", message)
+            .with_details(json!({ "header": "Idempotency-Key" }))
+    };
+    if values.next().is_some() {
+        return Err(bad("header `Idempotency-Key` given twice".to_string()));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| bad("header `Idempotency-Key`: not visible ASCII".to_string()))?;
+    IdempotencyKey::parse(text)
+        .map(Some)
+        .map_err(|e| bad(format!("header {e}")))
 }
 
-impl GiveUpIfDropped {
-    fn new(engine: &Arc<LeaseEngine>, lease_ids: Vec<String>) -> Self {
-        Self {
-            engine: engine.clone(),
-            lease_ids,
-        }
-    }
-
-    /// The answer is about to be sent with the leases: keep them.
-    fn answered(mut self) {
-        self.lease_ids.clear();
-    }
+/// A response body that holds the request's [`Unanswered`] guard until
+/// hyper has taken the body's bytes (its last frame was polled): a
+/// connection that hyper drops before that, because it read the client's
+/// FIN or RST while the answer waited, drops the body and gives the
+/// leases up. Taken is not delivered: hyper may still fail to write the
+/// bytes, and the peer may be gone after the kernel took them.
+struct AnswerBody {
+    inner: Body,
+    unanswered: Option<Unanswered>,
 }
 
-impl Drop for GiveUpIfDropped {
-    fn drop(&mut self) {
-        if self.lease_ids.is_empty() {
-            return;
-        }
-        let lease_ids = std::mem::take(&mut self.lease_ids);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                ?lease_ids,
-                "client went away while waiting; no runtime to give up its request"
-            );
-            return;
+impl HttpBody for AnswerBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        let taken = match &frame {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            // An error: the answer will not be written; the guard drops
+            // with the body.
+            Poll::Ready(Some(Err(_))) | Poll::Pending => false,
         };
-        let engine = self.engine.clone();
-        runtime.spawn(async move {
-            match engine.abandon(&lease_ids).await {
-                Ok(()) => tracing::info!(
-                    ?lease_ids,
-                    "client went away while waiting for a grant; its unclaimed leases were given up"
-                ),
-                Err(e) => tracing::warn!(
-                    ?lease_ids,
-                    error = %e,
-                    "client went away while waiting for a grant; could not give up its request"
-                ),
+        if taken {
+            if let Some(u) = this.unanswered.take() {
+                u.answered();
             }
-        });
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Never empty before the guard is settled, so that hyper polls
+        // the frame (an empty body would be dropped unpolled).
+        self.unanswered.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
-/// [`LeaseEngine::wait_granted`] that also ends when the registry begins to
+/// The JSON answer of a lease request: `status`, `value`, and
+/// `Idempotent-Replayed: true` for a replay; its body holds `unanswered`
+/// until hyper takes it ([`AnswerBody`]).
+fn answer<T: Serialize>(
+    status: StatusCode,
+    value: &T,
+    mut unanswered: Unanswered,
+    replayed: bool,
+) -> Response {
+    unanswered.set_stage(Stage::AnswerNotTaken);
+    let (mut parts, body) = (status, Json(value)).into_response().into_parts();
+    if replayed {
+        parts
+            .headers
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    let body = AnswerBody {
+        inner: body,
+        unanswered: Some(unanswered),
+    };
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// [`crate::leases::LeaseEngine::wait_granted`] that also ends when the registry begins to
 /// shut down, with the lease as it is then.
 ///
 /// Errors: `NotFound`.
@@ -320,36 +382,59 @@ fn created_or_accepted(status: LeaseStatus) -> StatusCode {
 async fn request(
     State(st): State<ApiState>,
     who: Principal,
+    headers: HeaderMap,
     ApiQuery(q): ApiQuery<WaitQuery>,
     ValidJson(body): ValidJson<LeaseBody>,
-) -> ApiResult<(StatusCode, Json<CapabilityLease>)> {
+) -> ApiResult<Response> {
     who.require(LEASE_ROLES)?;
     let ranges = Range::of_request(st.leases.config(), &body);
     let req: LeaseRequest = body.read(&ranges)?;
     let wait = wait_of(&q)?;
-    let mut lease = st.leases.request(&who, req).await?;
+    let key = idempotency_key(&headers)?;
+    // From here until hyper takes the answer, a dropped future or body
+    // gives the lease up.
+    let Requested {
+        answer: mut lease,
+        mut unanswered,
+        replayed,
+    } = st
+        .leases
+        .request_unanswered(&who, req, key.as_ref())
+        .await?;
     if let (LeaseStatus::Requested, Some(wait)) = (lease.status, wait) {
-        let guard = GiveUpIfDropped::new(&st.leases, vec![lease.lease_id.clone()]);
+        unanswered.set_stage(Stage::WaitingForGrant);
         lease = wait_granted(&st, &lease.lease_id, wait).await?;
-        guard.answered();
     }
-    Ok((created_or_accepted(lease.status), Json(lease)))
+    Ok(answer(
+        created_or_accepted(lease.status),
+        &lease,
+        unanswered,
+        replayed,
+    ))
 }
 
 async fn request_group(
     State(st): State<ApiState>,
     who: Principal,
+    headers: HeaderMap,
     ApiQuery(q): ApiQuery<WaitQuery>,
     ValidJson(body): ValidJson<LeaseBody>,
-) -> ApiResult<(StatusCode, Json<LeaseGroup>)> {
+) -> ApiResult<Response> {
     who.require(LEASE_ROLES)?;
     let ranges = Range::of_request(st.leases.config(), &body);
     let req: LeaseGroupRequest = body.read(&ranges)?;
     let wait = wait_of(&q)?;
-    let mut group = st.leases.request_group(&who, req).await?;
+    let key = idempotency_key(&headers)?;
+    let Requested {
+        answer: mut group,
+        mut unanswered,
+        replayed,
+    } = st
+        .leases
+        .request_group_unanswered(&who, req, key.as_ref())
+        .await?;
     if let (LeaseStatus::Requested, Some(wait)) = (group.status, wait) {
-        let ids = group.leases.iter().map(|l| l.lease_id.clone()).collect();
-        let guard = GiveUpIfDropped::new(&st.leases, ids);
+        unanswered.set_stage(Stage::WaitingForGrant);
         // Members are granted together: waiting on the first is enough,
         // then every member is read back as committed.
         if let Some(first) = group.leases.first() {
@@ -366,9 +451,13 @@ async fn request_group(
         }
         group.status = leases.first().map(|l| l.status).unwrap_or(group.status);
         group.leases = leases;
-        guard.answered();
     }
-    Ok((created_or_accepted(group.status), Json(group)))
+    Ok(answer(
+        created_or_accepted(group.status),
+        &group,
+        unanswered,
+        replayed,
+    ))
 }
 
 async fn renew(

@@ -33,6 +33,7 @@ use shared_protocol::event::CapabilityEvent;
 use shared_protocol::lease::{CapabilityLease, LeaseStatus};
 use tokio::sync::{mpsc, oneshot};
 
+use super::idempotency::KeyChange;
 use super::model::{Piece, Row};
 use super::{lock, store, LeaseEngine};
 use crate::db::Db;
@@ -188,6 +189,7 @@ fn to_new_event(p: super::model::PendingEvent) -> NewEvent {
 struct Batch {
     rows: Vec<Row>,
     events: Vec<NewEvent>,
+    keys: Vec<KeyChange>,
     dones: Vec<Done>,
 }
 
@@ -210,6 +212,7 @@ fn gather(first: Piece, rx: &mut mpsc::UnboundedReceiver<Piece>) -> Batch {
     let mut rows: Vec<Row> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut events = Vec::new();
+    let mut keys = Vec::new();
     let mut dones = Vec::with_capacity(pieces.len());
     for p in pieces {
         for row in p.tx.rows {
@@ -222,11 +225,13 @@ fn gather(first: Piece, rx: &mut mpsc::UnboundedReceiver<Piece>) -> Batch {
             }
         }
         events.extend(p.tx.events.into_iter().map(to_new_event));
+        keys.extend(p.tx.keys);
         dones.extend(p.done);
     }
     Batch {
         rows,
         events,
+        keys,
         dones,
     }
 }
@@ -243,6 +248,7 @@ async fn write(
     let Batch {
         rows,
         events,
+        keys,
         dones,
     } = batch;
     let flag = poisoned.clone();
@@ -255,7 +261,7 @@ async fn write(
                 }
                 let started = std::time::Instant::now();
                 let n_events = events.len() as u64;
-                let result = store::commit(conn, &rows, events);
+                let result = store::commit(conn, &rows, events, &keys);
                 let busy = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 counters.writer_busy_us.fetch_add(busy, Ordering::Relaxed);
                 match result {

@@ -79,6 +79,12 @@ pub enum LeaseError {
     #[error("the lease engine is unavailable: {message}")]
     Unavailable { message: String },
 
+    /// The request's idempotency key was used before by the same principal
+    /// for a request that asked for something else. HTTP 422
+    /// `idempotency_key_reused`; nothing is requested.
+    #[error("Idempotency-Key `{key}` was used for another lease request; use a new key for a new request")]
+    IdempotencyKeyReused { key: String },
+
     /// Reading the lease store failed. HTTP 500.
     #[error("lease store: {0}")]
     Store(#[from] DbError),
@@ -160,6 +166,7 @@ impl From<LeaseError> for ApiError {
     /// 404 `not_found` (lease, capability) / `no_matching_capability`,
     /// 403 `not_lease_holder`, 409 `lease_not_usable` / `lease_expired`
     /// with `details.lease_status`, 422 `invalid_field` naming the field,
+    /// 422 `idempotency_key_reused`,
     /// 503 `capability_offline` / `queue_full` / `unavailable`, 500 for a
     /// store failure.
     fn from(e: LeaseError) -> Self {
@@ -208,6 +215,12 @@ impl From<LeaseError> for ApiError {
             LeaseError::InvalidRequest { field, message } => {
                 ApiError::invalid_field(&field, format!("{field}: {message}"))
             }
+            LeaseError::IdempotencyKeyReused { key } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                message,
+            )
+            .with_details(json!({ "header": "Idempotency-Key", "key": key })),
             LeaseError::Unavailable { .. } => ApiError::unavailable(message),
             LeaseError::Store(e) => ApiError::internal(e),
         }

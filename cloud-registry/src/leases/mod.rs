@@ -67,12 +67,16 @@
 //!   waiter.
 //! - Withdrawing (releasing) one waiting lease of a group withdraws the whole
 //!   group; a queue timeout fails the whole group.
-//! - A request whose caller went away before it learned the lease id (an
-//!   HTTP client that disconnected while waiting for the grant) is given
-//!   up by [`LeaseEngine::abandon`]: withdrawn while `requested`, released
-//!   if it was `granted` meanwhile, so that nobody holds a capability that
-//!   no one knows about; events as for a release, with
-//!   `reason: "client_disconnected"` and actor `system`.
+//! - A request whose caller went away before it took the answer (an HTTP
+//!   client that disconnected while the request was committed, while it
+//!   waited for the grant, or before its response was taken) is given up
+//!   ([`Unanswered`], [`LeaseEngine::abandon`]): withdrawn while
+//!   `requested`, released if it was `granted` meanwhile, so that nobody
+//!   holds a capability that no one knows about; events as for a release,
+//!   with `reason: "client_disconnected"` and actor `system`.
+//! - A request may carry an [`IdempotencyKey`]: the same principal sending
+//!   the same request with the same key again gets the same lease(s)
+//!   (see `idempotency.rs`).
 //! - Queue timeout: the lease becomes `failed` with event `lease_expired`
 //!   and `reason: "queue_timeout"` (seed 001 §7 has no `lease_failed`).
 //! - `granted` → `active` (first action, [`LeaseEngine::authorize_action`])
@@ -89,11 +93,13 @@
 mod clock;
 mod commit;
 mod error;
+mod idempotency;
 mod lifecycle;
 mod model;
 mod preemption;
 mod queue;
 mod store;
+mod unanswered;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -110,7 +116,15 @@ use tokio::task::JoinHandle;
 
 pub use clock::{LeaseClock, ManualClock, SystemClock};
 pub use error::LeaseError;
-pub use store::migrate;
+pub use idempotency::{IdempotencyKey, KEY_TTL as IDEMPOTENCY_KEY_TTL};
+
+/// Create the lease engine's tables (leases, idempotency keys);
+/// idempotent. [`LeaseEngine::start`] runs it too.
+pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    store::migrate(conn)?;
+    idempotency::migrate(conn)
+}
+pub use unanswered::{AnswerStats, Stage, Unanswered};
 
 use crate::auth::Principal;
 use crate::db::Db;
@@ -312,6 +326,31 @@ pub struct LeaseEngine {
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     counters: Arc<Counters>,
+    /// Answered and given-up requests.
+    answers: unanswered::AnswerCounters,
+    /// Idempotency keys; locked only while `state` is held.
+    keys: Mutex<idempotency::KeyBook>,
+}
+
+/// A request's answer before its requester has taken it (see
+/// [`LeaseEngine::request_unanswered`]).
+pub struct Requested<T> {
+    /// The lease (or group) as committed.
+    pub answer: T,
+    /// Gives the leases up when dropped before
+    /// [`answered`](Unanswered::answered).
+    pub unanswered: Unanswered,
+    /// True when an earlier request with the same idempotency key made
+    /// these leases (`unanswered` is then empty: nothing to give up).
+    pub replayed: bool,
+}
+
+impl<T> Requested<T> {
+    /// The answer, handed over: the leases are kept.
+    pub fn answered(self) -> T {
+        self.unanswered.answered();
+        self.answer
+    }
 }
 
 /// What the group committer has done since the engine started.
@@ -359,8 +398,21 @@ impl LeaseEngine {
                 "must be at least 1",
             ));
         }
-        db.write(|c| store::migrate(c)).await??;
+        db.write(|c| migrate(c)).await??;
         let (rows, next_seq, next_generation, counts) = db.read(|c| store::load_live(c)).await??;
+        let now = Now::read(&*clock);
+        let cutoff = now.wall - idempotency::KEY_TTL;
+        let stored_keys = db.write(move |c| idempotency::load(c, cutoff)).await??;
+        let mut keys = idempotency::KeyBook::default();
+        for (principal, key, fp, ids, created_at) in stored_keys {
+            let Ok(key) = IdempotencyKey::parse(&key) else {
+                continue;
+            };
+            // Its age on the wall clock, as lease deadlines across a restart.
+            let age = (now.wall - created_at).to_std().unwrap_or_default();
+            let created = now.instant.checked_sub(age).unwrap_or(now.instant);
+            keys.restore(created, &principal, &key, fp, ids);
+        }
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut state = State::new(sender);
         state.load(rows.clone(), next_seq, next_generation, &Now::read(&*clock));
@@ -376,6 +428,8 @@ impl LeaseEngine {
             stop,
             tasks: Mutex::new(Vec::new()),
             counters: Arc::new(Counters::default()),
+            answers: Default::default(),
+            keys: Mutex::new(keys),
         });
         tracing::info!(
             live_leases = rows.len(),
@@ -421,6 +475,16 @@ impl LeaseEngine {
         if tx.is_empty() {
             return Ok(None);
         }
+        Self::send_piece(st, tx)
+    }
+
+    /// A commit of nothing, done once everything submitted before it is
+    /// committed (pieces commit in order).
+    fn barrier(st: &mut State) -> Result<Commit, LeaseError> {
+        Self::send_piece(st, Tx::default())
+    }
+
+    fn send_piece(st: &mut State, tx: Tx) -> Result<Commit, LeaseError> {
         let sender = st.sender.as_ref().ok_or_else(|| LeaseError::Unavailable {
             message: "shut down".to_string(),
         })?;
@@ -458,52 +522,177 @@ impl LeaseEngine {
     /// Events: `lease_requested`, then `lease_granted` when granted at once,
     /// and `lease_preempt_requested` for a holder it preempts.
     ///
+    /// Cancellation: dropping this future after the request was admitted
+    /// (while its commit is in flight) gives the lease up, as
+    /// [`abandon`](Self::abandon) does; once it has answered, the lease
+    /// is the caller's.
+    ///
     /// Errors: `InvalidRequest` (a field out of range; a duration outside
     /// 1..=`max_duration_seconds`, checked first so that the message names
     /// the configured maximum; `holder_ref` not the caller's; `mode` not
     /// the capability's), `UnknownCapability`, `NoMatchingCapability`,
     /// `CapabilityOffline`, `QueueFull`, `Unavailable`.
     pub async fn request(
-        &self,
+        self: &Arc<Self>,
         holder: &Principal,
         req: LeaseRequest,
     ) -> Result<CapabilityLease, LeaseError> {
+        Ok(self.request_unanswered(holder, req, None).await?.answered())
+    }
+
+    /// [`request`](Self::request) for a caller that has to hand the answer
+    /// on (an HTTP handler): the leases are guarded by
+    /// [`Requested::unanswered`] from the moment they are admitted, before
+    /// the first `.await`, so dropping this future, or the guard before
+    /// [`Unanswered::answered`], gives them up. With `key`, a request of
+    /// the same principal with the same key (and the same body) that is
+    /// still remembered is answered with its lease as committed now
+    /// (`replayed`), and nothing new is requested.
+    ///
+    /// Errors: as [`request`](Self::request); `IdempotencyKeyReused` when
+    /// `key` was used for another body; `Unavailable` when the first
+    /// request with `key` was not stored (the key is forgotten; sending
+    /// it again makes a new request).
+    pub async fn request_unanswered(
+        self: &Arc<Self>,
+        holder: &Principal,
+        req: LeaseRequest,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Requested<CapabilityLease>, LeaseError> {
         self.check_duration(req.requested_duration_seconds)?;
         req.validate()?;
         check_holder_ref(holder, &req.holder_ref)?;
-        let (lease, rx) = {
+        let fingerprint = key.map(|_| idempotency::fingerprint("request", &req));
+        let admitted = {
             let mut st = lock(&self.state);
             Self::ready(&st)?;
             let now = self.now();
-            let member = resolve_single(&st, &req)?;
-            let mut tx = Tx::default();
-            let ids = st.admit(
-                &mut tx,
-                &now,
-                &self.cfg,
-                Admission {
-                    principal: holder.name.clone(),
-                    holder_type: req.holder_type,
-                    holder_ref: req.holder_ref,
-                    project_id: req.project_id,
-                    purpose: req.purpose,
-                    priority: req.priority,
-                    requested_duration_seconds: req.requested_duration_seconds,
-                    evidence_required: req.evidence_required,
-                    preempt_if_needed: req.preempt_if_needed,
-                    preempt_reason: req.preempt_reason,
-                    queue_timeout_seconds: req.queue_timeout_seconds,
-                    lease_group_id: None,
-                    members: vec![member],
-                },
-            )?;
-            let lease = ids.first().and_then(|id| st.snapshot(id));
-            (lease, Self::submit(&mut st, tx)?)
+            match self.replay_of(&mut st, &now, holder, key, fingerprint.as_ref())? {
+                Some(replay) => Err(replay),
+                None => {
+                    let member = resolve_single(&st, &req)?;
+                    let mut tx = Tx::default();
+                    let ids = st.admit(
+                        &mut tx,
+                        &now,
+                        &self.cfg,
+                        Admission {
+                            principal: holder.name.clone(),
+                            holder_type: req.holder_type,
+                            holder_ref: req.holder_ref,
+                            project_id: req.project_id,
+                            purpose: req.purpose,
+                            priority: req.priority,
+                            requested_duration_seconds: req.requested_duration_seconds,
+                            evidence_required: req.evidence_required,
+                            preempt_if_needed: req.preempt_if_needed,
+                            preempt_reason: req.preempt_reason,
+                            queue_timeout_seconds: req.queue_timeout_seconds,
+                            lease_group_id: None,
+                            members: vec![member],
+                        },
+                    )?;
+                    self.remember(&mut tx, &now, holder, key, fingerprint, &ids);
+                    let lease = ids.first().and_then(|id| st.snapshot(id));
+                    Ok((ids, lease, Self::submit(&mut st, tx)))
+                }
+            }
         };
-        committed(rx).await?;
-        lease.ok_or_else(|| LeaseError::Unavailable {
+        let (ids, lease, rx) = match admitted {
+            Ok(a) => a,
+            Err((ids, rx)) => {
+                let lease = self.replayed(ids, rx).await?.into_iter().next();
+                let lease = lease.ok_or_else(|| LeaseError::Unavailable {
+                    message: "the replayed lease vanished".to_string(),
+                })?;
+                return Ok(self.replay(lease));
+            }
+        };
+        // Outside the state lock (the guard's drop takes it) and before
+        // any await: from here a dropped future gives the lease up.
+        let unanswered = Unanswered::new(self.clone(), ids);
+        committed(rx?).await?;
+        let answer = lease.ok_or_else(|| LeaseError::Unavailable {
             message: "the new lease vanished before it was answered".to_string(),
+        })?;
+        Ok(Requested {
+            answer,
+            unanswered,
+            replayed: false,
         })
+    }
+
+    /// A replayed answer: nothing to give up.
+    fn replay<T>(self: &Arc<Self>, answer: T) -> Requested<T> {
+        Requested {
+            answer,
+            unanswered: Unanswered::new(self.clone(), Vec::new()),
+            replayed: true,
+        }
+    }
+
+    /// With `key`: the lease ids of the earlier request it names and a
+    /// commit barrier behind that request's commit (`Err`, to return
+    /// early), or `None` for a new request.
+    #[allow(clippy::type_complexity)]
+    fn replay_of(
+        &self,
+        st: &mut State,
+        now: &Now,
+        holder: &Principal,
+        key: Option<&IdempotencyKey>,
+        fingerprint: Option<&[u8; 32]>,
+    ) -> Result<Option<(Vec<String>, Commit)>, LeaseError> {
+        let (Some(key), Some(fp)) = (key, fingerprint) else {
+            return Ok(None);
+        };
+        let Some(ids) = lock(&self.keys).lookup(now.instant, &holder.name, key, fp)? else {
+            return Ok(None);
+        };
+        Ok(Some((ids, Self::barrier(st)?)))
+    }
+
+    /// Remember `key` for `ids`; its row goes into `tx`, the commit of the
+    /// leases it made.
+    fn remember(
+        &self,
+        tx: &mut Tx,
+        now: &Now,
+        holder: &Principal,
+        key: Option<&IdempotencyKey>,
+        fingerprint: Option<[u8; 32]>,
+        ids: &[String],
+    ) {
+        if let (Some(key), Some(fp)) = (key, fingerprint) {
+            let mut book = lock(&self.keys);
+            book.insert(now.instant, now.wall, &holder.name, key, fp, ids.to_vec());
+            tx.keys.extend(book.take_changes());
+        }
+    }
+
+    /// The leases of a replayed request as committed once `barrier` is.
+    async fn replayed(
+        &self,
+        ids: Vec<String>,
+        barrier: Commit,
+    ) -> Result<Vec<CapabilityLease>, LeaseError> {
+        committed(barrier).await?;
+        let mut leases = Vec::with_capacity(ids.len());
+        for id in &ids {
+            match self.get(id).await {
+                Some(l) => leases.push(l),
+                None => {
+                    // Its commit failed and the model was reloaded without it.
+                    lock(&self.keys).forget_leases(&ids);
+                    return Err(LeaseError::Unavailable {
+                        message: "the first request with this Idempotency-Key was not stored; \
+                                  send it again"
+                            .to_string(),
+                    });
+                }
+            }
+        }
+        Ok(leases)
     }
 
     /// Ask for several capabilities at once (an audit task's
@@ -520,10 +709,26 @@ impl LeaseEngine {
     /// repeated capability id, more than [`MAX_GROUP_MEMBERS`] members, or a
     /// requirement's `min_duration_seconds` above the requested duration.
     pub async fn request_group(
-        &self,
+        self: &Arc<Self>,
         holder: &Principal,
         req: LeaseGroupRequest,
     ) -> Result<LeaseGroup, LeaseError> {
+        Ok(self
+            .request_group_unanswered(holder, req, None)
+            .await?
+            .answered())
+    }
+
+    /// [`request_group`](Self::request_group) with the guard and the
+    /// idempotency key of [`request_unanswered`](Self::request_unanswered).
+    ///
+    /// Errors: as those two.
+    pub async fn request_group_unanswered(
+        self: &Arc<Self>,
+        holder: &Principal,
+        req: LeaseGroupRequest,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Requested<LeaseGroup>, LeaseError> {
         self.check_duration(req.requested_duration_seconds)?;
         req.validate()?;
         check_holder_ref(holder, &req.holder_ref)?;
@@ -534,48 +739,72 @@ impl LeaseEngine {
                 format!("{count} capabilities asked; at most {MAX_GROUP_MEMBERS} per group"),
             ));
         }
+        let fingerprint = key.map(|_| idempotency::fingerprint("request-group", &req));
         let group_id = format!("lgrp_{}", uuid::Uuid::new_v4().simple());
-        let (leases, rx) = {
+        let admitted = {
             let mut st = lock(&self.state);
             Self::ready(&st)?;
             let now = self.now();
-            let members = resolve_group(&st, &req)?;
-            let preempt_if_needed =
-                req.preempt_if_needed || req.requirements.iter().any(|r| r.preempt_if_needed);
-            let mut tx = Tx::default();
-            let ids = st.admit(
-                &mut tx,
-                &now,
-                &self.cfg,
-                Admission {
-                    principal: holder.name.clone(),
-                    holder_type: req.holder_type,
-                    holder_ref: req.holder_ref,
-                    project_id: req.project_id,
-                    purpose: req.purpose,
-                    priority: req.priority,
-                    requested_duration_seconds: req.requested_duration_seconds,
-                    evidence_required: req.evidence_required,
-                    preempt_if_needed,
-                    preempt_reason: req.preempt_reason,
-                    queue_timeout_seconds: req.queue_timeout_seconds,
-                    lease_group_id: Some(group_id.clone()),
-                    members,
-                },
-            )?;
-            let leases: Vec<CapabilityLease> =
-                ids.iter().filter_map(|id| st.snapshot(id)).collect();
-            (leases, Self::submit(&mut st, tx)?)
+            match self.replay_of(&mut st, &now, holder, key, fingerprint.as_ref())? {
+                Some(replay) => Err(replay),
+                None => {
+                    let members = resolve_group(&st, &req)?;
+                    let preempt_if_needed = req.preempt_if_needed
+                        || req.requirements.iter().any(|r| r.preempt_if_needed);
+                    let mut tx = Tx::default();
+                    let ids = st.admit(
+                        &mut tx,
+                        &now,
+                        &self.cfg,
+                        Admission {
+                            principal: holder.name.clone(),
+                            holder_type: req.holder_type,
+                            holder_ref: req.holder_ref,
+                            project_id: req.project_id,
+                            purpose: req.purpose,
+                            priority: req.priority,
+                            requested_duration_seconds: req.requested_duration_seconds,
+                            evidence_required: req.evidence_required,
+                            preempt_if_needed,
+                            preempt_reason: req.preempt_reason,
+                            queue_timeout_seconds: req.queue_timeout_seconds,
+                            lease_group_id: Some(group_id.clone()),
+                            members,
+                        },
+                    )?;
+                    self.remember(&mut tx, &now, holder, key, fingerprint, &ids);
+                    let leases: Vec<CapabilityLease> =
+                        ids.iter().filter_map(|id| st.snapshot(id)).collect();
+                    Ok((ids, leases, Self::submit(&mut st, tx)))
+                }
+            }
         };
-        committed(rx).await?;
-        let status = leases
-            .first()
-            .map(|l| l.status)
-            .unwrap_or(LeaseStatus::Requested);
-        Ok(LeaseGroup {
+        let group_of = |group_id: String, leases: Vec<CapabilityLease>| LeaseGroup {
             lease_group_id: group_id,
-            status,
+            status: leases
+                .first()
+                .map(|l| l.status)
+                .unwrap_or(LeaseStatus::Requested),
             leases,
+        };
+        let (ids, leases, rx) = match admitted {
+            Ok(a) => a,
+            Err((ids, rx)) => {
+                let leases = self.replayed(ids, rx).await?;
+                let group_id = leases
+                    .first()
+                    .and_then(|l| l.lease_group_id.clone())
+                    .unwrap_or_default();
+                return Ok(self.replay(group_of(group_id, leases)));
+            }
+        };
+        // As in `request_unanswered`: guarded before any await.
+        let unanswered = Unanswered::new(self.clone(), ids);
+        committed(rx?).await?;
+        Ok(Requested {
+            answer: group_of(group_id, leases),
+            unanswered,
+            replayed: false,
         })
     }
 
@@ -616,8 +845,9 @@ impl LeaseEngine {
     }
 
     /// Give up leases whose requester went away before it was told their
-    /// ids (an HTTP client that disconnected while its request waited for
-    /// the grant): a lease still `requested` is withdrawn with its whole
+    /// ids (what a dropped [`Unanswered`] does; e.g. an HTTP client that
+    /// disconnected before its answer was written): a lease still
+    /// `requested` is withdrawn with its whole
     /// group (`released`), and one `granted` but not yet acted on is
     /// released, its capability going to the next waiter in the same
     /// commit. Leases in any other status (in use, being preempted, ended)
@@ -629,33 +859,48 @@ impl LeaseEngine {
     ///
     /// Errors: `Unavailable` (nothing was changed).
     pub async fn abandon(&self, lease_ids: &[String]) -> Result<(), LeaseError> {
-        let rx = {
-            let mut st = lock(&self.state);
-            Self::ready(&st)?;
-            let now = self.now();
-            let mut tx = Tx::default();
-            for id in lease_ids {
-                st.settle(&mut tx, &now, &self.cfg, id);
-                let unclaimed = st.leases.get(id).is_some_and(|e| {
-                    matches!(
-                        e.lease.status,
-                        LeaseStatus::Requested | LeaseStatus::Granted
-                    )
-                });
-                if unclaimed {
-                    st.release(
-                        &mut tx,
-                        &now,
-                        &self.cfg,
-                        id,
-                        SYSTEM_ACTOR,
-                        Some(CLIENT_DISCONNECTED),
-                    );
-                }
-            }
-            Self::submit(&mut st, tx)?
-        };
+        let rx = self.give_up(lease_ids)?;
         committed(rx).await
+    }
+
+    /// The model change of [`abandon`](Self::abandon), without waiting for
+    /// its commit (for a drop guard); also forgets the idempotency keys
+    /// that made these leases.
+    pub(crate) fn give_up(&self, lease_ids: &[String]) -> Result<Commit, LeaseError> {
+        let mut st = lock(&self.state);
+        Self::ready(&st)?;
+        let now = self.now();
+        let mut tx = Tx::default();
+        for id in lease_ids {
+            st.settle(&mut tx, &now, &self.cfg, id);
+            let unclaimed = st.leases.get(id).is_some_and(|e| {
+                matches!(
+                    e.lease.status,
+                    LeaseStatus::Requested | LeaseStatus::Granted
+                )
+            });
+            if unclaimed {
+                st.release(
+                    &mut tx,
+                    &now,
+                    &self.cfg,
+                    id,
+                    SYSTEM_ACTOR,
+                    Some(CLIENT_DISCONNECTED),
+                );
+            }
+        }
+        {
+            let mut book = lock(&self.keys);
+            book.forget_leases(lease_ids);
+            tx.keys.extend(book.take_changes());
+        }
+        Self::submit(&mut st, tx)
+    }
+
+    /// Requests answered and given up since start (for metrics).
+    pub fn answer_stats(&self) -> AnswerStats {
+        self.answers.stats()
     }
 
     /// A lease that is not live (final, or unknown): the answer for

@@ -221,11 +221,13 @@ pub(crate) struct PendingEvent {
 pub(crate) struct Tx {
     pub rows: Vec<Row>,
     pub events: Vec<PendingEvent>,
+    /// Idempotency key rows to write or delete with them.
+    pub keys: Vec<super::idempotency::KeyChange>,
 }
 
 impl Tx {
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty() && self.events.is_empty()
+        self.rows.is_empty() && self.events.is_empty() && self.keys.is_empty()
     }
 }
 

@@ -224,6 +224,7 @@ pub(crate) fn commit(
     conn: &mut Connection,
     rows: &[Row],
     events: Vec<NewEvent>,
+    keys: &[super::idempotency::KeyChange],
 ) -> rusqlite::Result<Vec<CapabilityEvent>> {
     // BEGIN and COMMIT as cached statements: `Connection::transaction`
     // parses both again for every commit.
@@ -232,6 +233,7 @@ pub(crate) fn commit(
         for row in rows {
             upsert(conn, row)?;
         }
+        super::idempotency::write(conn, keys)?;
         let mut stored = Vec::with_capacity(events.len());
         for ev in events {
             stored.push(append(conn, ev)?);
