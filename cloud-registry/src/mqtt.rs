@@ -10,6 +10,8 @@
 //!   (a provider's `register` before its `heartbeat`), and queues replies on
 //!   the unbounded outbound channel, so it never waits on the event loop;
 //! - the *publisher* task owns the `AsyncClient` and sends what is queued;
+//!   while the broker connection is down it holds commands itself and
+//!   sends them when it returns, revocations first (`Held`);
 //! - the *forwarder* follows the event log and queues `preempt_requested`
 //!   and `lease_revoked` commands for the capability's provider.
 //!

@@ -57,7 +57,8 @@
 //!   outages), and an `incomplete_evidence` session the provider had
 //!   completed becomes `completed` again once its last artifact arrives.
 //! - No final report by the session's deadline (`timeout_ms` plus
-//!   `result_grace_ms`): the registry fails the session (not while its
+//!   `result_grace_ms`, on the monotonic clock: `deadlines.rs`): the
+//!   registry fails the session (not while its
 //!   MQTT link is down; in the first offline timeout after the link
 //!   (re)connects or the registry starts, only sessions sent since: an
 //!   older one's report may still be on its way).
