@@ -81,6 +81,9 @@ pub struct LabOptions {
     pub outbox_durability: Option<String>,
     /// The registry's `sessions.result_grace_ms` (its default when `None`).
     pub result_grace_ms: Option<u64>,
+    /// Extra environment variables of the `cloud-registry serve` process
+    /// (e.g. `LD_PRELOAD` of libfaketime, to step its wall clock).
+    pub registry_env: Vec<(String, String)>,
 }
 
 impl Default for LabOptions {
@@ -97,6 +100,7 @@ impl Default for LabOptions {
             extra_speakers: 0,
             outbox_durability: None,
             result_grace_ms: None,
+            registry_env: Vec::new(),
         }
     }
 }
@@ -331,7 +335,9 @@ impl Lab {
     /// Start (or restart) `cloud-registry serve`.
     pub fn start_registry(&mut self) -> Result<()> {
         let mut cmd = child_command("cloud-registry", &self.root.join("logs/registry.log"))?;
-        cmd.args(["serve", "--config"]).arg(&self.registry_config);
+        cmd.args(["serve", "--config"])
+            .arg(&self.registry_config)
+            .envs(self.opts.registry_env.iter().map(|(k, v)| (k, v)));
         let (p, _) = Proc::start_ready("cloud-registry", cmd, Duration::from_secs(20))
             .with_context(|| self.log_hint("registry"))?;
         self.registry = Some(p);
