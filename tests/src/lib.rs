@@ -187,6 +187,28 @@ impl Drop for Proc {
     }
 }
 
+/// Holds a process stopped with SIGSTOP; SIGCONT when dropped (also when
+/// a test fails, so the lab can stop it).
+pub struct Paused(u32);
+
+impl Paused {
+    /// Stop process `pid` (a child of this test).
+    ///
+    /// Panics: `kill(2)` fails (no such process).
+    pub fn pause(pid: u32) -> Paused {
+        // SAFETY: kill(2) on a child pid of ours, no memory involved.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
 /// Poll `f` every 50 ms until it returns `Some`, for at most `timeout`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {
     let deadline = Instant::now() + timeout;
