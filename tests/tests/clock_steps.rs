@@ -8,7 +8,8 @@
 //! provider liveness run on the monotonic clock, so the action completes
 //! with its artifact, the caller gets `completed`, and no `session_failed`
 //! is published. The events' `occurred_at` show the registry's clock did
-//! move.
+//! move. An audit claim held across a +1 h step is not taken back: its
+//! visibility timeout runs on the registry's steady clock.
 //!
 //! Under `CI=true` a missing libfaketime (Debian package `faketime`) fails
 //! the test; elsewhere it is skipped with a printed reason.
@@ -60,18 +61,18 @@ fn faketime_env(lib: &Path, offset_file: &Path) -> Vec<(String, String)> {
     .to_vec()
 }
 
-/// Start a lab whose registry's clock is offset by `+0`, run a 9 s clip
-/// with a caller waiting for it, and rewrite the offset to `step` (a
-/// libfaketime offset, e.g. `+1h`) 3 s in. `step_s` is the step in
-/// seconds, to check the registry's clock moved by it.
-async fn clip_across_a_clock_step(step: &str, step_s: i64) {
+/// A lab whose registry runs under libfaketime with the offset `+0`, and
+/// the offset's file (rewrite it to step the registry's clock). `None`
+/// when libfaketime is not installed and `CI` is not `true` (under CI it
+/// fails).
+async fn faketime_lab() -> Option<(tempfile::TempDir, PathBuf, Lab)> {
     let Some(lib) = libfaketime() else {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
             "libfaketime is not installed and CI=true (Debian package `faketime`)"
         );
         eprintln!("SKIPPED: libfaketime is not installed (Debian package `faketime`)");
-        return;
+        return None;
     };
     let dir = tempfile::tempdir().expect("temporary directory");
     let offset_file = dir.path().join("faketime-offset");
@@ -82,6 +83,17 @@ async fn clip_across_a_clock_step(step: &str, step_s: i64) {
     })
     .await
     .expect("lab with libfaketime in the registry");
+    Some((dir, offset_file, lab))
+}
+
+/// Start a lab whose registry's clock is offset by `+0`, run a 9 s clip
+/// with a caller waiting for it, and rewrite the offset to `step` (a
+/// libfaketime offset, e.g. `+1h`) 3 s in. `step_s` is the step in
+/// seconds, to check the registry's clock moved by it.
+async fn clip_across_a_clock_step(step: &str, step_s: i64) {
+    let Some((_dir, offset_file, lab)) = faketime_lab().await else {
+        return;
+    };
     let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let (events, _follower) = follow_events(&admin, |_| {});
@@ -175,4 +187,61 @@ async fn a_wall_clock_step_forward_leaves_a_running_action_and_its_caller_alone(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_step_back_leaves_a_running_action_and_its_caller_alone() {
     clip_across_a_clock_step("-1h", -3600).await;
+}
+
+/// An audit claim (visibility timeout 180 s) across a +1 h step: the
+/// claim is not taken back, and its holder can still extend it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_step_forward_takes_back_no_audit_claim() {
+    let Some((_dir, offset_file, lab)) = faketime_lab().await else {
+        return;
+    };
+    let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
+    let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let id = "auditreq_clock_step";
+    let (s, v) = admin
+        .post(
+            "/api/v1/audit-requests",
+            &json!({
+                "protocol_version": "1.0",
+                "audit_request_id": id,
+                "project_id": "proj_device_assistant",
+                "task_id": "task_release_0_9_2",
+                "trigger": "merge_candidate",
+                "audit_type": "hardware",
+                "priority": 50,
+                "objective": "hardware audit across a clock step",
+                "time_budget_seconds": 120,
+                "response_mode": "structured_json"
+            }),
+        )
+        .await
+        .unwrap();
+    assert!(s.is_success(), "{s}: {v}");
+    let (s, claimed) = hw
+        .post(
+            "/api/v1/audit-requests/claim",
+            &json!({"audit_types": ["hardware"], "agent_ref": HW_AGENT, "wait_ms": 0}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{claimed}");
+    assert_eq!(claimed["claim"]["audit_request_id"], id, "{claimed}");
+
+    std::fs::write(&offset_file, "+1h\n").unwrap();
+    // Several sweeps of the audit queue (every second).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let request = hw
+        .get_ok(&format!("/api/v1/audit-requests/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(request["status"], "claimed", "{request}");
+    let (s, extended) = hw
+        .post(
+            &format!("/api/v1/audit-requests/{id}/extend"),
+            &json!({"extend_seconds": 60}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "the claim was taken back: {extended}");
 }
