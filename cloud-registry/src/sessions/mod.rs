@@ -281,7 +281,7 @@ enum Judge {
     All,
     /// Only those sent after this monotonic instant (on the current MQTT
     /// connection, so their reports had a clear way back).
-    StartedAfter(tokio::time::Instant),
+    SentAfter(tokio::time::Instant),
     /// None: the link is down.
     Nobody,
 }
@@ -291,7 +291,7 @@ impl ReportWindow {
         match self.hearing.since() {
             None => Judge::Nobody,
             Some(t) if t.elapsed() >= self.window => Judge::All,
-            Some(t) => Judge::StartedAfter(tokio::time::Instant::from_std(t)),
+            Some(t) => Judge::SentAfter(tokio::time::Instant::from_std(t)),
         }
     }
 }
@@ -1301,7 +1301,7 @@ impl Sessions {
             }
             let sent_after = match self.judge() {
                 Judge::Nobody => continue,
-                Judge::StartedAfter(t) => Some(t),
+                Judge::SentAfter(t) => Some(t),
                 Judge::All => {
                     self.judge_unheard_since_restart().await;
                     None
