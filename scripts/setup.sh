@@ -2,7 +2,7 @@
 # Install what Benchlink needs on a Debian/Ubuntu machine that has only the
 # Rust toolchain: the C libraries the media and serial crates link against,
 # and the programs the tests drive (socat, PulseAudio, espeak-ng, tesseract,
-# Mosquitto). Idempotent: does nothing when everything is present.
+# Mosquitto, libfaketime). Idempotent: does nothing when everything is present.
 set -euo pipefail
 
 packages=(
@@ -16,6 +16,7 @@ packages=(
   espeak-ng        # speaker play_tts default TTS command
   tesseract-ocr    # screen_capture ocr default command
   mosquitto        # tests: the external-broker path
+  faketime         # tests: libfaketime steps the registry's wall clock (clock_steps)
 )
 
 missing=()

@@ -10,6 +10,8 @@
 //!   (a provider's `register` before its `heartbeat`), and queues replies on
 //!   the unbounded outbound channel, so it never waits on the event loop;
 //! - the *publisher* task owns the `AsyncClient` and sends what is queued;
+//!   while the broker connection is down it holds commands itself and
+//!   sends them when it returns, revocations first (`Held`);
 //! - the *forwarder* follows the event log and queues `preempt_requested`
 //!   and `lease_revoked` commands for the capability's provider.
 //!
@@ -122,9 +124,125 @@ impl MqttStats {
     }
 }
 
+/// What the publisher task is asked to do, in order.
 enum Outbound {
-    Publish { topic: String, payload: Vec<u8> },
-    Subscribe,
+    /// Send a command (or a `register_ack`) to a provider.
+    Publish(Command),
+    /// Drop a held `action_invoke` of this session: the registry ended the
+    /// session before the command could leave (no-op once it was sent).
+    Withdraw { session_id: String },
+    /// The broker connection is up (ConnAck): subscribe, then send what
+    /// was held meanwhile.
+    Connected,
+    /// The broker connection was lost: hold commands until `Connected`.
+    Disconnected,
+}
+
+/// One message for a provider's `commands` topic, with what the publisher
+/// needs to hold and order it while the link is down.
+#[derive(Debug, Clone, PartialEq)]
+struct Command {
+    topic: String,
+    /// The encoded envelope.
+    payload: Vec<u8>,
+    message_type: MessageType,
+    /// The session an `action_invoke` or `action_cancel` is about.
+    session_id: Option<String>,
+}
+
+impl Command {
+    /// `env` for `topic`; the session id is read from the body of an
+    /// `action_invoke` / `action_cancel`.
+    fn new(topic: String, env: &Envelope) -> Command {
+        let session_id = match env.message_type {
+            MessageType::ActionInvoke | MessageType::ActionCancel => env
+                .body
+                .get("session_id")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            _ => None,
+        };
+        Command {
+            topic,
+            payload: env.to_bytes(),
+            message_type: env.message_type,
+            session_id,
+        }
+    }
+
+    /// Sent first when the link returns: the bench must hear that a lease
+    /// ended before anything else.
+    fn is_revocation(&self) -> bool {
+        matches!(
+            self.message_type,
+            MessageType::LeaseRevoked | MessageType::ActionCancel
+        )
+    }
+}
+
+/// Commands the publisher holds while the broker connection is down,
+/// instead of handing them to the MQTT client (whose queue cannot be
+/// filtered or reordered). Unbounded, like the channel in front of it:
+/// while the link is down invocations are refused, so what collects is
+/// lease commands and acknowledgements, a few per lease.
+#[derive(Debug, Default)]
+struct Held {
+    queue: Vec<Command>,
+}
+
+impl Held {
+    fn hold(&mut self, command: Command) {
+        self.queue.push(command);
+    }
+
+    /// Drop the held `action_invoke` of `session_id`; true if there was one.
+    fn withdraw(&mut self, session_id: &str) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|c| {
+            !(c.message_type == MessageType::ActionInvoke
+                && c.session_id.as_deref() == Some(session_id))
+        });
+        self.queue.len() != before
+    }
+
+    /// Everything held, in the order to send it once the link is back:
+    /// `lease_revoked` and `action_cancel` first, then the rest, each in
+    /// the order queued. An `action_invoke` whose `action_cancel` is held
+    /// too (its lease ended before either could leave) is dropped with the
+    /// cancel: the action must not start. Returns the commands and the
+    /// session ids of the invokes so dropped.
+    fn release(&mut self) -> (Vec<Command>, Vec<String>) {
+        let queue = std::mem::take(&mut self.queue);
+        let cancelled: HashSet<String> = queue
+            .iter()
+            .filter(|c| c.message_type == MessageType::ActionCancel)
+            .filter_map(|c| c.session_id.clone())
+            .collect();
+        let invoked: HashSet<String> = queue
+            .iter()
+            .filter(|c| c.message_type == MessageType::ActionInvoke)
+            .filter_map(|c| c.session_id.clone())
+            .collect();
+        let dropped: HashSet<&String> = cancelled.intersection(&invoked).collect();
+        let keep = |c: &Command| {
+            !(matches!(
+                c.message_type,
+                MessageType::ActionInvoke | MessageType::ActionCancel
+            ) && c.session_id.as_ref().is_some_and(|s| dropped.contains(s)))
+        };
+        let (first, rest): (Vec<Command>, Vec<Command>) = queue
+            .iter()
+            .filter(|c| keep(c))
+            .cloned()
+            .partition(Command::is_revocation);
+        let mut dropped: Vec<String> = dropped.into_iter().cloned().collect();
+        dropped.sort();
+        (first.into_iter().chain(rest).collect(), dropped)
+    }
+
+    fn len(&self) -> usize {
+        self.queue.len()
+    }
 }
 
 /// The running client. [`MqttLink::stop`] disconnects cleanly.
@@ -156,7 +274,9 @@ impl CommandSender {
 
     /// Queue `body` as a `message_type` envelope on `provider_id`'s
     /// `commands` topic (QoS 1). Returns the envelope's `message_id`, or
-    /// `None` when the link has stopped (nothing was queued).
+    /// `None` when the link has stopped (nothing was queued). While the
+    /// broker connection is down the command is held, and sent when it
+    /// returns (revocations and cancellations first).
     pub fn send<T: Serialize>(
         &self,
         provider_id: &str,
@@ -172,13 +292,23 @@ impl CommandSender {
         .ok()?;
         let message_id = env.message_id.clone();
         self.outbound
-            .send(Outbound::Publish {
-                topic: topic(&self.prefix, provider_id, TopicKind::Commands),
-                payload: env.to_bytes(),
-            })
+            .send(Outbound::Publish(Command::new(
+                topic(&self.prefix, provider_id, TopicKind::Commands),
+                &env,
+            )))
             .ok()?;
         self.stats.commands_out.fetch_add(1, Ordering::Relaxed);
         Some(message_id)
+    }
+
+    /// The registry ended session `session_id` itself (deadline, provider
+    /// lost): if its `action_invoke` is still held because the broker
+    /// connection is down, it is dropped and never sent. Once handed to
+    /// the MQTT client it cannot be recalled (this does nothing then).
+    pub fn withdraw(&self, session_id: &str) {
+        let _ = self.outbound.send(Outbound::Withdraw {
+            session_id: session_id.to_string(),
+        });
     }
 }
 
@@ -214,7 +344,14 @@ impl Dedup {
     }
 }
 
-fn envelope_bytes<T: Serialize>(message_type: MessageType, body: &T) -> Option<Vec<u8>> {
+/// `body` as a new `message_type` envelope for `provider_id`'s `commands`
+/// topic.
+fn command_to<T: Serialize>(
+    prefix: &str,
+    provider_id: &str,
+    message_type: MessageType,
+    body: &T,
+) -> Option<Command> {
     Envelope::new(
         message_type,
         uuid::Uuid::new_v4().to_string(),
@@ -222,7 +359,7 @@ fn envelope_bytes<T: Serialize>(message_type: MessageType, body: &T) -> Option<V
         body,
     )
     .ok()
-    .map(|e| e.to_bytes())
+    .map(|env| Command::new(topic(prefix, provider_id, TopicKind::Commands), &env))
 }
 
 impl MqttLink {
@@ -364,11 +501,8 @@ impl MqttLink {
         message_type: MessageType,
         body: &T,
     ) {
-        if let Some(payload) = envelope_bytes(message_type, body) {
-            let _ = self.outbound.send(Outbound::Publish {
-                topic: topic(&self.prefix, provider_id, TopicKind::Commands),
-                payload,
-            });
+        if let Some(command) = command_to(&self.prefix, provider_id, message_type, body) {
+            let _ = self.outbound.send(Outbound::Publish(command));
         }
     }
 
@@ -431,7 +565,8 @@ async fn run_event_loop(
                 // Subscribe after every connect: a clean session has lost
                 // its subscriptions, and repeating them on a persistent one
                 // is harmless (and covers a broker that lost its state).
-                let _ = outbound.send(Outbound::Subscribe);
+                // Then the commands held while the link was down go.
+                let _ = outbound.send(Outbound::Connected);
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 if ingest.send(p).await.is_err() {
@@ -441,6 +576,7 @@ async fn run_event_loop(
             Ok(_) => {}
             Err(e) => {
                 if link.down() {
+                    let _ = outbound.send(Outbound::Disconnected);
                     tracing::warn!(error = %e, "MQTT connection lost; reconnecting");
                 } else {
                     tracing::debug!(error = %e, "MQTT connect failed; retrying");
@@ -468,25 +604,37 @@ async fn run_event_loop(
     link.down();
 }
 
+/// Send what is queued, in order. While the broker connection is down
+/// (from `Disconnected` to `Connected`) commands are held in [`Held`]
+/// instead of handed to the client; at `Connected` the publisher
+/// subscribes, then sends them (revocations first, withdrawn invokes
+/// dropped). Messages handed to the client before the loss was reported
+/// stay in its queue and are retransmitted by it as they are.
 async fn run_publisher(
     client: AsyncClient,
     mut outbound: mpsc::UnboundedReceiver<Outbound>,
     prefix: String,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut up = false;
+    let mut held = Held::default();
     loop {
         let msg = tokio::select! {
             m = outbound.recv() => m,
             _ = stop.changed() => None,
         };
         let Some(msg) = msg else { break };
-        let result = match msg {
-            Outbound::Publish { topic, payload } => {
-                client
-                    .publish(topic, QoS::AtLeastOnce, false, payload)
-                    .await
+        match msg {
+            Outbound::Publish(command) if !up => held.hold(command),
+            Outbound::Publish(command) => publish(&client, command).await,
+            Outbound::Withdraw { session_id } => {
+                if held.withdraw(&session_id) {
+                    tracing::info!(%session_id, "action_invoke withdrawn before it was sent: the registry ended its session while the broker connection was down");
+                }
             }
-            Outbound::Subscribe => {
+            Outbound::Disconnected => up = false,
+            Outbound::Connected => {
+                up = true;
                 let filters = [
                     TopicKind::Status,
                     TopicKind::Register,
@@ -496,12 +644,33 @@ async fn run_publisher(
                 .map(|k| {
                     rumqttc::SubscribeFilter::new(topic_filter_all(&prefix, k), QoS::AtLeastOnce)
                 });
-                client.subscribe_many(filters).await
+                if let Err(e) = client.subscribe_many(filters).await {
+                    tracing::warn!(error = %e, "MQTT subscription not queued");
+                }
+                if held.len() > 0 {
+                    let (commands, dropped) = held.release();
+                    for session_id in dropped {
+                        tracing::info!(%session_id, "action_invoke and its action_cancel dropped: the lease ended before either could be sent");
+                    }
+                    tracing::info!(
+                        commands = commands.len(),
+                        "sending the commands held while the broker connection was down"
+                    );
+                    for command in commands {
+                        publish(&client, command).await;
+                    }
+                }
             }
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "MQTT request not queued");
         }
+    }
+}
+
+async fn publish(client: &AsyncClient, command: Command) {
+    if let Err(e) = client
+        .publish(command.topic, QoS::AtLeastOnce, false, command.payload)
+        .await
+    {
+        tracing::warn!(error = %e, command = %command.message_type, "MQTT publish not queued");
     }
 }
 
@@ -699,11 +868,8 @@ async fn ingest_one(
             same_provider(provider_id, &body.provider.provider_id)?;
             *heard.entry(provider_id.to_string()).or_default() += 1;
             let ack = register(registry, provider_id, body).await;
-            if let Some(payload) = envelope_bytes(MessageType::RegisterAck, &ack) {
-                let _ = outbound.send(Outbound::Publish {
-                    topic: topic(prefix, provider_id, TopicKind::Commands),
-                    payload,
-                });
+            if let Some(command) = command_to(prefix, provider_id, MessageType::RegisterAck, &ack) {
+                let _ = outbound.send(Outbound::Publish(command));
             }
         }
         TopicKind::Heartbeat => {
@@ -928,13 +1094,10 @@ async fn run_forwarder(
         let Some(provider_id) = provider_id else {
             continue;
         };
-        if let Some(payload) = envelope_bytes(message_type, &body) {
+        if let Some(command) = command_to(&prefix, &provider_id, message_type, &body) {
             stats.commands_out.fetch_add(1, Ordering::Relaxed);
             tracing::info!(provider_id, event_id = ev.event_id, command = %message_type, "forwarding lease command to provider");
-            let _ = outbound.send(Outbound::Publish {
-                topic: topic(&prefix, &provider_id, TopicKind::Commands),
-                payload,
-            });
+            let _ = outbound.send(Outbound::Publish(command));
         }
     }
 }
@@ -957,6 +1120,132 @@ async fn store_status(registry: &CapabilityRegistry, provider_id: &str, body: St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    /// A command of `message_type` for provider `p1`, about `session_id`.
+    fn command(message_type: MessageType, body: Value) -> Command {
+        let env = Envelope::new(
+            message_type,
+            uuid::Uuid::new_v4().to_string(),
+            Utc::now(),
+            &body,
+        )
+        .unwrap();
+        Command::new(topic("bl/v1", "p1", TopicKind::Commands), &env)
+    }
+
+    fn invoke(session_id: &str) -> Command {
+        command(
+            MessageType::ActionInvoke,
+            json!({"session_id": session_id, "lease_id": "l1", "action": "snapshot"}),
+        )
+    }
+
+    fn cancel(session_id: &str) -> Command {
+        command(
+            MessageType::ActionCancel,
+            json!({"session_id": session_id, "reason": "lease expired"}),
+        )
+    }
+
+    fn revoked(lease_id: &str) -> Command {
+        command(
+            MessageType::LeaseRevoked,
+            json!({"lease_id": lease_id, "capability_id": "cam-1", "reason": "ttl_elapsed"}),
+        )
+    }
+
+    fn kinds(commands: &[Command]) -> Vec<(MessageType, Option<&str>)> {
+        commands
+            .iter()
+            .map(|c| (c.message_type, c.session_id.as_deref()))
+            .collect()
+    }
+
+    #[test]
+    fn a_command_knows_its_type_and_session_without_its_payload_being_parsed_again() {
+        let c = invoke("s1");
+        assert_eq!(c.message_type, MessageType::ActionInvoke);
+        assert_eq!(c.session_id.as_deref(), Some("s1"));
+        assert_eq!(revoked("l1").session_id, None);
+        let env = Envelope::parse(&c.payload).unwrap();
+        assert_eq!(env.body["session_id"], "s1");
+    }
+
+    #[test]
+    fn held_commands_leave_revocations_first_then_the_rest_in_their_order() {
+        let mut held = Held::default();
+        held.hold(invoke("s1"));
+        held.hold(command(
+            MessageType::PreemptRequested,
+            json!({"lease_id": "l2"}),
+        ));
+        held.hold(revoked("l2"));
+        held.hold(invoke("s2"));
+        held.hold(cancel("s0"));
+        held.hold(revoked("l3"));
+        let (out, dropped) = held.release();
+        assert_eq!(
+            kinds(&out),
+            [
+                (MessageType::LeaseRevoked, None),
+                (MessageType::ActionCancel, Some("s0")),
+                (MessageType::LeaseRevoked, None),
+                (MessageType::ActionInvoke, Some("s1")),
+                (MessageType::PreemptRequested, None),
+                (MessageType::ActionInvoke, Some("s2")),
+            ]
+        );
+        assert!(dropped.is_empty());
+        // The two revocations keep their own order.
+        let leases: Vec<String> = out
+            .iter()
+            .filter(|c| c.message_type == MessageType::LeaseRevoked)
+            .map(|c| Envelope::parse(&c.payload).unwrap().body["lease_id"].to_string())
+            .collect();
+        assert_eq!(leases, ["\"l2\"", "\"l3\""]);
+        assert_eq!(held.len(), 0, "released commands are no longer held");
+    }
+
+    #[test]
+    fn a_withdrawn_invoke_is_never_sent_and_withdrawing_a_sent_one_changes_nothing() {
+        let mut held = Held::default();
+        held.hold(invoke("s1"));
+        held.hold(cancel("s2"));
+        held.hold(invoke("s3"));
+        assert!(held.withdraw("s1"));
+        // Only invokes are withdrawn: the cancel of s2 stays.
+        assert!(!held.withdraw("s2"));
+        assert!(!held.withdraw("unknown"));
+        let (out, _) = held.release();
+        assert_eq!(
+            kinds(&out),
+            [
+                (MessageType::ActionCancel, Some("s2")),
+                (MessageType::ActionInvoke, Some("s3")),
+            ]
+        );
+        // Nothing held any more (everything was sent): a no-op.
+        assert!(!held.withdraw("s3"));
+    }
+
+    #[test]
+    fn an_invoke_cancelled_before_either_could_leave_is_dropped_with_its_cancel() {
+        let mut held = Held::default();
+        held.hold(invoke("s1"));
+        held.hold(invoke("s2"));
+        held.hold(revoked("l1"));
+        held.hold(cancel("s1"));
+        let (out, dropped) = held.release();
+        assert_eq!(
+            kinds(&out),
+            [
+                (MessageType::LeaseRevoked, None),
+                (MessageType::ActionInvoke, Some("s2")),
+            ]
+        );
+        assert_eq!(dropped, ["s1"]);
+    }
 
     #[test]
     fn an_offline_status_holds_only_if_the_link_stayed_up_and_the_provider_stayed_silent() {

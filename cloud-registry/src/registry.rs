@@ -152,6 +152,14 @@ pub struct CapabilityRegistry {
     /// Capabilities in a non-interruptible window, per provider, as last
     /// reported (so the engine hears only of changes).
     windows: Mutex<HashMap<String, HashSet<String>>>,
+    /// When each provider was last heard (registration, heartbeat,
+    /// `online` status), on the monotonic clock: liveness compares these,
+    /// never the stored `last_seen_at`, so a wall-clock step takes nobody
+    /// offline (nor keeps a silent provider online).
+    heard: Mutex<HashMap<String, Instant>>,
+    /// When this registry started: the silence of a provider not heard
+    /// since counts from here.
+    started: Instant,
 }
 
 impl CapabilityRegistry {
@@ -169,7 +177,15 @@ impl CapabilityRegistry {
             hooks: RwLock::new(Vec::new()),
             settings,
             windows: Mutex::new(HashMap::new()),
+            heard: Mutex::new(HashMap::new()),
+            started: Instant::now(),
         })
+    }
+
+    /// Note that `provider_id` was heard now.
+    fn heard_from(&self, provider_id: &str) {
+        let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        heard.insert(provider_id.to_string(), Instant::now());
     }
 
     /// The store (reads for the API).
@@ -253,6 +269,7 @@ impl CapabilityRegistry {
     ) -> StoreResult<ProviderRegisterResponse> {
         let provider_id = req.provider_id.clone();
         let out = self.store.register_provider(actor, req, Utc::now()).await?;
+        self.heard_from(&provider_id);
         self.bus.publish(out.events.clone());
         let restarted = out.restarted();
         if out.came_online {
@@ -326,6 +343,7 @@ impl CapabilityRegistry {
             .store
             .record_heartbeat(actor, hb, Utc::now(), self.settings.snapshot_min_interval)
             .await?;
+        self.heard_from(&provider_id);
         self.bus.publish(out.events.clone());
         if !out.unknown_capabilities.is_empty() {
             tracing::warn!(provider_id, unknown = ?out.unknown_capabilities, "heartbeat named capabilities this provider has not registered; ignored");
@@ -415,6 +433,9 @@ impl CapabilityRegistry {
                 Utc::now(),
             )
             .await?;
+        if online {
+            self.heard_from(provider_id);
+        }
         self.bus.publish(out.events.clone());
         if out.changed {
             tracing::info!(provider_id, online, reason, "provider status changed");
@@ -433,12 +454,28 @@ impl CapabilityRegistry {
     }
 
     /// Mark offline every online provider silent for longer than
-    /// `offline_after`; returns their ids.
+    /// `offline_after`, on the monotonic clock (since it was last heard,
+    /// or since the registry started if not heard since); returns their
+    /// ids.
     pub async fn mark_silent_providers_offline(&self) -> StoreResult<Vec<String>> {
-        let offline_after = chrono::Duration::from_std(self.settings.offline_after)
-            .unwrap_or(chrono::Duration::MAX);
-        let cutoff = Utc::now() - offline_after;
-        let ids = self.store.overdue_providers(cutoff).await?;
+        let online = self
+            .store
+            .list_providers(ProviderFilter {
+                online_status: Some(OnlineStatus::Online),
+            })
+            .await?;
+        let now = Instant::now();
+        let ids: Vec<String> = {
+            let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+            online
+                .into_iter()
+                .map(|p| p.provider_id)
+                .filter(|id| {
+                    let last = heard.get(id).copied().unwrap_or(self.started);
+                    now.saturating_duration_since(last) > self.settings.offline_after
+                })
+                .collect()
+        };
         for id in &ids {
             match self
                 .set_online(

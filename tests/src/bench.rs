@@ -84,6 +84,9 @@ pub struct LabOptions {
     /// Extra environment of the edge daemon (e.g. libfaketime's, to run
     /// its clock off).
     pub edge_env: Vec<(String, String)>,
+    /// Extra environment variables of the `cloud-registry serve` process
+    /// (e.g. `LD_PRELOAD` of libfaketime, to step its wall clock).
+    pub registry_env: Vec<(String, String)>,
 }
 
 impl Default for LabOptions {
@@ -101,6 +104,7 @@ impl Default for LabOptions {
             outbox_durability: None,
             result_grace_ms: None,
             edge_env: Vec::new(),
+            registry_env: Vec::new(),
         }
     }
 }
@@ -337,7 +341,9 @@ impl Lab {
     /// Start (or restart) `cloud-registry serve`.
     pub fn start_registry(&mut self) -> Result<()> {
         let mut cmd = child_command("cloud-registry", &self.root.join("logs/registry.log"))?;
-        cmd.args(["serve", "--config"]).arg(&self.registry_config);
+        cmd.args(["serve", "--config"])
+            .arg(&self.registry_config)
+            .envs(self.opts.registry_env.iter().map(|(k, v)| (k, v)));
         let (p, _) = Proc::start_ready("cloud-registry", cmd, Duration::from_secs(20))
             .with_context(|| self.log_hint("registry"))?;
         self.registry = Some(p);

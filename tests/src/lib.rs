@@ -187,6 +187,28 @@ impl Drop for Proc {
     }
 }
 
+/// Holds a process stopped with SIGSTOP; SIGCONT when dropped (also when
+/// a test fails, so the lab can stop it).
+pub struct Paused(u32);
+
+impl Paused {
+    /// Stop process `pid` (a child of this test).
+    ///
+    /// Panics: `kill(2)` fails (no such process).
+    pub fn pause(pid: u32) -> Paused {
+        // SAFETY: kill(2) on a child pid of ours, no memory involved.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
 /// Poll `f` every 50 ms until it returns `Some`, for at most `timeout`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {
     let deadline = Instant::now() + timeout;
@@ -232,32 +254,6 @@ where
     poll_until(timeout, what, check)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A process held stopped with `SIGSTOP` (a frozen VM, a debugger, a
-/// starved host); `SIGCONT` when dropped, also when a test panics.
-pub struct Frozen(u32);
-
-impl Frozen {
-    /// Stop process `pid`.
-    ///
-    /// Panics: `pid` is 0 or the signal cannot be sent.
-    pub fn new(pid: u32) -> Frozen {
-        assert!(pid != 0, "no process to freeze");
-        // SAFETY: kill(2) on a child process of this test.
-        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
-        Frozen(pid)
-    }
-
-    /// Let the process run again now.
-    pub fn thaw(self) {}
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        // SAFETY: as in `new`.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
 }
 
 /// Read a file to a string, naming it on error.

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, CHIEF_AGENT, HW_AGENT};
 use benchlink_e2e::client::{follow_events, Agent, EventLog};
-use benchlink_e2e::{eventually, Frozen};
+use benchlink_e2e::{eventually, Paused};
 use chrono::Utc;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -267,7 +267,7 @@ async fn frozen_edge_with_an_expired_lease(offset: Option<&str>) {
 
     let lease = f.granted_relay(&f.hw, TTL_S).await;
     let frozen_at = Utc::now().timestamp_millis();
-    let frozen = Frozen::new(f.lab.edge_pid());
+    let frozen = Paused::pause(f.lab.edge_pid());
     let mut sessions = Vec::new();
     for _ in 0..3 {
         sessions.push(f.switch_on_later(&f.hw, &lease, 1).await);
@@ -278,7 +278,7 @@ async fn frozen_edge_with_an_expired_lease(offset: Option<&str>) {
         (Utc::now().timestamp_millis() - frozen_at) as u64,
     )))
     .await;
-    frozen.thaw();
+    drop(frozen);
 
     f.refused(&sessions).await;
     let late = f.frames_on(1, frozen_at);
@@ -297,7 +297,7 @@ async fn frozen_edge_with_a_second_holder(offset: Option<&str>) {
     // not stop the stale command.
     let first = f.granted_relay(&f.hw, 60).await;
     let frozen_at = Utc::now().timestamp_millis();
-    let frozen = Frozen::new(f.lab.edge_pid());
+    let frozen = Paused::pause(f.lab.edge_pid());
     let stale = f.switch_on_later(&f.hw, &first, 1).await;
     let (s, _) = f.hw.release(&first).await.unwrap();
     assert_eq!(s, StatusCode::OK);
@@ -307,7 +307,7 @@ async fn frozen_edge_with_a_second_holder(offset: Option<&str>) {
             > f.lease(&first).await["generation"].as_u64()
     );
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    frozen.thaw();
+    drop(frozen);
 
     // The second holder is served.
     let served = f
@@ -343,7 +343,7 @@ async fn frozen_broker(offset: Option<&str>) {
 
     let lease = f.granted_relay(&f.hw, TTL_S).await;
     let frozen_at = Utc::now().timestamp_millis();
-    let frozen = Frozen::new(broker.pid());
+    let frozen = Paused::pause(broker.pid());
     let mut sessions = Vec::new();
     for _ in 0..2 {
         sessions.push(f.switch_on_later(&f.hw, &lease, 1).await);
@@ -354,7 +354,7 @@ async fn frozen_broker(offset: Option<&str>) {
         (Utc::now().timestamp_millis() - frozen_at) as u64,
     )))
     .await;
-    frozen.thaw();
+    drop(frozen);
 
     f.refused(&sessions).await;
     let late = f.frames_on(1, frozen_at);

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, Mosquitto, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::{follow_events, group_leases, Agent, EventLog};
-use benchlink_e2e::eventually;
+use benchlink_e2e::{eventually, Paused};
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -467,25 +467,6 @@ async fn a_session_that_ends_while_the_registry_is_down_completes_when_it_return
         provider(&admin, PROVIDER_ID).await["online_status"],
         "online"
     );
-}
-
-/// Holds a process stopped with SIGSTOP; SIGCONT when dropped (also when
-/// the test fails, so the lab can stop it).
-struct Paused(u32);
-
-impl Paused {
-    fn pause(pid: u32) -> Paused {
-        // SAFETY: kill(2) on a child pid of ours, no memory involved.
-        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
-        Paused(pid)
-    }
-}
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
 }
 
 /// The final `session_update` of `session_id` as it passes through the

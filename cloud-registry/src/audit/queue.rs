@@ -183,7 +183,8 @@ fn claim_row(
         principal: p.principal.clone(),
         agent_ref: p.agent_ref.clone(),
         claimed_at: now,
-        expires_at: now + TimeDelta::seconds(i64::from(visibility)),
+        // On the steady clock, as every comparison with it.
+        expires_at: store::steady_now() + TimeDelta::seconds(i64::from(visibility)),
         visibility_timeout_seconds: visibility,
         lease_group_id,
         lease_ids: leases.iter().map(|l| l.lease_id.clone()).collect(),
@@ -315,7 +316,7 @@ pub(crate) fn give_back(
 }
 
 /// Take back every claim whose visibility deadline is at or before now
-/// (one transaction).
+/// on the steady clock ([`store::now_ms`]), in one transaction.
 pub(crate) fn expire_due(
     conn: &mut Connection,
     actor: &str,
@@ -328,7 +329,7 @@ pub(crate) fn expire_due(
             "SELECT {REQUEST_COLUMNS} FROM audit_requests
              WHERE status = 'claimed' AND claim_expires_ms <= ?1"
         ))?;
-        let rows = stmt.query_map(params![now.timestamp_millis()], store::request_row)?;
+        let rows = stmt.query_map(params![store::now_ms()], store::request_row)?;
         rows.collect::<rusqlite::Result<_>>()?
     };
     let mut out = Vec::with_capacity(due.len());

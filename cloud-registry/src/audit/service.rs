@@ -570,7 +570,8 @@ impl AuditService {
                     .extend_seconds
                     .unwrap_or(claim.visibility_timeout_seconds);
                 let now = Utc::now();
-                claim.expires_at = now + TimeDelta::seconds(i64::from(seconds));
+                // On the steady clock, as every comparison with it.
+                claim.expires_at = store::steady_now() + TimeDelta::seconds(i64::from(seconds));
                 store::set_claim_deadline(&tx, &claim, claim.expires_at.timestamp_millis(), now)?;
                 tx.commit()?;
                 Ok(claim)

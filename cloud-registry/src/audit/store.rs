@@ -159,9 +159,25 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
 // ---------------------------------------------------------------------------
 // Time and conversions
 
-/// Wall-clock now, milliseconds since the Unix epoch.
+/// The registry's steady time, milliseconds since the Unix epoch: the
+/// wall clock as read at the first call, plus the monotonic time since.
+/// Claim visibility deadlines and reservations are set and compared on
+/// it, so a step of the system clock while the registry runs (NTP, an
+/// operator setting the date) neither expires a claim early nor keeps
+/// one alive for the size of the step. A new run starts again from the
+/// wall clock, so the stored deadlines count the time the registry was
+/// down, as lease deadlines do.
 pub(crate) fn now_ms() -> i64 {
-    Utc::now().timestamp_millis()
+    static ORIGIN: std::sync::OnceLock<(std::time::Instant, i64)> = std::sync::OnceLock::new();
+    let (t0, wall0) =
+        *ORIGIN.get_or_init(|| (std::time::Instant::now(), Utc::now().timestamp_millis()));
+    wall0.saturating_add(i64::try_from(t0.elapsed().as_millis()).unwrap_or(i64::MAX))
+}
+
+/// [`now_ms`] as a [`Timestamp`]: the time visibility deadlines count
+/// from.
+pub(crate) fn steady_now() -> Timestamp {
+    ts(now_ms())
 }
 
 /// A millisecond timestamp as a [`Timestamp`].

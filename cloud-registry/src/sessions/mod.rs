@@ -57,7 +57,8 @@
 //!   outages), and an `incomplete_evidence` session the provider had
 //!   completed becomes `completed` again once its last artifact arrives.
 //! - No final report by the session's deadline (`timeout_ms` plus
-//!   `result_grace_ms`): the registry fails the session (not while its
+//!   `result_grace_ms`, on the monotonic clock: `deadlines.rs`): the
+//!   registry fails the session (not while its
 //!   MQTT link is down; in the first offline timeout after the link
 //!   (re)connects or the registry starts, only sessions sent since: an
 //!   older one's report may still be on its way).
@@ -73,6 +74,7 @@
 
 pub mod api;
 pub mod blobs;
+mod deadlines;
 pub mod error;
 pub mod store;
 pub mod unbound;
@@ -108,6 +110,7 @@ use crate::leases::{LeaseEngine, LeaseError};
 use crate::mqtt::CommandSender;
 use crate::registry::{OfflineReason, ProviderHooks};
 use crate::store::Store;
+use deadlines::Deadlines;
 use store::{UpdateRefused, UploadRecorded, UploadRefused};
 
 /// Bytes an `action_invoke` publish adds to its encoded command: the
@@ -258,6 +261,9 @@ pub struct Sessions {
     /// broker restarted before they reconnected: once the registry has
     /// heard for a full window, those still offline lose their sessions.
     unheard_since_restart: Mutex<Vec<String>>,
+    /// The open sessions' deadlines on the monotonic clock (see
+    /// [`deadlines`]); the watchdog fails those that pass.
+    deadlines: Mutex<Deadlines>,
 }
 
 /// Whether the registry can hear ([`Hearing`]: `None` while its MQTT link
@@ -273,9 +279,9 @@ struct ReportWindow {
 enum Judge {
     /// Every one: the registry has heard for a full window.
     All,
-    /// Only those started after this instant (sent on the current MQTT
+    /// Only those sent after this monotonic instant (on the current MQTT
     /// connection, so their reports had a clear way back).
-    StartedAfter(chrono::DateTime<Utc>),
+    SentAfter(tokio::time::Instant),
     /// None: the link is down.
     Nobody,
 }
@@ -285,10 +291,7 @@ impl ReportWindow {
         match self.hearing.since() {
             None => Judge::Nobody,
             Some(t) if t.elapsed() >= self.window => Judge::All,
-            Some(t) => Judge::StartedAfter(
-                Utc::now()
-                    - chrono::Duration::from_std(t.elapsed()).unwrap_or(chrono::Duration::zero()),
-            ),
+            Some(t) => Judge::SentAfter(tokio::time::Instant::from_std(t)),
         }
     }
 }
@@ -455,6 +458,7 @@ impl Sessions {
             max_command_bytes: AtomicUsize::new(0),
             hearing: OnceLock::new(),
             unheard_since_restart: Mutex::new(Vec::new()),
+            deadlines: Mutex::new(Deadlines::default()),
         })
     }
 
@@ -528,6 +532,7 @@ impl Sessions {
             let (Some(cap), Some(session)) = (&ev.capability_id, &ev.session_id) else {
                 continue;
             };
+            crate::leases::lock(&self.deadlines).remove(session);
             let waiting = crate::leases::lock(&self.finals).remove(session);
             if let Some(waiting) = waiting {
                 if let Ok(s) = CapabilitySession::deserialize(&ev.data) {
@@ -650,6 +655,7 @@ impl Sessions {
             .await?;
 
         let now = store::stored_time(Utc::now());
+        let sent = tokio::time::Instant::now();
         let timeout_ms = req.timeout_ms.unwrap_or(self.cfg.default_timeout_ms);
         let not_after = command_not_after(&authorized, now, timeout_ms);
         let deadline = now
@@ -707,6 +713,17 @@ impl Sessions {
             .db
             .write_grouped(move |c| store::insert_session(c, &stored))
             .await??;
+        // The deadline that counts; `deadline_at` is its wall rendering.
+        crate::leases::lock(&self.deadlines).insert(
+            &session_id,
+            sent,
+            deadlines::after(
+                sent,
+                Duration::from_millis(
+                    u64::from(timeout_ms).saturating_add(self.cfg.result_grace_ms),
+                ),
+            ),
+        );
         // Wait before the command leaves, so the end cannot be missed.
         let ended = (req.wait_ms > 0).then(|| self.await_final(&session_id));
         self.publish([started]).await;
@@ -1257,6 +1274,7 @@ impl Sessions {
                         "sessions of a lost provider ended (failed / incomplete_evidence)"
                     );
                 }
+                self.withdraw_invokes(&events);
                 self.publish(events).await;
             }
             Err(e) => {
@@ -1318,37 +1336,103 @@ impl Sessions {
         let sweep_every = (Duration::from_secs(self.cfg.unbound_upload_ttl_seconds) / 4)
             .clamp(WATCHDOG_PERIOD, MAX_UNBOUND_SWEEP_PERIOD);
         let mut last_sweep = Instant::now();
+        self.restore_deadlines().await;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.wait_for(|s| *s) => break,
             }
-            let started_after = match self.judge() {
+            let sent_after = match self.judge() {
                 Judge::Nobody => continue,
-                Judge::StartedAfter(t) => Some(t),
+                Judge::SentAfter(t) => Some(t),
                 Judge::All => {
                     self.judge_unheard_since_restart().await;
                     None
                 }
             };
-            match self
-                .db
-                .write(move |c| store::fail_overdue(c, Utc::now(), started_after))
-                .await
-                .and_then(flat)
-            {
-                Ok(events) => {
-                    for ev in &events {
-                        tracing::warn!(session_id = ?ev.session_id, "session failed: no report from its provider before the deadline");
-                    }
-                    self.publish(events).await;
-                }
-                Err(e) => tracing::error!(error = %e, "session deadline check failed"),
-            }
+            self.fail_overdue(sent_after).await;
             if last_sweep.elapsed() >= sweep_every {
                 last_sweep = Instant::now();
                 self.sweep_unbound().await;
             }
+        }
+    }
+
+    /// Rebuild the monotonic deadlines of the sessions the store holds
+    /// open (sent by an earlier run of the registry) from their wall-clock
+    /// `deadline_at` (see [`deadlines`]).
+    async fn restore_deadlines(&self) {
+        match self
+            .db
+            .read(|c| store::open_deadlines(c))
+            .await
+            .and_then(flat)
+        {
+            Ok(open) => {
+                let (now, wall_now) = (tokio::time::Instant::now(), Utc::now());
+                let mut d = crate::leases::lock(&self.deadlines);
+                for (session_id, deadline_at) in &open {
+                    d.restore(
+                        session_id,
+                        deadlines::instant_of(now, wall_now, *deadline_at),
+                    );
+                }
+                if !open.is_empty() {
+                    tracing::info!(
+                        sessions = open.len(),
+                        "deadlines of the open sessions restored"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the open sessions' deadlines; they are not enforced")
+            }
+        }
+    }
+
+    /// Fail the sessions whose monotonic deadline has passed (with
+    /// `sent_after`, only those sent after it) and withdraw their
+    /// `action_invoke` if the MQTT link still holds it.
+    async fn fail_overdue(&self, sent_after: Option<tokio::time::Instant>) {
+        let due =
+            crate::leases::lock(&self.deadlines).overdue(tokio::time::Instant::now(), sent_after);
+        if due.is_empty() {
+            return;
+        }
+        let ids = due.clone();
+        match self
+            .db
+            .write(move |c| store::fail_overdue(c, &ids, Utc::now()))
+            .await
+            .and_then(flat)
+        {
+            Ok(events) => {
+                {
+                    // Also those that had ended meanwhile.
+                    let mut d = crate::leases::lock(&self.deadlines);
+                    for id in &due {
+                        d.remove(id);
+                    }
+                }
+                for ev in &events {
+                    tracing::warn!(session_id = ?ev.session_id, "session failed: no report from its provider before the deadline");
+                }
+                self.withdraw_invokes(&events);
+                self.publish(events).await;
+            }
+            Err(e) => tracing::error!(error = %e, "session deadline check failed"),
+        }
+    }
+
+    /// Sessions the registry ended itself (`events`): an `action_invoke`
+    /// for one that the MQTT link still holds (the link was down) is not
+    /// sent.
+    fn withdraw_invokes(&self, events: &[CapabilityEvent]) {
+        let Some(commands) = self.commands.get() else {
+            return;
+        };
+        for session_id in events.iter().filter_map(|ev| ev.session_id.as_deref()) {
+            commands.withdraw(session_id);
         }
     }
 
@@ -1516,6 +1600,10 @@ impl Sessions {
                 tracing::warn!(lease_id, error = %e, "cannot look up the sessions of an ended lease")
             }
         }
+        // The deadline that counts is monotonic; `deadline` is its wall
+        // rendering, stored for a restart.
+        let grace = Duration::from_millis(self.cfg.revoke_grace_ms);
+        let until = deadlines::after(tokio::time::Instant::now(), grace);
         let deadline = Utc::now()
             + chrono::Duration::milliseconds(self.cfg.revoke_grace_ms.min(i64::MAX as u64) as i64);
         let (id, why) = (lease_id.to_string(), reason.clone());
@@ -1531,6 +1619,12 @@ impl Sessions {
                 return;
             }
         };
+        {
+            let mut d = crate::leases::lock(&self.deadlines);
+            for row in &rows {
+                d.shorten(&row.session.session_id, until);
+            }
+        }
         let Some(commands) = self.commands.get() else {
             return;
         };

@@ -1112,28 +1112,35 @@ pub fn lease_ended(
     Ok(out)
 }
 
-/// Fail every running session whose deadline passed before `now` (the
-/// provider never reported its end) and, with `started_after`, that
-/// started after it (the others are left to wait). Appends
-/// `session_failed` each.
+/// Deadlines of the sessions still open (`pending` or `running`): their
+/// ids and wall-clock `deadline_at`, from which the registry rebuilds its
+/// monotonic deadlines when it starts.
+pub fn open_deadlines(conn: &Connection) -> rusqlite::Result<Vec<(String, Timestamp)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT session_id, deadline_at FROM capability_sessions
+         WHERE status IN ('pending', 'running')",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, get_ts(r, 1)?)))?;
+    rows.collect()
+}
+
+/// Fail the sessions `session_ids` whose deadline passed (on the
+/// registry's monotonic clock, see `deadlines`) without their provider
+/// reporting their end, at `now` (wall clock, for `ended_at`). Sessions
+/// already ended are left alone. Appends `session_failed` each.
 pub fn fail_overdue(
     conn: &mut Connection,
+    session_ids: &[String],
     now: Timestamp,
-    started_after: Option<Timestamp>,
 ) -> rusqlite::Result<Vec<CapabilityEvent>> {
     let tx = conn.transaction()?;
-    let rows: Vec<SessionRow> = {
-        let mut stmt = tx.prepare_cached(&format!(
-            "SELECT {SESSION_COLUMNS} FROM capability_sessions
-             WHERE status IN ('pending', 'running') AND deadline_at < ?1
-               AND (?2 IS NULL OR started_at > ?2)"
-        ))?;
-        let rows = stmt.query_map(
-            params![ts(&now), started_after.as_ref().map(ts)],
-            read_session,
-        )?;
-        rows.collect::<rusqlite::Result<_>>()?
-    };
+    let mut rows = Vec::with_capacity(session_ids.len());
+    for id in session_ids {
+        match load_session(&tx, id)? {
+            Some(row) if !row.session.status.is_final() => rows.push(row),
+            _ => {}
+        }
+    }
     let mut events = Vec::new();
     for mut row in rows {
         let silence = format!(

@@ -276,9 +276,6 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> StoreResult<OnlineTransition>;
 
-    /// Online providers not seen since before `silent_since`.
-    async fn overdue_providers(&self, silent_since: Timestamp) -> StoreResult<Vec<String>>;
-
     async fn get_provider(&self, provider_id: &str) -> StoreResult<Option<CapabilityProvider>>;
 
     /// Providers ordered by id.

@@ -786,21 +786,6 @@ impl Store for SqliteStore {
             .await?
     }
 
-    async fn overdue_providers(&self, silent_since: Timestamp) -> StoreResult<Vec<String>> {
-        let cutoff = ts(silent_since);
-        Ok(self
-            .db
-            .read(move |c| -> rusqlite::Result<Vec<String>> {
-                let mut stmt = c.prepare_cached(
-                    "SELECT provider_id FROM capability_providers
-                     WHERE online_status = 'online' AND last_seen_at < ?1 ORDER BY provider_id",
-                )?;
-                let rows = stmt.query_map([cutoff], |r| r.get(0))?;
-                rows.collect()
-            })
-            .await??)
-    }
-
     async fn get_provider(&self, provider_id: &str) -> StoreResult<Option<CapabilityProvider>> {
         let ticket = match self.cache.provider(provider_id) {
             Ok(p) => return Ok(Some(p)),
