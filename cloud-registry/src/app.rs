@@ -318,6 +318,12 @@ impl Registry {
                 snapshot_min_interval: Duration::from_secs(u64::from(
                     config.health.snapshot_min_interval_seconds,
                 )),
+                twins: crate::twins::TwinSettings {
+                    clear_after: Duration::from_secs(u64::from(
+                        config.heartbeat.conflict_clear_seconds,
+                    )),
+                    ..Default::default()
+                },
             },
         );
         let artifact_dir = config.sessions.artifact_dir.clone().unwrap_or_else(|| {
@@ -434,6 +440,7 @@ impl Registry {
         let forward_after = last_event_id(&db).await?;
         let mqtt = MqttLink::start(settings, registry.clone(), bus.clone(), forward_after);
         sessions.attach_commands(mqtt.command_sender());
+        sessions.attach_twins(registry.twins().clone());
         sessions.set_hearing(mqtt.hearing(), config.heartbeat.offline_after());
         sessions.set_max_command_bytes(max_packet);
         let connected = mqtt.wait_connected(Duration::from_secs(5)).await;

@@ -215,6 +215,12 @@ pub struct HeartbeatConfig {
     /// A provider is marked offline after this many intervals without a
     /// heartbeat. Default 3.
     pub offline_after_missed: u32,
+    /// A provider heard from two instances at once (a copied bench
+    /// configuration) stays in conflict until only one of them was heard
+    /// for this long, seconds. Default 90; keep it above the edge's
+    /// longest wait between takeovers (30 s). See docs/architecture.md
+    /// "Twin benches".
+    pub conflict_clear_seconds: u32,
 }
 
 impl Default for HeartbeatConfig {
@@ -222,6 +228,7 @@ impl Default for HeartbeatConfig {
         Self {
             interval_seconds: 10,
             offline_after_missed: 3,
+            conflict_clear_seconds: 90,
         }
     }
 }
@@ -540,6 +547,12 @@ impl Config {
             bad(
                 "heartbeat.interval_seconds",
                 format!("{} is out of range 1..=3600", h.interval_seconds),
+            );
+        }
+        if h.conflict_clear_seconds < 1 {
+            bad(
+                "heartbeat.conflict_clear_seconds",
+                "must be at least 1".into(),
             );
         }
         if h.offline_after_missed < 2 {

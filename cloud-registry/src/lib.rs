@@ -35,3 +35,4 @@ pub mod mqtt;
 pub mod registry;
 pub mod sessions;
 pub mod store;
+pub mod twins;

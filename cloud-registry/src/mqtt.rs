@@ -55,6 +55,7 @@ use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, PreemptNotice};
 use shared_protocol::mqtt::{
     parse_topic, topic, topic_filter_all, Envelope, LeaseGranted, LeaseRevoked, MessageType,
+    ProviderConflict,
     RegisterAck, RegisterBody, SessionUpdate, StatusBody, TopicKind,
 };
 use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
@@ -67,6 +68,7 @@ use crate::follow::{EventFollower, Followed};
 use crate::hearing::Hearing;
 use crate::registry::CapabilityRegistry;
 use crate::store::StoreError;
+use crate::twins::Heard as TwinHeard;
 
 /// Where and how the registry's client connects.
 #[derive(Debug, Clone)]
@@ -423,6 +425,12 @@ impl MqttLink {
                 },
                 stats.clone(),
                 prefix.clone(),
+            )),
+            tokio::spawn(run_twin_notices(
+                registry.clone(),
+                out_tx.clone(),
+                prefix.clone(),
+                stop_rx.clone(),
             )),
             tokio::spawn(run_forwarder(
                 bus,
@@ -860,12 +868,32 @@ async fn ingest_one(
                 confirm.schedule(heard, provider_id, body);
                 return Ok(());
             }
+            if twin_conflict(
+                registry,
+                outbound,
+                prefix,
+                provider_id,
+                body.boot_id.as_deref(),
+                None,
+            ) {
+                return Ok(());
+            }
             *heard.entry(provider_id.to_string()).or_default() += 1;
             store_status(registry, provider_id, body).await;
         }
         TopicKind::Register => {
             let body: RegisterBody = env.body_as(MessageType::Register)?;
             same_provider(provider_id, &body.provider.provider_id)?;
+            if twin_conflict(
+                registry,
+                outbound,
+                prefix,
+                provider_id,
+                body.provider.boot_id.as_deref(),
+                Some((&body.provider.hostname, &body.provider.node_id)),
+            ) {
+                return Ok(());
+            }
             *heard.entry(provider_id.to_string()).or_default() += 1;
             let ack = register(registry, provider_id, body).await;
             if let Some(command) = command_to(prefix, provider_id, MessageType::RegisterAck, &ack) {
@@ -875,6 +903,16 @@ async fn ingest_one(
         TopicKind::Heartbeat => {
             let body: HeartbeatRequest = env.body_as(MessageType::Heartbeat)?;
             same_provider(provider_id, &body.provider_id)?;
+            if twin_conflict(
+                registry,
+                outbound,
+                prefix,
+                provider_id,
+                body.boot_id.as_deref(),
+                None,
+            ) {
+                return Ok(());
+            }
             *heard.entry(provider_id.to_string()).or_default() += 1;
             match registry.heartbeat(provider_id, body).await {
                 Ok(_) => {}
@@ -904,6 +942,95 @@ async fn ingest_one(
         TopicKind::Commands => {}
     }
     Ok(())
+}
+
+/// Note the boot id of a message showing `provider_id` connected, for
+/// twin detection ([`crate::twins`]). True when the message must change
+/// nothing: the provider is heard from two instances at once (both are
+/// told, once when it starts and then every [`TWIN_NOTICE_PERIOD`]).
+fn twin_conflict(
+    registry: &CapabilityRegistry,
+    outbound: &mpsc::UnboundedSender<Outbound>,
+    prefix: &str,
+    provider_id: &str,
+    boot_id: Option<&str>,
+    host: Option<(&str, &str)>,
+) -> bool {
+    let Some(boot_id) = boot_id else {
+        return false;
+    };
+    match registry.twins().heard(provider_id, boot_id, host) {
+        TwinHeard::Alone => false,
+        TwinHeard::InConflict => true,
+        TwinHeard::ConflictStarted(instances) => {
+            let hosts: Vec<String> = instances
+                .iter()
+                .map(|i| format!("{} (node {}, boot {})", i.hostname, i.node_id, i.boot_id))
+                .collect();
+            tracing::error!(
+                provider_id,
+                instances = %hosts.join("; "),
+                "two instances of one provider are connected at once (a copied bench configuration?); its actions are refused until only one is left"
+            );
+            send_conflict(outbound, prefix, provider_id, instances, false);
+            true
+        }
+    }
+}
+
+fn send_conflict(
+    outbound: &mpsc::UnboundedSender<Outbound>,
+    prefix: &str,
+    provider_id: &str,
+    instances: Vec<crate::twins::Instance>,
+    resolved: bool,
+) {
+    let body = ProviderConflict {
+        provider_id: provider_id.to_string(),
+        instances,
+        resolved,
+    };
+    if let Some(command) = command_to(prefix, provider_id, MessageType::ProviderConflict, &body) {
+        let _ = outbound.send(Outbound::Publish(command));
+    }
+}
+
+/// How often the instances of a provider in conflict are told again (an
+/// instance that reconnects learns it at once).
+const TWIN_NOTICE_PERIOD: Duration = Duration::from_secs(5);
+
+/// End conflicts whose twin is gone (each second) and tell the instances
+/// of those still in conflict again.
+async fn run_twin_notices(
+    registry: Arc<CapabilityRegistry>,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    prefix: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_notice = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        for (provider_id, left) in registry.twins().settle() {
+            tracing::warn!(
+                provider_id,
+                hostname = %left.hostname,
+                node_id = %left.node_id,
+                boot_id = %left.boot_id,
+                "provider conflict over: only one instance is left; its actions are accepted again"
+            );
+            send_conflict(&outbound, &prefix, &provider_id, vec![left], true);
+        }
+        if last_notice.elapsed() >= TWIN_NOTICE_PERIOD {
+            last_notice = Instant::now();
+            for (provider_id, instances) in registry.twins().conflicted() {
+                send_conflict(&outbound, &prefix, &provider_id, instances, false);
+            }
+        }
+    }
 }
 
 /// Register a provider and its capabilities from one MQTT message; the

@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use crate::events::EventBus;
 use crate::hearing::Hearing;
 use crate::store::{boot_changed, ProviderFilter, Store, StoreError, StoreResult};
+use crate::twins::{TwinSettings, TwinWatch};
 
 /// What the registry tells the lease engine. Implemented for
 /// [`crate::leases::LeaseEngine`] in `app.rs`; tests may use a recorder.
@@ -140,6 +141,8 @@ pub struct RegistrySettings {
     pub offline_after: Duration,
     /// Minimum spacing of health snapshots per capability (unless changed).
     pub snapshot_min_interval: Duration,
+    /// Twin detection ([`crate::twins`]).
+    pub twins: TwinSettings,
 }
 
 /// The registry service. Share it as `Arc<CapabilityRegistry>`.
@@ -152,6 +155,8 @@ pub struct CapabilityRegistry {
     /// Capabilities in a non-interruptible window, per provider, as last
     /// reported (so the engine hears only of changes).
     windows: Mutex<HashMap<String, HashSet<String>>>,
+    /// Providers heard from two instances at once.
+    twins: Arc<TwinWatch>,
     /// When each provider was last heard (registration, heartbeat,
     /// `online` status), on the monotonic clock: liveness compares these,
     /// never the stored `last_seen_at`, so a wall-clock step takes nobody
@@ -170,6 +175,7 @@ impl CapabilityRegistry {
         leases: Arc<dyn LeaseSync>,
         settings: RegistrySettings,
     ) -> Arc<Self> {
+        let twins = Arc::new(TwinWatch::new(settings.twins));
         Arc::new(Self {
             store,
             bus,
@@ -177,6 +183,7 @@ impl CapabilityRegistry {
             hooks: RwLock::new(Vec::new()),
             settings,
             windows: Mutex::new(HashMap::new()),
+            twins,
             heard: Mutex::new(HashMap::new()),
             started: Instant::now(),
         })
@@ -196,6 +203,12 @@ impl CapabilityRegistry {
     /// The event bus.
     pub fn bus(&self) -> &EventBus {
         &self.bus
+    }
+
+    /// Twin detection (read by the action path: a provider in conflict is
+    /// refused).
+    pub fn twins(&self) -> &Arc<TwinWatch> {
+        &self.twins
     }
 
     /// The timing settings.

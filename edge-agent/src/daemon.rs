@@ -24,7 +24,7 @@ use shared_protocol::capability::CapabilityRegistration;
 use shared_protocol::lease::PreemptNotice;
 use shared_protocol::mqtt::{
     ActionCancel, ActionCommand, Envelope, FenceRefusal, LeaseGranted, LeaseRevoked, MessageType,
-    OpenSession, RegisterAck, RegisterBody, SessionSync,
+    OpenSession, ProviderConflict, RegisterAck, RegisterBody, SessionSync,
 };
 use shared_protocol::provider::{HeartbeatRequest, ProviderFault, ProviderRegisterRequest};
 use shared_protocol::session::SessionStatus;
@@ -166,6 +166,7 @@ impl Daemon {
                 received: Arc::default(),
                 clock,
                 fences: Arc::default(),
+                boot_id: boot_id.clone(),
             },
             stop_rx.clone(),
         ));
@@ -438,6 +439,8 @@ struct Dispatcher {
     received: Arc<Mutex<Received>>,
     clock: Arc<RegistryClock>,
     fences: Arc<Mutex<Fences>>,
+    /// This start's boot id (to tell this instance from a twin).
+    boot_id: String,
 }
 
 /// Sessions this daemon got an `action_invoke` for since it started (the
@@ -695,6 +698,12 @@ impl Dispatcher {
                     Err(e) => tracing::warn!("malformed preempt_requested: {e}"),
                 }
             }
+            MessageType::ProviderConflict => {
+                match env.body_as::<ProviderConflict>(MessageType::ProviderConflict) {
+                    Ok(c) => self.provider_conflict(c),
+                    Err(e) => tracing::warn!("malformed provider_conflict: {e}"),
+                }
+            }
             MessageType::SessionSync => {
                 match env.body_as::<SessionSync>(MessageType::SessionSync) {
                     Ok(sync) => self.sync_sessions(sync.sessions).await,
@@ -772,6 +781,39 @@ impl Dispatcher {
         self.stop_superseded(&cmd.capability_id, &cmd.lease_id, superseded)
             .await;
         Ok(Instant::now() + left)
+    }
+
+    /// The registry hears this provider from more than one instance (or no
+    /// longer): say so, naming the others.
+    fn provider_conflict(&self, c: ProviderConflict) {
+        let others: Vec<String> = c
+            .instances
+            .iter()
+            .filter(|i| i.boot_id != self.boot_id)
+            .map(|i| {
+                format!(
+                    "host `{}` node `{}` (boot {}, heard {} ms ago)",
+                    i.hostname, i.node_id, i.boot_id, i.last_heard_ms_ago
+                )
+            })
+            .collect();
+        if c.resolved {
+            let me = c.instances.iter().any(|i| i.boot_id == self.boot_id);
+            tracing::warn!(
+                provider_id = %c.provider_id,
+                this_instance_left = me,
+                "the registry hears one instance of this provider again; actions are accepted again"
+            );
+        } else if others.is_empty() {
+            tracing::warn!(provider_id = %c.provider_id, "the registry reports a provider conflict naming only this instance");
+        } else {
+            tracing::error!(
+                provider_id = %c.provider_id,
+                boot_id = %self.boot_id,
+                others = %others.join("; "),
+                "another bench is connected with this provider id and token (a copied configuration?): the registry refuses actions on both until one is stopped; give each bench its own provider_id and token"
+            );
+        }
     }
 
     /// Whether `env` waited on its way here longer than [`STALE_TRANSIT`].

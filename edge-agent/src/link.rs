@@ -27,7 +27,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use rumqttc::{
@@ -476,10 +476,24 @@ impl MessageIdLru {
     }
 }
 
+/// A connection that lasted at least this long counts as a success that
+/// resets the reconnection backoff; one closed sooner does not (a broker
+/// closing it at once, as when another client takes the same client id).
+pub const STABLE_AFTER: Duration = Duration::from_secs(10);
+/// Connections in a row closed within [`STABLE_AFTER`] after which the
+/// bench suspects a twin and waits up to [`TAKEOVER_CAP`] between tries.
+pub const TAKEOVERS_TO_SUSPECT: u32 = 3;
+/// Longest wait between tries while connections keep being taken over.
+pub const TAKEOVER_CAP: Duration = Duration::from_secs(30);
+
 async fn poll_loop(mut ctx: PollCtx) {
     let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP);
     let mut dedup = MessageIdLru::new(DEDUP_CAPACITY);
     let mut failures: u64 = 0;
+    // When the current connection was made, and how many in a row were
+    // closed within `STABLE_AFTER`.
+    let mut connected_at: Option<Instant> = None;
+    let mut short_lived: u32 = 0;
     loop {
         let event = tokio::select! {
             ev = ctx.eventloop.poll() => ev,
@@ -487,7 +501,8 @@ async fn poll_loop(mut ctx: PollCtx) {
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                backoff.reset();
+                // The backoff resets once this connection proves stable.
+                connected_at = Some(Instant::now());
                 failures = 0;
                 ctx.state.connected.store(true, Ordering::SeqCst);
                 ctx.state.connects.fetch_add(1, Ordering::SeqCst);
@@ -556,6 +571,27 @@ async fn poll_loop(mut ctx: PollCtx) {
                     let _ = ctx.events_tx.send(LinkEvent::Disconnected);
                 }
                 failures += 1;
+                match connected_at.take() {
+                    Some(at) if at.elapsed() < STABLE_AFTER => {
+                        short_lived += 1;
+                        if short_lived == TAKEOVERS_TO_SUSPECT {
+                            backoff = Backoff::new(BACKOFF_BASE * 8, TAKEOVER_CAP);
+                        }
+                        if short_lived >= TAKEOVERS_TO_SUSPECT {
+                            tracing::error!(
+                                commands_topic = %ctx.commands_topic,
+                                in_a_row = short_lived,
+                                "mqtt: the broker closed this bench's connection soon after it was made, again: another bench may be connected with the same provider id (client id); waiting up to {} s between tries",
+                                TAKEOVER_CAP.as_secs()
+                            );
+                        }
+                    }
+                    Some(_) => {
+                        short_lived = 0;
+                        backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP);
+                    }
+                    None => {}
+                }
                 let delay = backoff.next_delay();
                 log_connection_error(&e, was_connected, failures, delay);
                 tokio::select! {

@@ -210,6 +210,8 @@ wire_enum! {
         LeaseRevoked = "lease_revoked",
         /// `commands` topic: [`LeaseGranted`].
         LeaseGranted = "lease_granted",
+        /// `commands` topic: [`ProviderConflict`].
+        ProviderConflict = "provider_conflict",
         /// `commands` topic: [`SessionSync`].
         SessionSync = "session_sync",
         /// `results` topic: [`SessionUpdate`].
@@ -377,6 +379,36 @@ pub struct LeaseGranted {
 impl Validate for LeaseGranted {
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("capability_id", &self.capability_id)
+    }
+}
+
+/// One running instance of a provider, as the registry heard it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderInstance {
+    pub boot_id: String,
+    /// From its registration (empty until one arrived).
+    pub hostname: String,
+    pub node_id: String,
+    /// Milliseconds since the registry last heard it.
+    pub last_heard_ms_ago: u64,
+}
+
+/// Sent to a provider the registry hears from two instances at once (the
+/// same provider id and token on two benches: a copied configuration).
+/// While `resolved` is false the registry refuses actions on it; each
+/// instance logs the others. `resolved: true` says only one instance is
+/// left (`instances`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderConflict {
+    pub provider_id: String,
+    pub instances: Vec<ProviderInstance>,
+    #[serde(default)]
+    pub resolved: bool,
+}
+
+impl Validate for ProviderConflict {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_id("provider_id", &self.provider_id)
     }
 }
 

@@ -53,6 +53,21 @@ pub enum SessionError {
         capability_id: String,
     },
 
+    /// The provider is heard from two instances at once (a copied bench
+    /// configuration): an action could land on either bench, so none is
+    /// sent. HTTP 409 `provider_conflict`, `details.instances` naming
+    /// each instance's host, node and boot id.
+    #[error(
+        "provider `{provider_id}` of capability `{capability_id}` is connected from {} instances at once ({}); nothing was sent until only one is left",
+        instances.len(),
+        instances.iter().map(|i| format!("{} / {}", i.hostname, i.node_id)).collect::<Vec<_>>().join(", ")
+    )]
+    ProviderConflict {
+        provider_id: String,
+        capability_id: String,
+        instances: Vec<shared_protocol::mqtt::ProviderInstance>,
+    },
+
     /// The registry has no MQTT connection, so no command can reach a
     /// provider. HTTP 503 `control_plane_unavailable`.
     #[error("the registry is not connected to the MQTT broker; no command can be sent")]
@@ -208,6 +223,17 @@ impl From<SessionError> for ApiError {
                     "provider_id": provider_id,
                     "capability_id": capability_id,
                 })),
+            SessionError::ProviderConflict {
+                provider_id,
+                capability_id,
+                instances,
+            } => ApiError::new(StatusCode::CONFLICT, "provider_conflict", message).with_details(
+                json!({
+                    "provider_id": provider_id,
+                    "capability_id": capability_id,
+                    "instances": instances,
+                }),
+            ),
             SessionError::ControlPlaneDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "control_plane_unavailable",

@@ -110,6 +110,7 @@ use crate::leases::{LeaseEngine, LeaseError};
 use crate::mqtt::CommandSender;
 use crate::registry::{OfflineReason, ProviderHooks};
 use crate::store::Store;
+use crate::twins::TwinWatch;
 use deadlines::Deadlines;
 use store::{UpdateRefused, UploadRecorded, UploadRefused};
 
@@ -230,6 +231,7 @@ pub struct Sessions {
     store: Arc<dyn Store>,
     blobs: Arc<dyn BlobStore>,
     commands: OnceLock<CommandSender>,
+    twins: OnceLock<Arc<TwinWatch>>,
     cfg: SessionsConfig,
     /// Per capability, the sessions of non-interruptible actions (seed 001
     /// §6.4) sent and not yet ended: while there is one, the lease engine
@@ -449,6 +451,7 @@ impl Sessions {
             store,
             blobs,
             commands: OnceLock::new(),
+            twins: OnceLock::new(),
             cfg,
             windows: Mutex::new(HashMap::new()),
             shutdown: OnceLock::new(),
@@ -467,6 +470,12 @@ impl Sessions {
     /// `control_plane_unavailable`.
     pub fn attach_commands(&self, sender: CommandSender) {
         let _ = self.commands.set(sender);
+    }
+
+    /// Give the service the registry's twin detection (once): actions on
+    /// a provider in conflict are refused with 409 `provider_conflict`.
+    pub fn attach_twins(&self, twins: Arc<TwinWatch>) {
+        let _ = self.twins.set(twins);
     }
 
     /// Tell the service when it can hear providers (once; later calls are
@@ -632,6 +641,13 @@ impl Sessions {
             });
         }
         let provider_id = capability.provider_id.clone();
+        if let Some(instances) = self.twins.get().and_then(|t| t.conflict(&provider_id)) {
+            return Err(SessionError::ProviderConflict {
+                provider_id,
+                capability_id,
+                instances,
+            });
+        }
         let online = self
             .store
             .get_provider(&provider_id)
