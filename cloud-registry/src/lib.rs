@@ -5,7 +5,9 @@
 //! Module map (see docs/architecture.md):
 //! - [`db`]: SQLite on dedicated threads; [`events`]: the append-only event
 //!   log and live bus; [`auth`]: bearer tokens and roles; [`error`] /
-//!   [`extract`]: the JSON error body and validated JSON bodies.
+//!   [`extract`]: the JSON error body and validated JSON bodies;
+//!   [`fdlimit`]: the file-descriptor limit; [`http_server`]: the HTTP
+//!   listener (timeouts, connection cap).
 //! - [`agents`]: the agent runtime and the Earth command (seed 000).
 //! - [`app`]: composition ([`app::Registry::start`]); [`config`]: the TOML
 //!   file; [`store`]: providers, capabilities, health history behind the
@@ -27,8 +29,10 @@ pub mod db;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod fdlimit;
 pub mod follow;
 pub mod hearing;
+pub mod http_server;
 pub mod ids;
 pub mod leases;
 pub mod mqtt;
