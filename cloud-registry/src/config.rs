@@ -993,6 +993,24 @@ hardware = \"not_listed\"
     }
 
     #[test]
+    fn http_timeouts_and_the_connection_cap_are_bounded() {
+        let cfg = Config::parse(
+            "[http]\nheader_read_timeout_ms = 2000\nbody_read_timeout_ms = 100\nmax_connections = 1\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.http.header_read_timeout_ms, 2000);
+        assert_eq!(cfg.http.max_connections, 1);
+        assert_eq!(
+            keys("[http]\nheader_read_timeout_ms = 99\nbody_read_timeout_ms = 3600001\nmax_connections = 0\n"),
+            [
+                (Some(2), "http.header_read_timeout_ms".to_string()),
+                (Some(3), "http.body_read_timeout_ms".into()),
+                (Some(4), "http.max_connections".into()),
+            ]
+        );
+    }
+
+    #[test]
     fn the_shipped_example_config_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/cloud-registry.toml");
         Config::load(&path).unwrap();
