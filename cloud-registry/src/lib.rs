@@ -13,7 +13,8 @@
 //!   file; [`store`]: providers, capabilities, health history behind the
 //!   [`store::Store`] trait; [`registry`]: registration and liveness shared
 //!   by HTTP and MQTT; [`api`]: the HTTP handlers; [`broker`] / [`mqtt`]:
-//!   the embedded broker and the registry's MQTT client; [`follow`]:
+//!   the embedded broker and the registry's MQTT client; [`broker_log`]:
+//!   the broker's oversized-packet reports in the registry's log; [`follow`]:
 //!   lossless ordered reading of the event log (SSE, command forwarding).
 //! - [`sessions`]: actions on leased capabilities, their sessions and
 //!   artifacts (bytes in a content-addressed blob store).
@@ -24,6 +25,7 @@ pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod broker;
+pub mod broker_log;
 pub mod config;
 pub mod db;
 pub mod error;

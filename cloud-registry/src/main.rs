@@ -227,9 +227,13 @@ fn init_logging(json: bool) {
     } else {
         layer.boxed()
     };
+    use cloud_registry::broker_log::OversizedPacketLayer;
+    use tracing_subscriber::filter::FilterExt;
+    // Per-layer filters: the broker's oversized-packet report is seen by
+    // its own layer even while rumqttd's log is off (see broker_log).
     tracing_subscriber::registry()
-        .with(layer.with_filter(tracing_subscriber::filter::filter_fn(keep_in_log)))
-        .with(filter)
+        .with(layer.with_filter(filter.and(tracing_subscriber::filter::filter_fn(keep_in_log))))
+        .with(OversizedPacketLayer::with_log_thread().with_filter(OversizedPacketLayer::filter()))
         .init();
 }
 

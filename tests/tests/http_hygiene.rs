@@ -2,7 +2,9 @@
 //! `cloud-registry` binary over real TCP: half-sent request heads neither
 //! exhaust its file descriptors nor stall `/healthz`, and are closed by the
 //! header-read timeout; a stalled body is refused with 408; the connection
-//! cap holds; an event stream outlives every timeout.
+//! cap holds; an event stream outlives every timeout. And the embedded
+//! broker's one hygiene message kept at the default log level: a client's
+//! packet over the size limit, with its client id.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -16,6 +18,7 @@ use benchlink_e2e::{free_port, wait_for, Proc};
 struct Registry {
     proc: Proc,
     addr: SocketAddr,
+    mqtt: SocketAddr,
     log: PathBuf,
     admin_token: String,
     _dir: tempfile::TempDir,
@@ -42,10 +45,13 @@ impl Registry {
         .unwrap();
         let log = root.join("registry.log");
         let mut cmd = child_command("cloud-registry", &log).unwrap();
+        // The default log level, whatever the test's environment says.
+        cmd.env_remove("RUST_LOG");
         cmd.args(["serve", "--config"]).arg(&config);
         let (proc, ready) =
             Proc::start_ready("cloud-registry", cmd, Duration::from_secs(30)).unwrap();
         let addr: SocketAddr = ready["http"].as_str().unwrap().parse().unwrap();
+        let mqtt: SocketAddr = ready["mqtt"].as_str().unwrap().parse().unwrap();
         let admin_token = std::fs::read_to_string(root.join("admin.token"))
             .unwrap()
             .trim()
@@ -53,6 +59,7 @@ impl Registry {
         Registry {
             proc,
             addr,
+            mqtt,
             log,
             admin_token,
             _dir: dir,
@@ -320,5 +327,59 @@ fn a_stalled_body_gets_408_and_an_event_stream_outlives_the_timeouts() {
     assert!(
         events.contains("bench-hygiene"),
         "no event on the stream: {events}"
+    );
+}
+
+#[test]
+fn a_packet_over_the_broker_limit_is_logged_with_the_client_id() {
+    const CLIENT_ID: &str = "oversized-sender-7";
+    let reg = Registry::start("");
+    let mut opts = rumqttc::MqttOptions::new(CLIENT_ID, reg.mqtt.ip().to_string(), reg.mqtt.port());
+    opts.set_credentials("bootstrap-admin", reg.admin_token.clone());
+    opts.set_max_packet_size(64 * 1024, 8 * 1024 * 1024);
+    let (client, mut connection) = rumqttc::Client::new(opts, 10);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for ev in connection.iter() {
+            let end = ev.is_err();
+            if tx.send(format!("{ev:?}")).is_err() || end {
+                break;
+            }
+        }
+    });
+    let connack = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(connack.contains("ConnAck"), "{connack}");
+    // Over the broker's limit: http.body_limit_bytes, 1 MiB by default.
+    client
+        .publish(
+            "benchlink/v1/providers/oversized-sender-7/results",
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            vec![b'x'; 1024 * 1024 + 100],
+        )
+        .unwrap();
+    let line = wait_log(&reg, "the oversized packet's warning", |l| {
+        l.contains("WARN") && l.contains("over the size limit")
+    });
+    println!("{line}");
+    assert!(
+        line.contains(&format!("client_id=\"{CLIENT_ID}\""))
+            || line.contains(&format!("client_id={CLIENT_ID}")),
+        "{line}"
+    );
+    assert!(line.contains("limit_bytes=1048576"), "{line}");
+    // The broker closed the sender's connection.
+    let closed = wait_for(
+        Duration::from_secs(10),
+        "the sender to be disconnected",
+        || rx.try_iter().find(|e| e.starts_with("Err")),
+    )
+    .unwrap();
+    println!("sender: {closed}");
+    // rumqttd's other messages stay out of the log.
+    assert!(
+        !reg.log_text().contains("rumqttd"),
+        "the broker's own log leaked: {}",
+        reg.log_text()
     );
 }
