@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::capability::CapabilityAction;
-use crate::validate::{check_range, Validate, ValidationError};
+use crate::validate::limits::MAX_OBJECT_ENTRIES;
+use crate::validate::{check_count, check_range, Validate, ValidationError};
 use crate::Timestamp;
 
 wire_enum! {
@@ -90,7 +91,7 @@ impl Validate for ActionInvokeRequest {
         if let Some(t) = self.timeout_ms {
             check_range("timeout_ms", t, 1, MAX_TIMEOUT_MS)?;
         }
-        Ok(())
+        check_count("params", self.params.len(), MAX_OBJECT_ENTRIES)
     }
 }
 
