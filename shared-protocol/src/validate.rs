@@ -64,8 +64,9 @@ pub mod limits {
     /// capabilities together.
     pub const MAX_GROUP_MEMBERS: usize = 32;
     /// Top-level entries of a free-form object: `metadata_json`,
-    /// `constraints_json`, health `metrics`, action `params`, an Earth
-    /// viewport's extra fields.
+    /// `constraints_json`, health `metrics`, an Earth viewport's extra
+    /// fields. (An action's `params` is bounded in bytes instead: the body
+    /// limit and the MQTT packet limit of its command.)
     pub const MAX_OBJECT_ENTRIES: usize = 256;
     /// `artifacts` of one session update (an edge's update is at most
     /// 256 KiB, a few hundred artifacts).

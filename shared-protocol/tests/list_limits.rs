@@ -255,12 +255,11 @@ fn audit_requests_and_results_are_bounded() {
 }
 
 #[test]
-fn actions_session_updates_and_earth_commands_are_bounded() {
-    limit_holds::<ActionInvokeRequest>(
-        "params",
-        MAX_OBJECT_ENTRIES,
-        |n| json!({"action": "snapshot", "params": object(n)}),
-    );
+fn session_updates_and_earth_commands_are_bounded_action_params_are_not() {
+    // An action's params are bounded in bytes only (body and MQTT packet
+    // limits): many small entries still parse.
+    let params = json!({"action": "snapshot", "params": object(20_000)});
+    parse_json::<ActionInvokeRequest>(&serde_json::to_vec(&params).unwrap()).unwrap();
     let artifact = |i: usize| {
         json!({"artifact_id": format!("a{i}"), "session_id": "s1", "artifact_type": "image",
                "storage_uri": "edge-outbox://bench-1/a", "content_type": "image/jpeg",
