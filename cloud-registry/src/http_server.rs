@@ -46,6 +46,13 @@ pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(ACCEPT_BACKLOG)
 }
 
+/// How long connections may take to finish once the registry stops: then
+/// they are closed, whatever they are doing. Without it a client holding
+/// half a request head would delay the stop by up to the header-read
+/// timeout. Below the 10 s [`crate::app::RunningRegistry::shutdown`] gives
+/// the HTTP server.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
 /// How the listener treats its connections (from `[http]`).
 #[derive(Debug, Clone, Copy)]
 pub struct HttpLimits {
@@ -61,8 +68,8 @@ pub struct HttpLimits {
 
 /// Serve `app` on `listener` until `shutdown` turns true, then stop
 /// accepting, let in-flight requests finish (hyper's graceful shutdown:
-/// idle connections close at once) and return when every connection is
-/// closed. Never returns an error: a failed accept (out of file
+/// idle connections close at once; any still open [`SHUTDOWN_DRAIN`]
+/// later are closed) and return when every connection is closed. Never returns an error: a failed accept (out of file
 /// descriptors, say) is logged (rate-limited) and retried after 100 ms.
 pub async fn serve(
     listener: TcpListener,
@@ -145,6 +152,8 @@ pub async fn serve(
                 .with_upgrades();
             tokio::pin!(conn);
             let mut stopping = false;
+            let drain = tokio::time::sleep(Duration::MAX);
+            tokio::pin!(drain);
             loop {
                 tokio::select! {
                     served = conn.as_mut() => {
@@ -156,6 +165,11 @@ pub async fn serve(
                     _ = stop.wait_for(|s| *s), if !stopping => {
                         stopping = true;
                         conn.as_mut().graceful_shutdown();
+                        drain.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_DRAIN);
+                    }
+                    _ = &mut drain, if stopping => {
+                        tracing::debug!(%peer, "HTTP connection closed at the end of the shutdown drain");
+                        break;
                     }
                 }
             }

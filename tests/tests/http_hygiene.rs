@@ -383,3 +383,23 @@ fn a_packet_over_the_broker_limit_is_logged_with_the_client_id() {
         reg.log_text()
     );
 }
+
+#[test]
+fn a_half_sent_head_does_not_hold_up_the_registrys_stop() {
+    let mut reg = Registry::start("header_read_timeout_ms = 60000\n");
+    let _held = half_sent_heads(reg.addr, 3);
+    let (status, _) = healthz(reg.addr, Duration::from_secs(5));
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let started = Instant::now();
+    let code = reg.proc.terminate(Duration::from_secs(20));
+    let took = started.elapsed();
+    println!("stopped {took:?} after SIGTERM with 3 half-sent heads open");
+    assert_eq!(code, Some(0), "the registry did not exit by itself");
+    // The shutdown drain (5 s) closes them, not the 60 s header timeout.
+    assert!(took < Duration::from_secs(9), "stop took {took:?}");
+    assert!(
+        !reg.log_text().contains("did not finish"),
+        "{}",
+        reg.log_text()
+    );
+}
