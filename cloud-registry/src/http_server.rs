@@ -69,8 +69,10 @@ pub struct HttpLimits {
 /// Serve `app` on `listener` until `shutdown` turns true, then stop
 /// accepting, let in-flight requests finish (hyper's graceful shutdown:
 /// idle connections close at once; any still open [`SHUTDOWN_DRAIN`]
-/// later are closed) and return when every connection is closed. Never returns an error: a failed accept (out of file
-/// descriptors, say) is logged (rate-limited) and retried after 100 ms.
+/// later are closed) and return when every connection is closed.
+///
+/// Never returns an error: a failed accept (out of file descriptors, say)
+/// is logged (rate-limited) and retried after 100 ms.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -81,22 +83,14 @@ pub async fn serve(
     // Every connection task holds a clone of `open_rx`; `open_tx.closed()`
     // resolves once they all ended.
     let (open_tx, open_rx) = watch::channel(());
-    let mut last_warn: Option<Instant> = None;
-    let mut may_warn = move || {
-        let now = Instant::now();
-        let due = last_warn.is_none_or(|t| now.duration_since(t) >= WARN_INTERVAL);
-        if due {
-            last_warn = Some(now);
-        }
-        due
-    };
+    let (mut cap_warned, mut accept_warned) = (None, None);
     loop {
         // Take a slot before accepting: beyond the cap, connections wait
         // in the kernel's backlog instead of holding a descriptor here.
         let permit = match slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                if may_warn() {
+                if warn_due(&mut cap_warned) {
                     tracing::warn!(
                         max_connections = limits.max_connections,
                         "HTTP connection cap reached (`http.max_connections`); \
@@ -120,7 +114,7 @@ pub async fn serve(
             Ok(a) => a,
             Err(e) => {
                 if !is_connection_error(&e) {
-                    if may_warn() {
+                    if warn_due(&mut accept_warned) {
                         tracing::warn!(error = %e, "cannot accept an HTTP connection; retrying");
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -180,6 +174,17 @@ pub async fn serve(
     drop(open_rx);
     drop(listener);
     open_tx.closed().await;
+}
+
+/// True when the warning last given at `last` (monotonic clock) is at
+/// least [`WARN_INTERVAL`] old, or was never given; then `last` is now.
+fn warn_due(last: &mut Option<Instant>) -> bool {
+    let now = Instant::now();
+    let due = last.is_none_or(|t| now.duration_since(t) >= WARN_INTERVAL);
+    if due {
+        *last = Some(now);
+    }
+    due
 }
 
 /// Errors of one connection (the client gave up before the accept): not
