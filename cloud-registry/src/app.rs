@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::serve::ListenerExt;
 use axum::{Extension, Router};
 use rusqlite::Connection;
 use serde_json::json;
@@ -243,6 +242,42 @@ pub fn build_router(state: ApiState, features: Router, body_limit_bytes: usize) 
         .layer(Extension(auth))
 }
 
+/// The listener's limits from `[http]`, with `max_connections` lowered to
+/// what the file-descriptor limit leaves after [`crate::config::FD_RESERVE`]
+/// (logged when it is). Raises the soft `RLIMIT_NOFILE` to the hard limit
+/// first and logs both figures.
+fn http_limits(config: &Config) -> crate::http_server::HttpLimits {
+    let wanted = config.http.max_connections;
+    let mut max_connections = wanted;
+    match crate::fdlimit::raise_nofile_to_hard() {
+        Ok(nofile) => {
+            let room = nofile.saturating_sub(crate::config::FD_RESERVE).max(1);
+            if (wanted as u64) > room {
+                max_connections = room as usize;
+                tracing::warn!(
+                    nofile,
+                    max_connections,
+                    configured = wanted,
+                    reserve = crate::config::FD_RESERVE,
+                    "the file-descriptor limit leaves room for fewer HTTP connections \
+                     than `http.max_connections`; raise LimitNOFILE"
+                );
+            }
+            tracing::info!(
+                nofile,
+                max_connections,
+                "file-descriptor limit (RLIMIT_NOFILE)"
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the file-descriptor limit"),
+    }
+    crate::http_server::HttpLimits {
+        header_read_timeout: Duration::from_millis(config.http.header_read_timeout_ms),
+        body_read_timeout: Duration::from_millis(config.http.body_read_timeout_ms),
+        max_connections,
+    }
+}
+
 /// Entry point for starting the registry in-process or from `main`.
 pub struct Registry;
 
@@ -287,9 +322,8 @@ impl Registry {
     /// Errors: database, ports in use, embedded broker not coming up.
     pub async fn start(config: Config) -> Result<RunningRegistry, AppError> {
         // Bind first: a taken port fails before anything else starts.
-        let listener = tokio::net::TcpListener::bind(config.http.listen)
-            .await
-            .map_err(|source| AppError::Io {
+        let listener =
+            crate::http_server::bind(config.http.listen).map_err(|source| AppError::Io {
                 what: format!("cannot listen for HTTP on {}", config.http.listen),
                 source,
             })?;
@@ -477,24 +511,13 @@ impl Registry {
             .merge(Router::new().nest("/api/v1", audit::router(audit.clone())))
             .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())));
         let app = build_router(state, features, config.http.body_limit_bytes);
-        let mut http_stop = shutdown_rx.clone();
-        let http = tokio::spawn(async move {
-            // Small JSON answers and event-stream lines go out at once
-            // instead of waiting for the client's delayed ACK (Nagle).
-            let listener = listener.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
-                }
-            });
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = http_stop.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "HTTP server failed");
-            }
-        });
+        let limits = http_limits(&config);
+        let http = tokio::spawn(crate::http_server::serve(
+            listener,
+            app,
+            limits,
+            shutdown_rx.clone(),
+        ));
         let mut background = vec![tokio::spawn(
             registry
                 .clone()

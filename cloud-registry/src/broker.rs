@@ -138,6 +138,7 @@ impl EmbeddedBroker {
             password: crate::auth::new_token(),
         };
         let registry_hash = digest(&login.password);
+        crate::broker_log::set_broker_packet_limit(max_payload_bytes);
         let registry_user = login.username.clone();
         let mut connections = ConnectionSettings {
             connection_timeout_ms: 10_000,

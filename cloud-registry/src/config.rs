@@ -114,13 +114,52 @@ pub struct HttpConfig {
     /// Largest accepted request body, bytes; larger bodies get
     /// 413 `body_too_large`. Default 1 MiB.
     pub body_limit_bytes: usize,
+    /// Longest wait for a request head (request line and headers), ms,
+    /// counted from when the registry starts reading it: on a new
+    /// connection from its accept, on a kept-alive one from the end of the
+    /// previous response, so it is also the idle keep-alive timeout. A
+    /// client that has not sent a whole head by then is disconnected
+    /// without an answer. Default 10 000; 100 to 3 600 000.
+    pub header_read_timeout_ms: u64,
+    /// Longest pause in a request body, ms: a body that sends nothing for
+    /// this long while the registry waits for it is refused (JSON bodies:
+    /// 408 `body_read_timeout`; artifact uploads: the upload fails as cut
+    /// short) and the connection closed. It measures inactivity, not the
+    /// whole body: an artifact upload of any length runs as long as bytes
+    /// keep coming. Default 30 000; 100 to 3 600 000.
+    pub body_read_timeout_ms: u64,
+    /// Most HTTP connections served at once. Further connections wait in
+    /// the kernel's accept backlog until one closes (a warning is logged
+    /// at most once a minute while the cap is reached). Each connection
+    /// holds one file descriptor: keep this below the process's
+    /// `RLIMIT_NOFILE` (the registry raises its soft limit to the hard one
+    /// at start and logs both figures), leaving room for SQLite (a few per
+    /// store), the artifact files being written, the embedded broker's
+    /// listener and one per MQTT client (every provider), and the Earth
+    /// data: when the limit is under `max_connections` + [`FD_RESERVE`],
+    /// the registry serves at most limit − [`FD_RESERVE`] connections and
+    /// logs a warning saying so. Default 4 096; 1 to 1 000 000.
+    pub max_connections: usize,
 }
+
+/// File descriptors kept free beyond `http.max_connections` for SQLite,
+/// artifact files, the broker and the providers' MQTT connections.
+pub const FD_RESERVE: u64 = 1024;
+
+/// Largest `http.max_connections`.
+const MAX_CONNECTIONS_BOUND: usize = 1_000_000;
+
+/// Bounds of `http.header_read_timeout_ms` and `http.body_read_timeout_ms`, ms.
+const HTTP_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             body_limit_bytes: 1024 * 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            max_connections: 4096,
         }
     }
 }
@@ -371,6 +410,30 @@ impl Config {
         // [http]
         if self.http.body_limit_bytes < 1024 {
             bad("http.body_limit_bytes", "must be at least 1024".into());
+        }
+        for (key, v) in [
+            (
+                "http.header_read_timeout_ms",
+                self.http.header_read_timeout_ms,
+            ),
+            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
+        ] {
+            if !HTTP_TIMEOUT_RANGE_MS.contains(&v) {
+                bad(
+                    key,
+                    format!(
+                        "must be from {} to {} (ms)",
+                        HTTP_TIMEOUT_RANGE_MS.start(),
+                        HTTP_TIMEOUT_RANGE_MS.end()
+                    ),
+                );
+            }
+        }
+        if !(1..=MAX_CONNECTIONS_BOUND).contains(&self.http.max_connections) {
+            bad(
+                "http.max_connections",
+                format!("must be from 1 to {MAX_CONNECTIONS_BOUND}"),
+            );
         }
         // [store]
         check_path(
@@ -940,6 +1003,24 @@ hardware = \"not_listed\"
         cfg.store.path = PathBuf::new();
         let keys: Vec<String> = cfg.problems().into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, ["store.path", "heartbeat.offline_after_missed"]);
+    }
+
+    #[test]
+    fn http_timeouts_and_the_connection_cap_are_bounded() {
+        let cfg = Config::parse(
+            "[http]\nheader_read_timeout_ms = 2000\nbody_read_timeout_ms = 100\nmax_connections = 1\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.http.header_read_timeout_ms, 2000);
+        assert_eq!(cfg.http.max_connections, 1);
+        assert_eq!(
+            keys("[http]\nheader_read_timeout_ms = 99\nbody_read_timeout_ms = 3600001\nmax_connections = 0\n"),
+            [
+                (Some(2), "http.header_read_timeout_ms".to_string()),
+                (Some(3), "http.body_read_timeout_ms".into()),
+                (Some(4), "http.max_connections".into()),
+            ]
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! field-naming validation instead of axum's generic JSON errors.
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::HeaderMap;
@@ -15,6 +16,7 @@ use crate::error::ApiError;
 /// JSON object is 400 `invalid_request`, a bad field (missing, unknown
 /// value, wrong JSON type, out of range) is 422 `invalid_field` with
 /// `details.field`, a body over the router's limit is 413 `body_too_large`,
+/// a body that stalls is 408 `body_read_timeout`,
 /// a `Content-Type` other than JSON (see [`is_json_content_type`]) is 415
 /// `unsupported_media_type`.
 pub struct ValidJson<T>(pub T);
@@ -37,6 +39,24 @@ pub fn body_too_large(limit: Option<BodyLimit>) -> ApiError {
         "body_too_large",
         message,
     )
+}
+
+/// The answer to a request body that could not be read: 413
+/// `body_too_large` over the limit, 408 `body_read_timeout` when the client
+/// paused longer than `http.body_read_timeout_ms`, 400 otherwise.
+pub fn body_read_error(e: BytesRejection, limit: Option<BodyLimit>) -> ApiError {
+    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        return body_too_large(limit);
+    }
+    if crate::http_server::is_body_timeout(&e) {
+        return ApiError::new(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            "body_read_timeout",
+            "the request body stopped arriving for longer than the registry waits \
+             (`http.body_read_timeout_ms`)",
+        );
+    }
+    ApiError::bad_request(e.body_text())
 }
 
 /// True when `headers` declare a JSON body: the media type of
@@ -72,14 +92,9 @@ where
             ));
         }
         let limit = req.extensions().get::<BodyLimit>().copied();
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let status = e.status();
-            if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                body_too_large(limit)
-            } else {
-                ApiError::bad_request(e.body_text())
-            }
-        })?;
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| body_read_error(e, limit))?;
         Ok(ValidJson(parse_object(&bytes)?))
     }
 }

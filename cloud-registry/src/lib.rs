@@ -5,13 +5,16 @@
 //! Module map (see docs/architecture.md):
 //! - [`db`]: SQLite on dedicated threads; [`events`]: the append-only event
 //!   log and live bus; [`auth`]: bearer tokens and roles; [`error`] /
-//!   [`extract`]: the JSON error body and validated JSON bodies.
+//!   [`extract`]: the JSON error body and validated JSON bodies;
+//!   [`fdlimit`]: the file-descriptor limit; [`http_server`]: the HTTP
+//!   listener (timeouts, connection cap).
 //! - [`agents`]: the agent runtime and the Earth command (seed 000).
 //! - [`app`]: composition ([`app::Registry::start`]); [`config`]: the TOML
 //!   file; [`store`]: providers, capabilities, health history behind the
 //!   [`store::Store`] trait; [`registry`]: registration and liveness shared
 //!   by HTTP and MQTT; [`api`]: the HTTP handlers; [`broker`] / [`mqtt`]:
-//!   the embedded broker and the registry's MQTT client; [`follow`]:
+//!   the embedded broker and the registry's MQTT client; [`broker_log`]:
+//!   the broker's oversized-packet reports in the registry's log; [`follow`]:
 //!   lossless ordered reading of the event log (SSE, command forwarding).
 //! - [`sessions`]: actions on leased capabilities, their sessions and
 //!   artifacts (bytes in a content-addressed blob store).
@@ -22,13 +25,16 @@ pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod broker;
+pub mod broker_log;
 pub mod config;
 pub mod db;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod fdlimit;
 pub mod follow;
 pub mod hearing;
+pub mod http_server;
 pub mod ids;
 pub mod leases;
 pub mod mqtt;

@@ -227,32 +227,45 @@ fn init_logging(json: bool) {
     } else {
         layer.boxed()
     };
+    use cloud_registry::broker_log::OversizedPacketLayer;
+    use tracing_subscriber::filter::FilterExt;
+    // Per-layer filters: the broker's oversized-packet report is seen by
+    // its own layer even while rumqttd's log is off (see broker_log).
     tracing_subscriber::registry()
-        .with(layer.with_filter(tracing_subscriber::filter::filter_fn(keep_in_log)))
-        .with(filter)
+        .with(layer.with_filter(filter.and(tracing_subscriber::filter::filter_fn(keep_in_log))))
+        .with(OversizedPacketLayer::with_log_thread().with_filter(OversizedPacketLayer::filter()))
         .init();
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// A future that resolves on SIGINT or SIGTERM. The handlers are installed
+/// when this is called, not when the future is first polled, so a signal
+/// sent right after the ready line is printed is not the default
+/// disposition (which would kill the process without a clean stop).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            match (term, int) {
+                (Some(mut term), Some(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -265,11 +278,13 @@ async fn serve(config: PathBuf, token_file: Option<PathBuf>) -> anyhow::Result<(
     let running = Registry::start(cfg)
         .await
         .context("starting the registry")?;
+    // Before the ready line: whoever reads it may stop us at once.
+    let stop = shutdown_signal();
     // Nobody reading the ready line is no reason to stop serving.
     if let Err(e) = print_out(&running.ready_line()) {
         tracing::warn!(error = %e, "cannot write the ready line to stdout");
     }
-    shutdown_signal().await;
+    stop.await;
     tracing::info!("shutdown signal received");
     quiet_broker_for_shutdown();
     running.shutdown().await;

@@ -549,6 +549,17 @@ impl LinkFlags {
     }
 }
 
+/// The size in bytes of a packet the broker sent over the client's
+/// `max_packet_bytes`, when that is why the connection failed.
+fn oversized_packet(e: &rumqttc::ConnectionError) -> Option<usize> {
+    match e {
+        rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+            rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(bytes),
+        )) => Some(*bytes),
+        _ => None,
+    }
+}
+
 async fn run_event_loop(
     mut eventloop: EventLoop,
     client: AsyncClient,
@@ -583,8 +594,22 @@ async fn run_event_loop(
             }
             Ok(_) => {}
             Err(e) => {
-                if link.down() {
+                let was_up = link.down();
+                if was_up {
                     let _ = outbound.send(Outbound::Disconnected);
+                }
+                if let Some(bytes) = oversized_packet(&e) {
+                    // The broker relayed a message larger than our limit:
+                    // rumqttc drops the connection. Who published it is
+                    // not known here (the broker logs its own clients'
+                    // oversized packets).
+                    tracing::warn!(
+                        packet_bytes = bytes,
+                        limit_bytes = eventloop.mqtt_options.max_packet_size(),
+                        "MQTT packet from the broker over the size limit; the registry's \
+                         client dropped the connection and reconnects"
+                    );
+                } else if was_up {
                     tracing::warn!(error = %e, "MQTT connection lost; reconnecting");
                 } else {
                     tracing::debug!(error = %e, "MQTT connect failed; retrying");

@@ -2281,3 +2281,67 @@ async fn a_path_parameter_that_does_not_parse_is_a_json_400() {
     assert_error(&r, StatusCode::BAD_REQUEST, "invalid_path");
     reg.shutdown().await;
 }
+
+/// A provider with 10,000 labels, or a capability with 10,000 tags, is
+/// refused with 422 naming the list and its limit, and nothing of the
+/// request is stored (not the provider, not the batch's other capability).
+#[tokio::test]
+async fn ten_thousand_labels_or_tags_are_refused_and_nothing_is_stored() {
+    let dir = TempDir::new().unwrap();
+    let reg = start(test_config(&dir)).await;
+    let api = Api::new(&reg.base_url());
+    let token = new_token(&reg, Role::Provider, "provider-big-01").await;
+    let many: Vec<String> = (0..10_000).map(|i| format!("t{i}")).collect();
+
+    let mut provider = provider_body("provider-big-01");
+    provider["labels"] = json!(many);
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some(&token),
+            &provider,
+        )
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(r.1["error"]["details"]["field"], "labels", "{}", r.1);
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(message.contains("at most 64"), "{message}");
+    let r = api
+        .get("/api/v1/capability-providers/provider-big-01", Some(&token))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+
+    let r = api
+        .post(
+            "/api/v1/capability-providers/register",
+            Some(&token),
+            &provider_body("provider-big-01"),
+        )
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let mut batch = capabilities_body("provider-big-01", "");
+    batch["capabilities"][0]["tags"] = json!(many);
+    let r = api
+        .post("/api/v1/capabilities/register", Some(&token), &batch)
+        .await;
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
+    assert_eq!(
+        r.1["error"]["details"]["field"], "capabilities[0].tags",
+        "{}",
+        r.1
+    );
+    let message = r.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tags") && message.contains("at most 64"),
+        "{message}"
+    );
+    for id in ["cam-front-01", "thumb-robot-01"] {
+        let r = api
+            .get(&format!("/api/v1/capabilities/{id}"), Some(&token))
+            .await;
+        assert_error(&r, StatusCode::NOT_FOUND, "not_found");
+    }
+    let (s, list) = api.get("/api/v1/capabilities", Some(&token)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(list["capabilities"], json!([]), "{list}");
+}

@@ -38,6 +38,9 @@ use shared_protocol::artifact::ArtifactType;
 use shared_protocol::capability::{CapabilityType, LeaseMode};
 use shared_protocol::mqtt::DEFAULT_TOPIC_PREFIX;
 use shared_protocol::validate::check_id;
+use shared_protocol::validate::limits::{
+    MAX_CAPABILITIES_PER_BATCH, MAX_EVIDENCE_MODES, MAX_PROVIDER_LABELS, MAX_TAGS,
+};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -546,6 +549,17 @@ fn resolve(
         Some(h) => h,
         None => system_hostname(),
     };
+    // The registry refuses a registration over its list limits: say so
+    // here, before the daemon starts.
+    if p.labels.len() > MAX_PROVIDER_LABELS {
+        v.issue(
+            "provider.labels",
+            format!(
+                "has {} entries; at most {MAX_PROVIDER_LABELS} are allowed",
+                p.labels.len()
+            ),
+        );
+    }
     let provider = ProviderConfig {
         provider_id: p.provider_id,
         node_id: p.node_id,
@@ -677,6 +691,15 @@ fn resolve(
     };
 
     // [[capabilities]]
+    if raw.capabilities.len() > MAX_CAPABILITIES_PER_BATCH {
+        v.issue(
+            "capabilities",
+            format!(
+                "has {} entries; at most {MAX_CAPABILITIES_PER_BATCH} are registered at once",
+                raw.capabilities.len()
+            ),
+        );
+    }
     let mut seen = HashSet::new();
     let mut capabilities = Vec::with_capacity(raw.capabilities.len());
     for (i, c) in raw.capabilities.into_iter().enumerate() {
@@ -684,6 +707,26 @@ fn resolve(
         v.id(&at("id"), &c.id);
         if !seen.insert(c.id.clone()) {
             v.issue(at("id"), format!("capability id `{}` is used twice", c.id));
+        }
+        if c.tags.len() > MAX_TAGS {
+            v.issue(
+                at("tags"),
+                format!(
+                    "has {} entries; at most {MAX_TAGS} are allowed",
+                    c.tags.len()
+                ),
+            );
+        }
+        if let Some(modes) = &c.evidence_modes {
+            if modes.len() > MAX_EVIDENCE_MODES {
+                v.issue(
+                    at("evidence_modes"),
+                    format!(
+                        "has {} entries; at most {MAX_EVIDENCE_MODES} are allowed",
+                        modes.len()
+                    ),
+                );
+            }
         }
         let default_priority = match c.default_priority {
             None => None,

@@ -380,3 +380,24 @@ fn the_shipped_example_config_passes_check_config() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn labels_and_tags_over_the_registrys_limits_are_refused_here() {
+    let labels: Vec<String> = (0..65).map(|i| format!("\"l{i}\"")).collect();
+    let text = GOOD.replace(
+        r#"labels = ["lab", "hardware-test"]"#,
+        &format!("labels = [{}]", labels.join(", ")),
+    );
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "provider.labels", "{issue:?}");
+    assert!(issue.message.contains("at most 64"), "{issue:?}");
+
+    let tags: Vec<String> = (0..65).map(|i| format!("\"t{i}\"")).collect();
+    let text = GOOD.replace(
+        r#"tags = ["front"]"#,
+        &format!("tags = [{}]", tags.join(", ")),
+    );
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "capabilities[0].tags", "{issue:?}");
+    assert!(issue.message.contains("at most 64"), "{issue:?}");
+}

@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::validate::{check_id, Validate, ValidationError};
+use crate::validate::limits::MAX_OBJECT_ENTRIES;
+use crate::validate::{check_count, check_id, Validate, ValidationError};
 use crate::Timestamp;
 
 wire_enum! {
@@ -55,7 +56,11 @@ impl Validate for CapabilityArtifact {
                 "must be 64 lowercase hex digits (sha256)",
             ));
         }
-        Ok(())
+        check_count(
+            "metadata_json",
+            self.metadata_json.len(),
+            MAX_OBJECT_ENTRIES,
+        )
     }
 }
 

@@ -5,7 +5,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::capability::CapabilityRequirement;
-use crate::validate::{check_id, check_range, validate_each, Validate, ValidationError};
+use crate::validate::limits::{MAX_AUDIT_LIST_ITEMS, MAX_GROUP_MEMBERS, MAX_OBJECT_ENTRIES};
+use crate::validate::{
+    check_count, check_id, check_opt_count, check_range, validate_each, Validate, ValidationError,
+};
 use crate::Timestamp;
 
 wire_enum! {
@@ -251,7 +254,47 @@ impl Validate for AuditTaskRequest {
         if self.objective.trim().is_empty() {
             return Err(ValidationError::new("objective", "must not be empty"));
         }
+        check_count(
+            "capability_requirements",
+            self.capability_requirements.len(),
+            MAX_GROUP_MEMBERS,
+        )?;
         validate_each("capability_requirements", &self.capability_requirements)?;
+        let max = MAX_AUDIT_LIST_ITEMS;
+        for (field, len) in [
+            ("acceptance_criteria", self.acceptance_criteria.len()),
+            ("evidence_refs", self.evidence_refs.len()),
+            ("artifact_refs", self.artifact_refs.len()),
+            ("depends_on", self.chief.depends_on.len()),
+        ] {
+            check_count(field, len, max)?;
+        }
+        let (sw, hw, mm) = (&self.software, &self.hardware, &self.multimodal);
+        for (field, list) in [
+            ("risk_focus", self.risk_focus.as_deref()),
+            ("changed_files", sw.changed_files.as_deref()),
+            ("diff_refs", sw.diff_refs.as_deref()),
+            ("runtime_logs", sw.runtime_logs.as_deref()),
+            ("api_contract_refs", sw.api_contract_refs.as_deref()),
+            ("serial_log_refs", hw.serial_log_refs.as_deref()),
+            ("required_capabilities", hw.required_capabilities.as_deref()),
+            ("frame_refs", mm.frame_refs.as_deref()),
+            ("video_clip_refs", mm.video_clip_refs.as_deref()),
+            ("audio_clip_refs", mm.audio_clip_refs.as_deref()),
+            ("screen_capture_refs", mm.screen_capture_refs.as_deref()),
+            ("ocr_text_refs", mm.ocr_text_refs.as_deref()),
+            ("detector_output_refs", mm.detector_output_refs.as_deref()),
+        ] {
+            check_opt_count(field, list, max)?;
+        }
+        check_opt_count(
+            "hardware_test_steps",
+            hw.hardware_test_steps.as_deref(),
+            max,
+        )?;
+        if let Some(m) = &self.metadata_json {
+            check_count("metadata_json", m.len(), MAX_OBJECT_ENTRIES)?;
+        }
         if self.audit_type == AuditType::Chief && self.chief.depends_on.is_empty() {
             return Err(ValidationError::new(
                 "depends_on",
@@ -281,7 +324,11 @@ impl Validate for Finding {
         if self.title.trim().is_empty() {
             return Err(ValidationError::new("title", "must not be empty"));
         }
-        Ok(())
+        check_count(
+            "evidence_ref_ids",
+            self.evidence_ref_ids.len(),
+            MAX_AUDIT_LIST_ITEMS,
+        )
     }
 }
 
@@ -397,6 +444,41 @@ impl Validate for AuditTaskResult {
                 format!("{} is out of range 0.0..=1.0", self.confidence),
             ));
         }
+        let max = MAX_AUDIT_LIST_ITEMS;
+        for (field, len) in [
+            ("findings", self.findings.len()),
+            ("required_actions", self.required_actions.len()),
+            ("used_capabilities", self.used_capabilities.len()),
+            ("artifact_refs", self.artifact_refs.len()),
+            ("timeline", self.timeline.len()),
+        ] {
+            check_count(field, len, max)?;
+        }
+        let (sw, hw, mm, chief) = (
+            &self.software,
+            &self.hardware,
+            &self.multimodal,
+            &self.chief,
+        );
+        for (field, list) in [
+            ("release_blockers", sw.release_blockers.as_deref()),
+            (
+                "contract_breaking_changes",
+                sw.contract_breaking_changes.as_deref(),
+            ),
+            ("log_anomalies", sw.log_anomalies.as_deref()),
+            ("sensor_anomalies", hw.sensor_anomalies.as_deref()),
+            ("serial_log_findings", hw.serial_log_findings.as_deref()),
+            ("hardware_blockers", hw.hardware_blockers.as_deref()),
+            ("recovery_actions", hw.recovery_actions.as_deref()),
+            ("visual_mismatches", mm.visual_mismatches.as_deref()),
+            ("audio_mismatches", mm.audio_mismatches.as_deref()),
+            ("interaction_failures", mm.interaction_failures.as_deref()),
+            ("blocking_reasons", chief.blocking_reasons.as_deref()),
+        ] {
+            check_opt_count(field, list, max)?;
+        }
+        check_opt_count("observed_timeline", mm.observed_timeline.as_deref(), max)?;
         validate_each("findings", &self.findings)?;
         if self.audit_type == AuditType::Chief && self.chief.final_decision.is_none() {
             return Err(ValidationError::new(

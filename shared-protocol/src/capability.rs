@@ -4,7 +4,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::artifact::ArtifactType;
-use crate::validate::{check_id, check_range, validate_each, Validate, ValidationError};
+use crate::validate::limits::{
+    MAX_CAPABILITIES_PER_BATCH, MAX_EVIDENCE_MODES, MAX_OBJECT_ENTRIES, MAX_SUPPORTED_ACTIONS,
+    MAX_TAGS,
+};
+use crate::validate::{
+    check_count, check_id, check_range, validate_each, Validate, ValidationError,
+};
 use crate::Timestamp;
 
 wire_enum! {
@@ -229,6 +235,25 @@ impl Validate for CapabilityRegistration {
         if let Some(p) = self.default_priority {
             check_range("default_priority", p, 0, 100)?;
         }
+        check_count(
+            "supported_actions",
+            self.supported_actions.len(),
+            MAX_SUPPORTED_ACTIONS,
+        )?;
+        check_count(
+            "evidence_modes",
+            self.evidence_modes.len(),
+            MAX_EVIDENCE_MODES,
+        )?;
+        check_count("tags", self.tags.len(), MAX_TAGS)?;
+        for (field, map) in [
+            ("metadata_json", &self.metadata_json),
+            ("constraints_json", &self.constraints_json),
+        ] {
+            if let Some(m) = map {
+                check_count(field, m.len(), MAX_OBJECT_ENTRIES)?;
+            }
+        }
         Ok(())
     }
 }
@@ -244,6 +269,11 @@ pub struct CapabilityBatchRegisterRequest {
 impl Validate for CapabilityBatchRegisterRequest {
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("provider_id", &self.provider_id)?;
+        check_count(
+            "capabilities",
+            self.capabilities.len(),
+            MAX_CAPABILITIES_PER_BATCH,
+        )?;
         validate_each("capabilities", &self.capabilities)?;
         let mut seen = std::collections::HashSet::new();
         for (i, c) in self.capabilities.iter().enumerate() {
@@ -306,6 +336,12 @@ pub struct CapabilitySelector {
     pub node_id: Option<String>,
 }
 
+impl Validate for CapabilitySelector {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_count("tags", self.tags.len(), MAX_TAGS)
+    }
+}
+
 wire_enum! {
     /// The mode a requirement asks for (seed 001 §13 `mode`).
     pub enum RequirementMode {
@@ -349,6 +385,10 @@ impl Validate for CapabilityRequirement {
         if let Some(s) = self.min_duration_seconds {
             check_range("min_duration_seconds", s, 1, 86_400)?;
         }
-        Ok(())
+        check_count(
+            "preferred_node_tags",
+            self.preferred_node_tags.len(),
+            MAX_TAGS,
+        )
     }
 }

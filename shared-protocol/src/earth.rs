@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::validate::{Validate, ValidationError};
+use crate::validate::limits::{MAX_OBJECT_ENTRIES, MAX_VISIBLE_LAYERS};
+use crate::validate::{check_count, Validate, ValidationError};
 
 /// Where an Earth command's text came from (seed 000 "Earth Command",
 /// request field `source`).
@@ -101,6 +102,15 @@ impl Validate for EarthCommandRequest {
                 "input_text",
                 format!("longer than {MAX_COMMAND_CHARS} characters"),
             ));
+        }
+        let ctx = &self.client_context;
+        check_count(
+            "client_context.visible_layers",
+            ctx.visible_layers.len(),
+            MAX_VISIBLE_LAYERS,
+        )?;
+        if let Some(v) = &ctx.viewport {
+            check_count("client_context.viewport", v.extra.len(), MAX_OBJECT_ENTRIES)?;
         }
         Ok(())
     }

@@ -3,7 +3,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::capability::{CapabilityRequirement, CapabilitySelector, LeaseMode};
-use crate::validate::{check_id, check_range, validate_each, Validate, ValidationError};
+use crate::validate::limits::MAX_GROUP_MEMBERS;
+use crate::validate::{
+    check_count, check_id, check_range, validate_each, Validate, ValidationError,
+};
 use crate::Timestamp;
 
 wire_enum! {
@@ -157,7 +160,9 @@ impl Validate for LeaseRequest {
     fn validate(&self) -> Result<(), ValidationError> {
         match (&self.capability_id, &self.capability_selector) {
             (Some(id), None) => check_id("capability_id", id)?,
-            (None, Some(_)) => {}
+            (None, Some(selector)) => selector
+                .validate()
+                .map_err(|e| e.within("capability_selector"))?,
             (Some(_), Some(_)) => {
                 return Err(ValidationError::new(
                     "capability_selector",
@@ -218,6 +223,12 @@ impl Validate for LeaseGroupRequest {
                 "name at least one capability id or requirement",
             ));
         }
+        check_count(
+            "capability_ids",
+            self.capability_ids.len(),
+            MAX_GROUP_MEMBERS,
+        )?;
+        check_count("requirements", self.requirements.len(), MAX_GROUP_MEMBERS)?;
         for (i, id) in self.capability_ids.iter().enumerate() {
             check_id(&format!("capability_ids[{i}]"), id)?;
         }

@@ -22,7 +22,8 @@ use crate::capability::{CapabilityAction, CapabilityRegistration, LeaseMode};
 use crate::lease::PreemptNotice;
 use crate::provider::{OnlineStatus, ProviderRegisterRequest};
 use crate::session::SessionStatus;
-use crate::validate::{check_id, Validate, ValidationError};
+use crate::validate::limits::{MAX_ARTIFACTS_PER_UPDATE, MAX_CAPABILITIES_PER_BATCH};
+use crate::validate::{check_count, check_id, Validate, ValidationError};
 use crate::{Timestamp, PROTOCOL_VERSION};
 
 /// Default topic prefix.
@@ -244,6 +245,11 @@ pub struct RegisterBody {
 impl Validate for RegisterBody {
     fn validate(&self) -> Result<(), ValidationError> {
         self.provider.validate().map_err(|e| e.within("provider"))?;
+        check_count(
+            "capabilities",
+            self.capabilities.len(),
+            MAX_CAPABILITIES_PER_BATCH,
+        )?;
         crate::validate::validate_each("capabilities", &self.capabilities)
     }
 }
@@ -440,6 +446,7 @@ pub struct SessionUpdate {
 impl Validate for SessionUpdate {
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("session_id", &self.session_id)?;
+        check_count("artifacts", self.artifacts.len(), MAX_ARTIFACTS_PER_UPDATE)?;
         crate::validate::validate_each("artifacts", &self.artifacts)
     }
 }

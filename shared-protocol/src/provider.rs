@@ -4,7 +4,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::capability::{CapabilityAction, HealthStatus};
-use crate::validate::{check_id, Validate, ValidationError};
+use crate::validate::limits::{
+    MAX_FAULTS, MAX_HEARTBEAT_ENTRIES, MAX_OBJECT_ENTRIES, MAX_PROVIDER_LABELS,
+};
+use crate::validate::{check_count, check_id, Validate, ValidationError};
 use crate::Timestamp;
 
 wire_enum! {
@@ -28,6 +31,7 @@ pub struct ProviderRegisterRequest {
     pub gateway_version: String,
     /// e.g. `lan`.
     pub network_zone: String,
+    /// At most [`MAX_PROVIDER_LABELS`].
     #[serde(default)]
     pub labels: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -50,7 +54,7 @@ impl Validate for ProviderRegisterRequest {
         if self.hostname.trim().is_empty() {
             return Err(ValidationError::new("hostname", "must not be empty"));
         }
-        Ok(())
+        check_count("labels", self.labels.len(), MAX_PROVIDER_LABELS)
     }
 }
 
@@ -121,7 +125,8 @@ pub struct ProviderFault {
 }
 
 /// `POST /api/v1/capabilities/heartbeat` body and the MQTT `heartbeat`
-/// message (seed 001 §4.3).
+/// message (seed 001 §4.3). At most [`MAX_HEARTBEAT_ENTRIES`] health
+/// reports and running sessions, [`MAX_FAULTS`] faults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeartbeatRequest {
     pub provider_id: String,
@@ -138,11 +143,29 @@ pub struct HeartbeatRequest {
 impl Validate for HeartbeatRequest {
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("provider_id", &self.provider_id)?;
+        check_count(
+            "capabilities",
+            self.capabilities.len(),
+            MAX_HEARTBEAT_ENTRIES,
+        )?;
+        check_count(
+            "running_sessions",
+            self.running_sessions.len(),
+            MAX_HEARTBEAT_ENTRIES,
+        )?;
+        check_count("faults", self.faults.len(), MAX_FAULTS)?;
         for (i, c) in self.capabilities.iter().enumerate() {
             check_id(
                 &format!("capabilities[{i}].capability_id"),
                 &c.capability_id,
             )?;
+            if let Some(m) = &c.metrics {
+                check_count(
+                    &format!("capabilities[{i}].metrics"),
+                    m.len(),
+                    MAX_OBJECT_ENTRIES,
+                )?;
+            }
         }
         Ok(())
     }

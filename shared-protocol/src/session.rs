@@ -98,6 +98,9 @@ impl Validate for ActionInvokeRequest {
         if let Some(t) = self.timeout_ms {
             check_range("timeout_ms", t, 1, MAX_TIMEOUT_MS)?;
         }
+        // `params` has no entry limit: it is bounded in bytes (the body
+        // limit, and the MQTT packet limit of its `action_invoke`), and
+        // the session keeps only a summary of a large one.
         Ok(())
     }
 }

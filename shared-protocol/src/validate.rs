@@ -36,6 +36,71 @@ impl ValidationError {
     }
 }
 
+/// Most entries of each list (and free-form object) a client may send, so
+/// that one request cannot make the registry store, index and return
+/// thousands of tags or labels. A list over its limit is refused with
+/// [`ValidationError`] naming the field and the limit (HTTP 422
+/// `invalid_field`). Counts are entries, not bytes (bytes are bounded by
+/// `http.body_limit_bytes` and the MQTT packet limit).
+pub mod limits {
+    /// `labels` of a provider registration.
+    pub const MAX_PROVIDER_LABELS: usize = 64;
+    /// `tags` of a capability, of a `capability_selector`, and a
+    /// requirement's `preferred_node_tags`.
+    pub const MAX_TAGS: usize = 64;
+    /// `supported_actions` of a capability (a type has at most a dozen).
+    pub const MAX_SUPPORTED_ACTIONS: usize = 64;
+    /// `evidence_modes` of a capability.
+    pub const MAX_EVIDENCE_MODES: usize = 32;
+    /// `capabilities` of one registration batch (HTTP or MQTT `register`).
+    pub const MAX_CAPABILITIES_PER_BATCH: usize = 256;
+    /// `capabilities` (health reports) and `running_sessions` of one
+    /// heartbeat.
+    pub const MAX_HEARTBEAT_ENTRIES: usize = 256;
+    /// `faults` of one heartbeat.
+    pub const MAX_FAULTS: usize = 64;
+    /// `capability_ids` and `requirements` of a lease group, and an audit
+    /// task's `capability_requirements`: the registry leases at most 32
+    /// capabilities together.
+    pub const MAX_GROUP_MEMBERS: usize = 32;
+    /// Top-level entries of a free-form object: `metadata_json`,
+    /// `constraints_json`, health `metrics`, an Earth viewport's extra
+    /// fields. (An action's `params` is bounded in bytes instead: the body
+    /// limit and the MQTT packet limit of its command.)
+    pub const MAX_OBJECT_ENTRIES: usize = 256;
+    /// `artifacts` of one session update (an edge's update is at most
+    /// 256 KiB, a few hundred artifacts).
+    pub const MAX_ARTIFACTS_PER_UPDATE: usize = 1000;
+    /// `client_context.visible_layers` of an Earth command.
+    pub const MAX_VISIBLE_LAYERS: usize = 32;
+    /// Lists of audit requests and results (criteria, references,
+    /// findings, required actions, timeline), as the registry's audit
+    /// limits.
+    pub const MAX_AUDIT_LIST_ITEMS: usize = 500;
+}
+
+/// `field` has at most `max` entries (`len` of them).
+///
+/// Errors: "has 10000 entries; at most 64 are allowed".
+pub fn check_count(field: &str, len: usize, max: usize) -> Result<(), ValidationError> {
+    if len > max {
+        return Err(ValidationError::new(
+            field,
+            format!("has {len} entries; at most {max} are allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_count`] for an optional list.
+pub fn check_opt_count<T>(
+    field: &str,
+    list: Option<&[T]>,
+    max: usize,
+) -> Result<(), ValidationError> {
+    check_count(field, list.map_or(0, <[T]>::len), max)
+}
+
 /// Rules a wire value must satisfy beyond its shape.
 pub trait Validate {
     /// `Ok(())` when every rule holds; otherwise the first broken rule.

@@ -180,14 +180,9 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let is_json = crate::extract::is_json_content_type(req.headers());
         let limit = req.extensions().get::<crate::extract::BodyLimit>().copied();
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let status = e.status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                crate::extract::body_too_large(limit)
-            } else {
-                ApiError::bad_request(e.body_text())
-            }
-        })?;
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| crate::extract::body_read_error(e, limit))?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalJson(T::default()));
         }
