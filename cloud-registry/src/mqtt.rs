@@ -55,8 +55,7 @@ use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, PreemptNotice};
 use shared_protocol::mqtt::{
     parse_topic, topic, topic_filter_all, Envelope, LeaseGranted, LeaseRevoked, MessageType,
-    ProviderConflict,
-    RegisterAck, RegisterBody, SessionUpdate, StatusBody, TopicKind,
+    ProviderConflict, RegisterAck, RegisterBody, SessionUpdate, StatusBody, TopicKind,
 };
 use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
 use shared_protocol::Validate;
@@ -986,7 +985,14 @@ fn twin_conflict(
     };
     match registry.twins().heard(provider_id, boot_id, host) {
         TwinHeard::Alone => false,
-        TwinHeard::InConflict => true,
+        TwinHeard::InConflict { notify } => {
+            if notify {
+                if let Some(instances) = registry.twins().conflict(provider_id) {
+                    send_conflict(outbound, prefix, provider_id, instances, false);
+                }
+            }
+            true
+        }
         TwinHeard::ConflictStarted(instances) => {
             let hosts: Vec<String> = instances
                 .iter()

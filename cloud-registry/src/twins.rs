@@ -54,6 +54,7 @@ struct Seen {
     hostname: String,
     node_id: String,
     last_heard: Instant,
+    last_notified: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -71,9 +72,13 @@ pub enum Heard {
     Alone,
     /// This message made the provider conflicted: the instances.
     ConflictStarted(Vec<Instance>),
-    /// Still in conflict.
-    InConflict,
+    /// Still in conflict; `notify` when this instance was not told within
+    /// [`NOTICE_PERIOD`] (it is probably the one connected now: tell it).
+    InConflict { notify: bool },
 }
+
+/// How often one instance is told of the conflict at most.
+pub const NOTICE_PERIOD: Duration = Duration::from_secs(5);
 
 /// Twin detection for every provider. Share it (`Arc`).
 #[derive(Debug, Default)]
@@ -120,27 +125,39 @@ impl TwinWatch {
         let window = self.settings.window;
         p.instances
             .retain(|_, s| now.saturating_duration_since(s.last_heard) <= window);
-        let returning = p.current.as_deref().is_some_and(|c| c != boot_id)
-            && p.instances.contains_key(boot_id);
+        let returning =
+            p.current.as_deref().is_some_and(|c| c != boot_id) && p.instances.contains_key(boot_id);
         let seen = p.instances.entry(boot_id.to_string()).or_insert(Seen {
             hostname: String::new(),
             node_id: String::new(),
             last_heard: now,
+            last_notified: None,
         });
         seen.last_heard = now;
         if let Some((h, n)) = host {
             seen.hostname = h.to_string();
             seen.node_id = n.to_string();
         }
+        let notify = seen
+            .last_notified
+            .is_none_or(|t| now.saturating_duration_since(t) >= NOTICE_PERIOD);
         p.current = Some(boot_id.to_string());
         if p.in_conflict {
-            return Heard::InConflict;
+            if notify {
+                if let Some(s) = p.instances.get_mut(boot_id) {
+                    s.last_notified = Some(now);
+                }
+            }
+            return Heard::InConflict { notify };
         }
         if returning {
             p.returns += 1;
         }
         if p.returns >= RETURNS_TO_CONFLICT && p.instances.len() > 1 {
             p.in_conflict = true;
+            if let Some(s) = p.instances.get_mut(boot_id) {
+                s.last_notified = Some(now);
+            }
             return Heard::ConflictStarted(instances_of(p, now));
         }
         Heard::Alone
@@ -226,8 +243,14 @@ mod tests {
             panic!("second return is a conflict");
         };
         let hosts: Vec<&str> = inst.iter().map(|i| i.hostname.as_str()).collect();
-        assert!(hosts.contains(&"bench-a") && hosts.contains(&"bench-b"), "{inst:?}");
-        assert_eq!(w.heard("p", "a", None), Heard::InConflict);
+        assert!(
+            hosts.contains(&"bench-a") && hosts.contains(&"bench-b"),
+            "{inst:?}"
+        );
+        // The other instance is told when next heard; then not again
+        // within the notice period.
+        assert_eq!(w.heard("p", "a", None), Heard::InConflict { notify: true });
+        assert_eq!(w.heard("p", "a", None), Heard::InConflict { notify: false });
         assert_eq!(w.conflict("p").unwrap().len(), 2);
         // Another provider is untouched.
         assert_eq!(w.heard("q", "x", None), Heard::Alone);

@@ -81,6 +81,9 @@ pub struct LabOptions {
     pub outbox_durability: Option<String>,
     /// The registry's `sessions.result_grace_ms` (its default when `None`).
     pub result_grace_ms: Option<u64>,
+    /// The registry's `heartbeat.conflict_clear_seconds` (its default when
+    /// `None`).
+    pub conflict_clear_seconds: Option<u32>,
     /// Extra environment of the edge daemon (e.g. libfaketime's, to run
     /// its clock off).
     pub edge_env: Vec<(String, String)>,
@@ -103,6 +106,7 @@ impl Default for LabOptions {
             extra_speakers: 0,
             outbox_durability: None,
             result_grace_ms: None,
+            conflict_clear_seconds: None,
             edge_env: Vec::new(),
             registry_env: Vec::new(),
         }
@@ -258,7 +262,7 @@ impl Lab {
                  [auth]\nbootstrap_admin_token_file = \"{admin}\"\n\n\
                  [mqtt]\n{mqtt_section}topic_prefix = \"{prefix}\"\nkeep_alive_seconds = 5\n\n\
                  [leases]\ndefault_grace_period_seconds = {grace}\nsweep_interval_ms = 100\n\n\
-                 [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n\n\
+                 [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n{clear}\n\
                  [sessions]\n{result_grace}",
                 store = root.join("registry/registry.sqlite3").display(),
                 admin = root.join("registry/admin.token").display(),
@@ -266,6 +270,10 @@ impl Lab {
                 grace = opts.grace_period_seconds,
                 hb = opts.heartbeat_interval_seconds,
                 missed = opts.offline_after_missed,
+                clear = opts
+                    .conflict_clear_seconds
+                    .map(|s| format!("conflict_clear_seconds = {s}\n"))
+                    .unwrap_or_default(),
                 result_grace = opts
                     .result_grace_ms
                     .map(|ms| format!("result_grace_ms = {ms}\n"))
@@ -370,6 +378,11 @@ impl Lab {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
+    }
+
+    /// The bench TOML the edge runs with.
+    pub fn edge_config(&self) -> &Path {
+        &self.edge_config
     }
 
     /// The edge daemon's process id (0 when it is not running).
