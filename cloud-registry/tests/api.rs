@@ -2345,3 +2345,58 @@ async fn ten_thousand_labels_or_tags_are_refused_and_nothing_is_stored() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(list["capabilities"], json!([]), "{list}");
 }
+
+#[tokio::test]
+async fn an_nfd_and_an_nfc_spelling_of_one_tag_select_the_same_device() {
+    let dir = TempDir::new().unwrap();
+    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    // Registered with "café" decomposed (NFD: e + combining acute).
+    let mut caps = capabilities_body("p1", "-cafe");
+    caps["capabilities"][0]["tags"] = json!(["cafe\u{301}"]);
+    let (s, v) = api
+        .post("/api/v1/capabilities/register", Some(&admin), &caps)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, cam) = api
+        .get("/api/v1/capabilities/cam-front-01-cafe", Some(&admin))
+        .await;
+    assert_eq!(cam["tags"], json!(["caf\u{e9}"]), "stored in NFC");
+    // A listing by either spelling finds it.
+    for tag in ["caf%C3%A9", "cafe%CC%81"] {
+        let (_, l) = api
+            .get(&format!("/api/v1/capabilities?tag={tag}"), Some(&admin))
+            .await;
+        let ids: Vec<&str> = l["capabilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["capability_id"].as_str())
+            .collect();
+        assert_eq!(ids, vec!["cam-front-01-cafe"], "tag={tag}: {l}");
+    }
+    // A selector with the composed spelling is granted it.
+    let agent = new_token(&reg, Role::AuditAgent, "audit:nfc").await;
+    let mut body = lease_body("", "audit:nfc", 50, 60);
+    body.as_object_mut().unwrap().remove("capability_id");
+    body["capability_selector"] = json!({"capability_type": "camera", "tags": ["caf\u{e9}"]});
+    let (s, l) = api
+        .post("/api/v1/capability-leases/request", Some(&agent), &body)
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{l}");
+    assert_eq!(l["capability_id"], "cam-front-01-cafe");
+    // A display name that would read backwards is refused, nothing stored.
+    let mut bad = capabilities_body("p1", "-rtl");
+    bad["capabilities"][0]["display_name"] = json!("cam\u{202E}gnp.exe");
+    let (s, v) = api
+        .post("/api/v1/capabilities/register", Some(&admin), &bad)
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("U+202E"),
+        "{v}"
+    );
+    let (s, _) = api
+        .get("/api/v1/capabilities/cam-front-01-rtl", Some(&admin))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}

@@ -245,6 +245,12 @@ pub struct AuditTaskRequest {
 }
 
 impl Validate for AuditTaskRequest {
+    fn normalize(&mut self) {
+        self.capability_requirements
+            .iter_mut()
+            .for_each(Validate::normalize);
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("audit_request_id", &self.audit_request_id)?;
         check_id("project_id", &self.project_id)?;

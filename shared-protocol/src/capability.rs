@@ -216,10 +216,18 @@ pub struct CapabilityRegistration {
 }
 
 impl Validate for CapabilityRegistration {
+    fn normalize(&mut self) {
+        crate::validate::nfc_all(&mut self.tags);
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("capability_id", &self.capability_id)?;
         if self.display_name.trim().is_empty() {
             return Err(ValidationError::new("display_name", "must not be empty"));
+        }
+        crate::validate::check_display_text("display_name", &self.display_name)?;
+        if let Some(l) = &self.location_label {
+            crate::validate::check_display_text("location_label", l)?;
         }
         for (i, action) in self.supported_actions.iter().enumerate() {
             if !self.capability_type.supports(*action) {
@@ -267,6 +275,10 @@ pub struct CapabilityBatchRegisterRequest {
 }
 
 impl Validate for CapabilityBatchRegisterRequest {
+    fn normalize(&mut self) {
+        self.capabilities.iter_mut().for_each(Validate::normalize);
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         check_id("provider_id", &self.provider_id)?;
         check_count(
@@ -337,6 +349,10 @@ pub struct CapabilitySelector {
 }
 
 impl Validate for CapabilitySelector {
+    fn normalize(&mut self) {
+        crate::validate::nfc_all(&mut self.tags);
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         check_count("tags", self.tags.len(), MAX_TAGS)
     }
@@ -381,6 +397,10 @@ pub struct CapabilityRequirement {
 }
 
 impl Validate for CapabilityRequirement {
+    fn normalize(&mut self) {
+        crate::validate::nfc_all(&mut self.preferred_node_tags);
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         if let Some(s) = self.min_duration_seconds {
             check_range("min_duration_seconds", s, 1, 86_400)?;

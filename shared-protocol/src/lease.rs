@@ -157,6 +157,12 @@ fn validate_holder(
 }
 
 impl Validate for LeaseRequest {
+    fn normalize(&mut self) {
+        if let Some(s) = &mut self.capability_selector {
+            s.normalize();
+        }
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         match (&self.capability_id, &self.capability_selector) {
             (Some(id), None) => check_id("capability_id", id)?,
@@ -216,6 +222,10 @@ pub struct LeaseGroupRequest {
 }
 
 impl Validate for LeaseGroupRequest {
+    fn normalize(&mut self) {
+        self.requirements.iter_mut().for_each(Validate::normalize);
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         if self.capability_ids.is_empty() && self.requirements.is_empty() {
             return Err(ValidationError::new(

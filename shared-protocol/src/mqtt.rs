@@ -243,6 +243,11 @@ pub struct RegisterBody {
 }
 
 impl Validate for RegisterBody {
+    fn normalize(&mut self) {
+        self.provider.normalize();
+        self.capabilities.iter_mut().for_each(Validate::normalize);
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         self.provider.validate().map_err(|e| e.within("provider"))?;
         check_count(

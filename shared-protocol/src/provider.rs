@@ -54,7 +54,15 @@ impl Validate for ProviderRegisterRequest {
         if self.hostname.trim().is_empty() {
             return Err(ValidationError::new("hostname", "must not be empty"));
         }
+        if let Some(name) = &self.owner_display_name {
+            crate::validate::check_display_text("owner_display_name", name)?;
+        }
+        crate::validate::check_display_text("hostname", &self.hostname)?;
         check_count("labels", self.labels.len(), MAX_PROVIDER_LABELS)
+    }
+
+    fn normalize(&mut self) {
+        crate::validate::nfc_all(&mut self.labels);
     }
 }
 

@@ -105,6 +105,54 @@ pub fn check_opt_count<T>(
 pub trait Validate {
     /// `Ok(())` when every rule holds; otherwise the first broken rule.
     fn validate(&self) -> Result<(), ValidationError>;
+
+    /// Bring what is matched later (tags, labels) to one spelling (Unicode
+    /// NFC), so that an NFC and an NFD spelling of one tag select the same
+    /// devices. [`parse_json`] and [`parse_value`] call it before
+    /// [`Validate::validate`]. Nothing by default.
+    fn normalize(&mut self) {}
+}
+
+/// `s` in Unicode normalization form C (composed), unchanged when it
+/// already is (the common case costs one scan).
+pub fn nfc(s: &mut String) {
+    use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
+    if is_nfc_quick(s.chars()) != IsNormalized::Yes {
+        *s = s.nfc().collect();
+    }
+}
+
+/// [`nfc`] on every string of `list`.
+pub fn nfc_all(list: &mut [String]) {
+    list.iter_mut().for_each(nfc);
+}
+
+/// True for a character that must not appear in text shown to people:
+/// control characters (C0, DEL, C1) and the bidirectional formatting
+/// characters that can make a name display as another (U+061C, U+200E,
+/// U+200F, U+202A..=U+202E, U+2066..=U+2069).
+pub fn is_hidden_control(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// Refuse `value` of `field` (a display name, a location) when it holds a
+/// control or bidirectional formatting character ([`is_hidden_control`]),
+/// naming the character's code point.
+pub fn check_display_text(field: &str, value: &str) -> Result<(), ValidationError> {
+    match value.chars().find(|c| is_hidden_control(*c)) {
+        Some(c) => Err(ValidationError::new(
+            field,
+            format!(
+                "must not contain control or bidirectional formatting characters (found U+{:04X})",
+                c as u32
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Why untrusted JSON was refused.
@@ -187,6 +235,8 @@ pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, Par
         }
         Err(e) => return Err(from_path_error(e)),
     };
+    let mut value = value;
+    value.normalize();
     value.validate()?;
     Ok(value)
 }
@@ -203,6 +253,8 @@ pub fn parse_value<T: DeserializeOwned + Validate>(value: Value) -> Result<T, Pa
         }
         Err(e) => return Err(from_path_error(e)),
     };
+    let mut value = value;
+    value.normalize();
     value.validate()?;
     Ok(value)
 }

@@ -368,3 +368,42 @@ fn a_session_sync_with_a_bad_session_id_or_too_many_sessions_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("at most 1000"), "{err}");
 }
+
+#[test]
+fn an_nfd_tag_is_stored_and_matched_as_its_nfc_spelling() {
+    use shared_protocol::capability::{CapabilityRegistration, CapabilitySelector};
+    // "café" with a combining acute accent (NFD) and precomposed (NFC).
+    let nfd = "cafe\u{301}";
+    let nfc = "caf\u{e9}";
+    let reg: CapabilityRegistration = shared_protocol::parse_json(
+        format!(
+            r#"{{"capability_id":"cam-1","capability_type":"camera","display_name":"Cam",
+               "lease_mode":"exclusive","preemptible":true,"supported_actions":["snapshot"],
+               "evidence_modes":["image"],"tags":["{nfd}"]}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(reg.tags, vec![nfc.to_string()]);
+    let sel: CapabilitySelector = shared_protocol::parse_value(serde_json::json!({
+        "capability_type": "camera", "tags": [nfd]
+    }))
+    .unwrap();
+    assert_eq!(sel.tags, reg.tags, "one spelling, one device");
+}
+
+#[test]
+fn a_display_name_with_a_bidi_override_or_a_control_character_is_refused() {
+    use shared_protocol::capability::CapabilityRegistration;
+    for (name, code) in [("Cam\u{202E}gnp.exe", "U+202E"), ("Cam\u{7}", "U+0007")] {
+        let body = serde_json::json!({
+            "capability_id": "cam-1", "capability_type": "camera", "display_name": name,
+            "lease_mode": "exclusive", "preemptible": true,
+            "supported_actions": ["snapshot"], "evidence_modes": ["image"]
+        });
+        let err = shared_protocol::parse_value::<CapabilityRegistration>(body)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("display_name") && err.contains(code), "{err}");
+    }
+}

@@ -93,7 +93,12 @@ async fn list(
         // `leased` and `available` are told apart only after the overlay.
         status: status
             .filter(|s| !matches!(s, CapabilityStatus::Leased | CapabilityStatus::Available)),
-        tag: q.tag.filter(|s| !s.is_empty()),
+        // Stored tags are NFC (shared_protocol::validate::nfc): match the
+        // same spelling.
+        tag: q.tag.filter(|s| !s.is_empty()).map(|mut t| {
+            shared_protocol::validate::nfc(&mut t);
+            t
+        }),
     };
     let caps = st.registry.store().list_capabilities(filter).await?;
     let held = st.leases.held_capabilities().await;
