@@ -161,6 +161,19 @@ impl Bench {
         body["lease_id"].as_str().unwrap().to_string()
     }
 
+    /// Release `lease_id` as `token`'s holder: 200.
+    async fn release(&self, token: &str, lease_id: &str) {
+        let (s, body) = self
+            .api
+            .post(
+                &format!("/api/v1/capability-leases/{lease_id}/release"),
+                Some(token),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+    }
+
     /// Invoke an action in the background; the answer comes from the task.
     fn invoke(
         &self,
@@ -1973,15 +1986,7 @@ async fn every_action_invoke_carries_its_lease_fence() {
 
     // The next grant of the capability is a later generation, and the
     // bench is told of the end of the first lease and the grant.
-    let (s, _) = b
-        .api
-        .post(
-            &format!("/api/v1/capability-leases/{first}/release"),
-            Some(&b.agent),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK);
+    b.release(&b.agent, &first).await;
     let revoked = b
         .provider
         .next_of(MessageType::LeaseRevoked, Duration::from_secs(5))
@@ -2006,15 +2011,7 @@ async fn a_report_of_an_action_started_after_its_lease_ended_is_kept_but_never_a
     let call = b.invoke(&b.agent, &lease, json!({"action": "snapshot"}));
     let cmd = b.next_command().await;
     assert_eq!(call.await.unwrap().0, StatusCode::ACCEPTED);
-    let (s, _) = b
-        .api
-        .post(
-            &format!("/api/v1/capability-leases/{lease}/release"),
-            Some(&b.agent),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK);
+    b.release(&b.agent, &lease).await;
     // A bench without a fence ran it anyway, a second after the release.
     let late_start = chrono::Utc::now() + chrono::Duration::seconds(1);
     b.report(

@@ -256,6 +256,29 @@ impl Fixture {
             assert_eq!(self.session(id).await["status"], "failed");
         }
     }
+
+    /// Send `count` stale `switch_on`s under a short lease while `pid` is
+    /// held stopped, until the lease expired and [`FREEZE`] passed; then
+    /// let it run and check the bench refused them all and the relay saw
+    /// no frame since the freeze began.
+    async fn stale_switch_ons_while_stopped(&self, pid: u32, count: usize) {
+        let lease = self.granted_relay(&self.hw, TTL_S).await;
+        let frozen_at = Utc::now().timestamp_millis();
+        let frozen = Paused::pause(pid);
+        let mut sessions = Vec::new();
+        for _ in 0..count {
+            sessions.push(self.switch_on_later(&self.hw, &lease, 1).await);
+        }
+        let ended = self.ended(&lease).await;
+        assert_eq!(ended["status"], "expired", "{ended}");
+        let held = (Utc::now().timestamp_millis() - frozen_at).max(0) as u64;
+        tokio::time::sleep(FREEZE.saturating_sub(Duration::from_millis(held))).await;
+        drop(frozen);
+
+        self.refused(&sessions).await;
+        let late = self.frames_on(1, frozen_at);
+        assert!(late.is_empty(), "relay frames after the freeze: {late:?}");
+    }
 }
 
 /// The edge is frozen with three `switch_on`s in its socket until after
@@ -264,25 +287,7 @@ async fn frozen_edge_with_an_expired_lease(offset: Option<&str>) {
     let Some(env) = skewed(offset) else { return };
     let f = fixture(Lab::start(options(env)).await.expect("lab")).await;
     f.relay_works().await;
-
-    let lease = f.granted_relay(&f.hw, TTL_S).await;
-    let frozen_at = Utc::now().timestamp_millis();
-    let frozen = Paused::pause(f.lab.edge_pid());
-    let mut sessions = Vec::new();
-    for _ in 0..3 {
-        sessions.push(f.switch_on_later(&f.hw, &lease, 1).await);
-    }
-    let ended = f.ended(&lease).await;
-    assert_eq!(ended["status"], "expired", "{ended}");
-    tokio::time::sleep(FREEZE.saturating_sub(Duration::from_millis(
-        (Utc::now().timestamp_millis() - frozen_at) as u64,
-    )))
-    .await;
-    drop(frozen);
-
-    f.refused(&sessions).await;
-    let late = f.frames_on(1, frozen_at);
-    assert!(late.is_empty(), "relay frames after the freeze: {late:?}");
+    f.stale_switch_ons_while_stopped(f.lab.edge_pid(), 3).await;
 }
 
 /// The first holder's `switch_on` waits in the frozen edge's socket while
@@ -340,25 +345,7 @@ async fn frozen_broker(offset: Option<&str>) {
     };
     let f = fixture(lab).await;
     f.relay_works().await;
-
-    let lease = f.granted_relay(&f.hw, TTL_S).await;
-    let frozen_at = Utc::now().timestamp_millis();
-    let frozen = Paused::pause(broker.pid());
-    let mut sessions = Vec::new();
-    for _ in 0..2 {
-        sessions.push(f.switch_on_later(&f.hw, &lease, 1).await);
-    }
-    let ended = f.ended(&lease).await;
-    assert_eq!(ended["status"], "expired", "{ended}");
-    tokio::time::sleep(FREEZE.saturating_sub(Duration::from_millis(
-        (Utc::now().timestamp_millis() - frozen_at) as u64,
-    )))
-    .await;
-    drop(frozen);
-
-    f.refused(&sessions).await;
-    let late = f.frames_on(1, frozen_at);
-    assert!(late.is_empty(), "relay frames after the freeze: {late:?}");
+    f.stale_switch_ons_while_stopped(broker.pid(), 2).await;
     drop(broker);
 }
 
