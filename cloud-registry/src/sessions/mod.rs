@@ -263,6 +263,10 @@ pub struct Sessions {
     /// broker restarted before they reconnected: once the registry has
     /// heard for a full window, those still offline lose their sessions.
     unheard_since_restart: Mutex<Vec<String>>,
+    /// Per open session sent by this process: its lease and its
+    /// command's `not_after`, so judging a report against its fence
+    /// reads nothing from the store while the lease lives.
+    fences: Mutex<HashMap<String, (String, chrono::DateTime<Utc>)>>,
     /// The open sessions' deadlines on the monotonic clock (see
     /// [`deadlines`]); the watchdog fails those that pass.
     deadlines: Mutex<Deadlines>,
@@ -461,6 +465,7 @@ impl Sessions {
             max_command_bytes: AtomicUsize::new(0),
             hearing: OnceLock::new(),
             unheard_since_restart: Mutex::new(Vec::new()),
+            fences: Mutex::new(HashMap::new()),
             deadlines: Mutex::new(Deadlines::default()),
         })
     }
@@ -542,6 +547,7 @@ impl Sessions {
                 continue;
             };
             crate::leases::lock(&self.deadlines).remove(session);
+            crate::leases::lock(&self.fences).remove(session);
             let waiting = crate::leases::lock(&self.finals).remove(session);
             if let Some(waiting) = waiting {
                 if let Ok(s) = CapabilitySession::deserialize(&ev.data) {
@@ -729,6 +735,8 @@ impl Sessions {
             .db
             .write_grouped(move |c| store::insert_session(c, &stored))
             .await??;
+        crate::leases::lock(&self.fences)
+            .insert(session_id.clone(), (lease_id.to_string(), not_after));
         // The deadline that counts; `deadline_at` is its wall rendering.
         crate::leases::lock(&self.deadlines).insert(
             &session_id,
@@ -1235,6 +1243,17 @@ impl Sessions {
     /// When the authority of `update`'s command ended ([`store::fence_end`]):
     /// `None` when the session or its lease cannot be read.
     async fn fence_end_for(&self, update: &SessionUpdate) -> Option<chrono::DateTime<Utc>> {
+        let known = crate::leases::lock(&self.fences)
+            .get(&update.session_id)
+            .cloned();
+        if let Some((lease_id, not_after)) = known {
+            let lease = self.leases.get(&lease_id).await?;
+            return Some(match lease.ended_at.filter(|_| lease.status.is_final()) {
+                Some(ended) if ended < not_after => ended,
+                _ => not_after,
+            });
+        }
+        // Sent before a restart of the registry: from the store.
         let id = update.session_id.clone();
         let row = self
             .db
