@@ -4,7 +4,9 @@
 //! `cloud-registry serve` (embedded broker on a free port, or an external
 //! broker) and `edge-agent run` with a generated bench TOML: simulated
 //! camera, microphone, speaker and screen capture plus the real `korad`,
-//! `lcus`, `grbl` and `serialport` drivers on the simulator's ptys.
+//! `lcus`, `grbl` and `serialport` drivers on the simulator's ptys. The
+//! registry and the edge come from the workspace's target dir, or from
+//! [`LabOptions::bin_dir`] (an older build, for before/after benchmarks).
 //!
 //! Every process is a [`Proc`]: killed when the [`Lab`] is dropped (also on
 //! a panic), and, on Linux, killed by the kernel if the process that
@@ -84,6 +86,12 @@ pub struct LabOptions {
     /// Extra environment of the edge daemon (e.g. libfaketime's, to run
     /// its clock off).
     pub edge_env: Vec<(String, String)>,
+    /// Run `cloud-registry` (also its `token create`) and `edge-agent`
+    /// from this directory instead of the workspace's target dir, e.g. an
+    /// older build to compare against. `bench-sim` always comes from the
+    /// workspace: it is not under test, and the lab passes it flags older
+    /// builds may lack.
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl Default for LabOptions {
@@ -101,6 +109,7 @@ impl Default for LabOptions {
             outbox_durability: None,
             result_grace_ms: None,
             edge_env: Vec::new(),
+            bin_dir: None,
         }
     }
 }
@@ -135,6 +144,23 @@ pub fn program_command(program: &Path, log: &Path) -> Result<Command> {
         }
     }
     Ok(cmd)
+}
+
+/// Path of the lab's binary `name` (`cloud-registry`, `edge-agent`): in
+/// `bin_dir` when set, else the workspace's target dir.
+///
+/// Errors: `bin_dir` is set and holds no file `name`.
+fn lab_bin(bin_dir: Option<&Path>, name: &str) -> Result<PathBuf> {
+    match bin_dir {
+        None => Ok(workspace_bin(name)),
+        Some(dir) => {
+            let path = dir.join(name);
+            if !path.is_file() {
+                bail!("{} is missing (LabOptions.bin_dir)", path.display());
+            }
+            Ok(path)
+        }
+    }
 }
 
 /// The running lab. Dropping it kills every process and removes the
@@ -268,8 +294,9 @@ impl Lab {
                     .unwrap_or_default(),
             ),
         )?;
+        let registry_bin = lab_bin(opts.bin_dir.as_deref(), "cloud-registry")?;
         let token = |role: &str, name: &str| -> Result<String> {
-            let out = Command::new(workspace_bin("cloud-registry"))
+            let out = Command::new(&registry_bin)
                 .args(["token", "create", "--config"])
                 .arg(&registry_config)
                 .args(["--role", role, "--name", name])
@@ -336,7 +363,8 @@ impl Lab {
 
     /// Start (or restart) `cloud-registry serve`.
     pub fn start_registry(&mut self) -> Result<()> {
-        let mut cmd = child_command("cloud-registry", &self.root.join("logs/registry.log"))?;
+        let bin = lab_bin(self.opts.bin_dir.as_deref(), "cloud-registry")?;
+        let mut cmd = program_command(&bin, &self.root.join("logs/registry.log"))?;
         cmd.args(["serve", "--config"]).arg(&self.registry_config);
         let (p, _) = Proc::start_ready("cloud-registry", cmd, Duration::from_secs(20))
             .with_context(|| self.log_hint("registry"))?;
@@ -346,7 +374,8 @@ impl Lab {
 
     /// Start (or restart) `edge-agent run`.
     pub fn start_edge(&mut self) -> Result<()> {
-        let mut cmd = child_command("edge-agent", &self.root.join("logs/edge.log"))?;
+        let bin = lab_bin(self.opts.bin_dir.as_deref(), "edge-agent")?;
+        let mut cmd = program_command(&bin, &self.root.join("logs/edge.log"))?;
         cmd.args(["run", "--config"]).arg(&self.edge_config);
         cmd.envs(self.opts.edge_env.iter().map(|(k, v)| (k, v)));
         let (p, _) = Proc::start_ready("edge-agent", cmd, Duration::from_secs(30))
