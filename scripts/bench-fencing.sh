@@ -6,11 +6,12 @@
 #
 #   scripts/bench-fencing.sh [action-bench options, e.g. --requests 2000 --rounds 3]
 #
-# The baseline's release binaries are built once from a temporary
-# `git worktree` of BASELINE_REV into $CARGO_TARGET_DIR/baseline-<rev>
-# (default target/baseline-<rev>) and kept there for the next run; delete
-# that directory to rebuild them. Needs nothing beyond the crates in
-# Cargo.lock.
+# The baseline's release binaries are built once from a `git worktree` of
+# BASELINE_REV at $CARGO_TARGET_DIR/baseline-<rev>/src into
+# $CARGO_TARGET_DIR/baseline-<rev> (default target/baseline-<rev>) and kept
+# for the next run. The worktree stays too: the registry reads its Earth
+# data from its source tree. To rebuild: `git worktree remove` that src
+# and delete the directory. Needs nothing beyond the crates in Cargo.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -23,17 +24,12 @@ base_bins=$base_target/release
 if [[ -x $base_bins/cloud-registry && -x $base_bins/edge-agent ]]; then
   echo "bench-fencing: reusing the baseline binaries in $base_bins" >&2
 else
-  tree=$(mktemp -d "${TMPDIR:-/tmp}/benchlink-baseline.XXXXXX")
-  # `git worktree add` wants a path that does not exist yet.
-  rmdir "$tree"
-  cleanup() { git -C "$repo" worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"; }
-  trap cleanup EXIT
-  git worktree add --detach "$tree" "$rev"
+  tree=$base_target/src
+  mkdir -p "$base_target"
+  [[ -d $tree ]] || git worktree add --detach "$tree" "$rev"
   echo "bench-fencing: building the baseline ($rev) into $base_target" >&2
   (cd "$tree" && CARGO_TARGET_DIR=$base_target \
     cargo build --locked --release -p cloud-registry -p edge-agent --bins)
-  cleanup
-  trap - EXIT
 fi
 
 echo "bench-fencing: building the current release binaries into $target" >&2
