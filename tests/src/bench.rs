@@ -4,7 +4,9 @@
 //! `cloud-registry serve` (embedded broker on a free port, or an external
 //! broker) and `edge-agent run` with a generated bench TOML: simulated
 //! camera, microphone, speaker and screen capture plus the real `korad`,
-//! `lcus`, `grbl` and `serialport` drivers on the simulator's ptys.
+//! `lcus`, `grbl` and `serialport` drivers on the simulator's ptys. The
+//! registry and the edge come from the workspace's target dir, or from
+//! [`LabOptions::bin_dir`] (an older build, for before/after benchmarks).
 //!
 //! Every process is a [`Proc`]: killed when the [`Lab`] is dropped (also on
 //! a panic), and, on Linux, killed by the kernel if the process that
@@ -90,6 +92,12 @@ pub struct LabOptions {
     /// Extra environment variables of the `cloud-registry serve` process
     /// (e.g. `LD_PRELOAD` of libfaketime, to step its wall clock).
     pub registry_env: Vec<(String, String)>,
+    /// Run `cloud-registry` (also its `token create`) and `edge-agent`
+    /// from this directory instead of the workspace's target dir, e.g. an
+    /// older build to compare against. `bench-sim` always comes from the
+    /// workspace: it is not under test, and the lab passes it flags older
+    /// builds may lack.
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl Default for LabOptions {
@@ -109,6 +117,7 @@ impl Default for LabOptions {
             conflict_clear_seconds: None,
             edge_env: Vec::new(),
             registry_env: Vec::new(),
+            bin_dir: None,
         }
     }
 }
@@ -143,6 +152,23 @@ pub fn program_command(program: &Path, log: &Path) -> Result<Command> {
         }
     }
     Ok(cmd)
+}
+
+/// Path of the lab's binary `name` (`cloud-registry`, `edge-agent`): in
+/// `bin_dir` when set, else the workspace's target dir.
+///
+/// Errors: `bin_dir` is set and holds no file `name`.
+fn lab_bin(bin_dir: Option<&Path>, name: &str) -> Result<PathBuf> {
+    match bin_dir {
+        None => Ok(workspace_bin(name)),
+        Some(dir) => {
+            let path = dir.join(name);
+            if !path.is_file() {
+                bail!("{} is missing (LabOptions.bin_dir)", path.display());
+            }
+            Ok(path)
+        }
+    }
 }
 
 /// The running lab. Dropping it kills every process and removes the
@@ -280,8 +306,9 @@ impl Lab {
                     .unwrap_or_default(),
             ),
         )?;
+        let registry_bin = lab_bin(opts.bin_dir.as_deref(), "cloud-registry")?;
         let token = |role: &str, name: &str| -> Result<String> {
-            let out = Command::new(workspace_bin("cloud-registry"))
+            let out = Command::new(&registry_bin)
                 .args(["token", "create", "--config"])
                 .arg(&registry_config)
                 .args(["--role", role, "--name", name])
@@ -348,7 +375,8 @@ impl Lab {
 
     /// Start (or restart) `cloud-registry serve`.
     pub fn start_registry(&mut self) -> Result<()> {
-        let mut cmd = child_command("cloud-registry", &self.root.join("logs/registry.log"))?;
+        let bin = lab_bin(self.opts.bin_dir.as_deref(), "cloud-registry")?;
+        let mut cmd = program_command(&bin, &self.root.join("logs/registry.log"))?;
         cmd.args(["serve", "--config"])
             .arg(&self.registry_config)
             .envs(self.opts.registry_env.iter().map(|(k, v)| (k, v)));
@@ -360,7 +388,8 @@ impl Lab {
 
     /// Start (or restart) `edge-agent run`.
     pub fn start_edge(&mut self) -> Result<()> {
-        let mut cmd = child_command("edge-agent", &self.root.join("logs/edge.log"))?;
+        let bin = lab_bin(self.opts.bin_dir.as_deref(), "edge-agent")?;
+        let mut cmd = program_command(&bin, &self.root.join("logs/edge.log"))?;
         cmd.args(["run", "--config"]).arg(&self.edge_config);
         cmd.envs(self.opts.edge_env.iter().map(|(k, v)| (k, v)));
         let (p, _) = Proc::start_ready("edge-agent", cmd, Duration::from_secs(30))

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo build --release --workspace --bins
 //! cargo run --release -p benchlink-e2e --bin action-bench [-- --requests 500]
+//! target/release/action-bench --baseline-bins DIR [--rounds 2]
 //! ```
 //!
 //! - *action round trip*: `POST /api/v1/capability-leases/{id}/actions`
@@ -25,8 +26,18 @@
 //! the machine's cores could serve at that cost (on the embedded broker
 //! the registry's figure includes the broker's). With many callers in
 //! flight a round trip is bound by that ceiling: p50 ≥ callers / ceiling.
+//!
+//! `--baseline-bins DIR` compares two builds in one run: the whole
+//! measurement (a fresh lab each time) with the `cloud-registry` and
+//! `edge-agent` in DIR, then with the current ones, alternated for
+//! `--rounds` (default 2). It ends with both side by side: action p50/p99
+//! per level over all rounds' samples and the registry's and edge's CPU
+//! per action, each with current / baseline and that ratio's range over
+//! the rounds, against a target of no more than 5 % slower.
+//! `scripts/bench-fencing.sh` builds a baseline and runs this.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,6 +67,35 @@ struct Args {
     /// Start a private Mosquitto with `set_tcp_nodelay true` and use it.
     #[arg(long, conflicts_with = "external_broker")]
     private_mosquitto: bool,
+    /// Compare against the `cloud-registry` and `edge-agent` in DIR (an
+    /// older release build): the whole measurement runs with them and
+    /// with the current binaries in turn, `--rounds` times each.
+    #[arg(long, value_name = "DIR")]
+    baseline_bins: Option<PathBuf>,
+    /// With `--baseline-bins`: measurements of each build, alternated
+    /// (baseline, current, baseline, current, ...) to spread drift.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+}
+
+/// The most a current figure may exceed the baseline's: 5 %.
+const TARGET_RATIO: f64 = 1.05;
+
+/// One concurrency level of one measurement: the round trips (each
+/// sample one request) and the CPU milliseconds per request of each
+/// counted process (`None` where a reading was missing).
+struct Level {
+    callers: usize,
+    bare: Vec<Duration>,
+    action: Vec<Duration>,
+    action_cpu: Vec<Option<f64>>,
+}
+
+/// One whole measurement: its levels in `--concurrency` order and the
+/// names of the counted processes (the order of each `action_cpu`).
+struct Run {
+    counted: Vec<&'static str>,
+    levels: Vec<Level>,
 }
 
 /// p50 and p99 of `samples`, milliseconds.
@@ -66,6 +106,15 @@ fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
         samples[i.min(samples.len() - 1)].as_secs_f64() * 1000.0
     };
     (at(0.50), at(0.99))
+}
+
+/// [`percentiles`] of a copy of `samples` (milliseconds).
+fn percentiles_of<'a>(samples: impl IntoIterator<Item = &'a Vec<Duration>>) -> (f64, f64) {
+    let mut all: Vec<Duration> = samples.into_iter().flatten().copied().collect();
+    if all.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    percentiles(&mut all)
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Instant>>>>;
@@ -289,7 +338,10 @@ where
     Ok(all)
 }
 
-async fn bench(args: Args) -> Result<()> {
+/// One whole measurement with the registry and edge from `bin_dir` (the
+/// workspace's when `None`): a fresh lab, a warm-up, then each level,
+/// bare MQTT then actions. Prints its tables as it goes.
+async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
     let max_callers = args.concurrency.iter().copied().max().unwrap_or(1);
     let broker_dir = tempfile::tempdir()?;
     let mut private = None;
@@ -328,6 +380,7 @@ async fn bench(args: Args) -> Result<()> {
         topic_prefix: prefix.clone(),
         extra_speakers: max_callers,
         outbox_durability: Some(args.durability.clone()),
+        bin_dir: bin_dir.map(Path::to_path_buf),
         ..Default::default()
     })
     .await?;
@@ -408,6 +461,7 @@ async fn bench(args: Args) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut cpu_rows = Vec::new();
     let mut budgets = Vec::new();
+    let mut levels = Vec::new();
     let mut id_base = 1_000_000u64;
     for &c in &args.concurrency {
         let offset = id_base;
@@ -423,7 +477,7 @@ async fn bench(args: Args) -> Result<()> {
         cpu_rows.push((c, "action", cpu_row(&action_ms, cores)));
         let (b50, b99) = percentiles(&mut b);
         let (a50, a99) = percentiles(&mut a);
-        budgets.push((c, b50, action_ms));
+        budgets.push((c, b50, action_ms.clone()));
         println!(
             "{:>11} {:>9} | {:>17.3} {:>9.3} | {:>17.3} {:>9.3} | {:>12.1}x",
             c,
@@ -434,6 +488,12 @@ async fn bench(args: Args) -> Result<()> {
             a99,
             a50 / b50
         );
+        levels.push(Level {
+            callers: c,
+            bare: b,
+            action: a,
+            action_cpu: action_ms,
+        });
     }
     println!("\ntarget: action p50 within 5x the bare MQTT p50");
     println!("\nCPU ms per request (user + system, {cores} cores):");
@@ -458,7 +518,210 @@ async fn bench(args: Args) -> Result<()> {
     print_budgets(&budgets, &counted, cores);
     drop(lab);
     drop(private);
+    Ok(Run {
+        counted: counted.iter().map(|(name, _)| *name).collect(),
+        levels,
+    })
+}
+
+/// The whole benchmark: one measurement, or with `--baseline-bins` the
+/// alternated measurements of both builds and their comparison.
+async fn bench(args: Args) -> Result<()> {
+    let Some(baseline) = args.baseline_bins.clone() else {
+        measure(&args, None).await?;
+        return Ok(());
+    };
+    let baseline = std::fs::canonicalize(&baseline)
+        .with_context(|| format!("--baseline-bins {}", baseline.display()))?;
+    let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
+    let total = args.rounds * 2;
+    for round in 0..args.rounds {
+        for (which, dir) in [(0, Some(baseline.as_path())), (1, None)] {
+            let n = round * 2 + which as u64 + 1;
+            println!(
+                "\n=== measurement {n}/{total}: {} ===",
+                match dir {
+                    Some(d) => format!("baseline ({})", d.display()),
+                    None => "current (workspace)".to_string(),
+                }
+            );
+            runs[which].push(measure(&args, dir).await?);
+        }
+    }
+    print_comparison(&args, &baseline, &runs[0], &runs[1]);
     Ok(())
+}
+
+/// `current / baseline` as a signed percentage change: `+3.1 %`.
+fn change(baseline: f64, current: f64) -> String {
+    format!("{:+.1} %", (current / baseline - 1.0) * 100.0)
+}
+
+/// The lowest and highest of `ratios`, formatted `0.97–1.04`.
+fn ratio_range(ratios: &[f64]) -> String {
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.2}–{hi:.2}")
+}
+
+/// Mean CPU ms per action of process `name` at level index `li` over
+/// `runs` (each run weighted by its action count); `None` when a reading
+/// is missing in any run.
+fn pooled_cpu(runs: &[Run], li: usize, name: &str) -> Option<f64> {
+    let mut ms = 0.0;
+    let mut n = 0usize;
+    for run in runs {
+        let pi = run.counted.iter().position(|c| *c == name)?;
+        let level = run.levels.get(li)?;
+        ms += level.action_cpu.get(pi).copied().flatten()? * level.action.len() as f64;
+        n += level.action.len();
+    }
+    (n > 0).then(|| ms / n as f64)
+}
+
+/// The side-by-side table of both builds: action p50/p99 over the pooled
+/// samples of all rounds, the registry's and the edge's CPU per action,
+/// each with current / baseline and that ratio's range over the rounds
+/// (round i's current against round i's baseline), and the verdict.
+fn print_comparison(args: &Args, baseline_dir: &Path, baseline: &[Run], current: &[Run]) {
+    println!(
+        "\n=== comparison: baseline {} against current; rounds: {}, alternated; {} requests per level per measurement ===",
+        baseline_dir.display(),
+        args.rounds,
+        args.requests
+    );
+    println!(
+        "\naction round trip, ms (p50/p99 over all rounds' samples; ratio = current / baseline, then its range over the rounds):"
+    );
+    println!(
+        "{:>7} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>11} | {:>9} {:>11}",
+        "callers",
+        "base p50",
+        "cur p50",
+        "base p99",
+        "cur p99",
+        "p50 ratio",
+        "per round",
+        "p99 ratio",
+        "per round"
+    );
+    let mut verdicts = Vec::new();
+    let mut controls = Vec::new();
+    for (li, level) in baseline[0].levels.iter().enumerate() {
+        let pooled = |runs: &[Run], bare: bool| {
+            percentiles_of(runs.iter().filter_map(|r| r.levels.get(li)).map(|l| {
+                if bare {
+                    &l.bare
+                } else {
+                    &l.action
+                }
+            }))
+        };
+        let (b50, b99) = pooled(baseline, false);
+        let (c50, c99) = pooled(current, false);
+        let per_round = |q: usize| -> Vec<f64> {
+            baseline
+                .iter()
+                .zip(current)
+                .filter_map(|(b, c)| {
+                    let (b, c) = (b.levels.get(li)?, c.levels.get(li)?);
+                    let (b, c) = (percentiles_of([&b.action]), percentiles_of([&c.action]));
+                    Some(if q == 50 { c.0 / b.0 } else { c.1 / b.1 })
+                })
+                .collect()
+        };
+        println!(
+            "{:>7} | {:>9.3} {:>9.3} | {:>9.3} {:>9.3} | {:>9.3} {:>11} | {:>9.3} {:>11}",
+            level.callers,
+            b50,
+            c50,
+            b99,
+            c99,
+            c50 / b50,
+            ratio_range(&per_round(50)),
+            c99 / b99,
+            ratio_range(&per_round(99)),
+        );
+        verdicts.push((level.callers, "action p50", b50, c50));
+        verdicts.push((level.callers, "action p99", b99, c99));
+        controls.push((level.callers, pooled(baseline, true), pooled(current, true)));
+    }
+    println!(
+        "\ncontrol, bare MQTT round trip on the same broker (no registry or edge code in its path but the embedded broker), ms: baseline / current"
+    );
+    for (callers, (b50, b99), (c50, c99)) in controls {
+        println!(
+            "{callers:>7} | p50 {b50:.3} / {c50:.3} ({}) | p99 {b99:.3} / {c99:.3} ({})",
+            change(b50, c50),
+            change(b99, c99)
+        );
+    }
+    println!("\nCPU ms per action (user + system; the registry's includes its embedded broker):");
+    println!(
+        "{:>7} | {:>9} {:>9} {:>7} {:>11} | {:>9} {:>9} {:>7} {:>11}",
+        "callers",
+        "reg base",
+        "reg cur",
+        "ratio",
+        "per round",
+        "edge base",
+        "edge cur",
+        "ratio",
+        "per round"
+    );
+    for (li, level) in baseline[0].levels.iter().enumerate() {
+        let mut line = format!("{:>7} |", level.callers);
+        for (k, name) in ["registry", "edge"].into_iter().enumerate() {
+            let (b, c) = (
+                pooled_cpu(baseline, li, name),
+                pooled_cpu(current, li, name),
+            );
+            let rounds: Vec<f64> = baseline
+                .iter()
+                .zip(current)
+                .filter_map(|(b, c)| {
+                    let (b, c) = (std::slice::from_ref(b), std::slice::from_ref(c));
+                    Some(pooled_cpu(c, li, name)? / pooled_cpu(b, li, name)?)
+                })
+                .collect();
+            match (b, c) {
+                (Some(b), Some(c)) => {
+                    line.push_str(&format!(
+                        " {b:>9.3} {c:>9.3} {:>7.3} {:>11}",
+                        c / b,
+                        ratio_range(&rounds)
+                    ));
+                    verdicts.push((
+                        level.callers,
+                        if k == 0 { "registry CPU" } else { "edge CPU" },
+                        b,
+                        c,
+                    ));
+                }
+                _ => line.push_str(&format!(" {:>9} {:>9} {:>7} {:>11}", "-", "-", "-", "-")),
+            }
+            if k == 0 {
+                line.push_str(" |");
+            }
+        }
+        println!("{line}");
+    }
+    println!(
+        "\ntarget: current no more than {:.0} % slower than baseline (ratio <= {TARGET_RATIO:.2}):",
+        (TARGET_RATIO - 1.0) * 100.0
+    );
+    verdicts.sort_by_key(|v| v.0);
+    for (callers, what, b, c) in verdicts {
+        println!(
+            "{callers:>7} callers, {what:<12}: {} {}",
+            change(b, c),
+            if c / b <= TARGET_RATIO {
+                "within"
+            } else {
+                "OVER"
+            }
+        );
+    }
 }
 
 fn main() -> std::process::ExitCode {
