@@ -548,16 +548,32 @@ impl Outbox {
 
     /// Artifacts due for upload (pending, not backing off), oldest first.
     pub fn due_uploads(&self, limit: usize) -> Result<Vec<PendingUpload>, OutboxError> {
+        self.due_uploads_sized(limit, 0..u64::MAX)
+    }
+
+    /// [`Self::due_uploads`] of the artifacts whose size in bytes lies in
+    /// `sizes` (the uploader's lanes: small ones are not held behind a
+    /// large one).
+    pub fn due_uploads_sized(
+        &self,
+        limit: usize,
+        sizes: std::ops::Range<u64>,
+    ) -> Result<Vec<PendingUpload>, OutboxError> {
+        let (min, max) = (
+            i64::try_from(sizes.start).unwrap_or(i64::MAX),
+            i64::try_from(sizes.end).unwrap_or(i64::MAX),
+        );
         let now_ms = Utc::now().timestamp_millis();
         let rows = self.with_conn(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT artifact_id, session_id, size_bytes, sha256, content_type, attempts
                  FROM artifacts
                  WHERE upload_state = 'pending' AND next_attempt_at_ms <= ?1
+                   AND size_bytes >= ?3 AND size_bytes < ?4
                  ORDER BY rowid LIMIT ?2",
             )?;
             let rows = stmt
-                .query_map(params![now_ms, limit as i64], |r| {
+                .query_map(params![now_ms, limit as i64, min, max], |r| {
                     Ok((
                         r.get::<_, String>(0)?,
                         r.get::<_, String>(1)?,
@@ -589,10 +605,24 @@ impl Outbox {
     /// The earliest time a backing-off pending artifact becomes due, if any
     /// artifact is pending at all.
     pub fn next_due_in(&self) -> Result<Option<Duration>, OutboxError> {
+        self.next_due_in_sized(0..u64::MAX)
+    }
+
+    /// [`Self::next_due_in`] among artifacts whose size in bytes lies in
+    /// `sizes`.
+    pub fn next_due_in_sized(
+        &self,
+        sizes: std::ops::Range<u64>,
+    ) -> Result<Option<Duration>, OutboxError> {
+        let (min, max) = (
+            i64::try_from(sizes.start).unwrap_or(i64::MAX),
+            i64::try_from(sizes.end).unwrap_or(i64::MAX),
+        );
         let next = self.with_conn(|c| {
             c.query_row(
-                "SELECT MIN(next_attempt_at_ms) FROM artifacts WHERE upload_state = 'pending'",
-                [],
+                "SELECT MIN(next_attempt_at_ms) FROM artifacts WHERE upload_state = 'pending'
+                   AND size_bytes >= ?1 AND size_bytes < ?2",
+                params![min, max],
                 |r| r.get::<_, Option<i64>>(0),
             )
         })?;
