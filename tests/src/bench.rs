@@ -90,6 +90,10 @@ pub struct LabOptions {
     /// Extra environment variables of the `cloud-registry serve` process
     /// (e.g. `LD_PRELOAD` of libfaketime, to step its wall clock).
     pub registry_env: Vec<(String, String)>,
+    /// Port on 127.0.0.1 the edge sends its HTTP requests to instead of
+    /// the registry's (a proxy of the test's in between); `None`: the
+    /// registry's own port.
+    pub edge_http_port: Option<u16>,
 }
 
 impl Default for LabOptions {
@@ -109,6 +113,7 @@ impl Default for LabOptions {
             conflict_clear_seconds: None,
             edge_env: Vec::new(),
             registry_env: Vec::new(),
+            edge_http_port: None,
         }
     }
 }
@@ -306,7 +311,7 @@ impl Lab {
             &mqtt_host,
             mqtt_port,
             &opts.topic_prefix,
-            http_port,
+            opts.edge_http_port.unwrap_or(http_port),
             &provider_token,
             &devices,
         );

@@ -217,7 +217,10 @@ mod tests {
     #[test]
     fn content_ranges_parse_and_bad_ones_are_named() {
         let r = ContentRange::parse("bytes 100-199/1000").unwrap();
-        assert_eq!((r.start, r.end, r.total, r.body_len()), (100, 199, 1000, 100));
+        assert_eq!(
+            (r.start, r.end, r.total, r.body_len()),
+            (100, 199, 1000, 100)
+        );
         for bad in [
             "bytes 5-4/10",
             "bytes 0-10/10",
