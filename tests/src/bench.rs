@@ -94,6 +94,9 @@ pub struct LabOptions {
     /// the registry's (a proxy of the test's in between); `None`: the
     /// registry's own port.
     pub edge_http_port: Option<u16>,
+    /// The edge's `state_dir` (outbox database and files), e.g. on a small
+    /// file system the test mounted; `None`: `edge/state` in the lab.
+    pub edge_state_dir: Option<PathBuf>,
 }
 
 impl Default for LabOptions {
@@ -114,6 +117,7 @@ impl Default for LabOptions {
             edge_env: Vec::new(),
             registry_env: Vec::new(),
             edge_http_port: None,
+            edge_state_dir: None,
         }
     }
 }
@@ -307,7 +311,10 @@ impl Lab {
         // Bench TOML.
         let edge_config = root.join("edge/edge-agent.toml");
         let mut toml = edge_toml(
-            &root.join("edge/state"),
+            &opts
+                .edge_state_dir
+                .clone()
+                .unwrap_or_else(|| root.join("edge/state")),
             &mqtt_host,
             mqtt_port,
             &opts.topic_prefix,
