@@ -1354,15 +1354,38 @@ impl Outbox {
         mut f: impl FnMut(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, OutboxError> {
         let conn = lock(&self.inner.conn);
-        let first = f(&conn);
-        let result = match first {
-            Err(e) if is_disk_full(&e) && self.release_reserve(&e.to_string()) => f(&conn),
+        let result = match f(&conn) {
+            Err(e) if is_disk_full(&e) => {
+                self.make_room(&conn, &e);
+                f(&conn)
+            }
             other => other,
         };
+        self.keep_wal_small(&conn);
         result.map_err(|source| OutboxError::Db {
             path: self.inner.db_path.clone(),
             source,
         })
+    }
+
+    /// A write found the disk full (`e`): give up the reserve and shrink
+    /// the write-ahead log to nothing (a checkpoint moves its pages into
+    /// the database, whose free pages it reuses), so the write can run
+    /// again.
+    fn make_room(&self, conn: &Connection, e: &rusqlite::Error) {
+        self.release_reserve(&e.to_string());
+        if let Err(c) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+            tracing::warn!("outbox: checkpoint on a full disk failed: {c}");
+        }
+    }
+
+    /// While the disk is full, checkpoint after every write: the
+    /// write-ahead log would otherwise grow into the little room left and
+    /// its checkpoint then find none to move its pages into the database.
+    fn keep_wal_small(&self, conn: &Connection) {
+        if lock(&self.inner.disk_problem).is_some() {
+            let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        }
     }
 
     /// Why new evidence cannot be kept now (the disk is full), or `None`.
@@ -1466,9 +1489,13 @@ impl Outbox {
             out
         };
         let result = match run() {
-            Err(e) if is_disk_full(&e) && self.release_reserve(&e.to_string()) => run(),
+            Err(e) if is_disk_full(&e) => {
+                self.make_room(&conn, &e);
+                run()
+            }
             other => other,
         };
+        self.keep_wal_small(&conn);
         result.map_err(|source| OutboxError::Db {
             path: self.inner.db_path.clone(),
             source,
