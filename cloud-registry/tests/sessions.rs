@@ -2071,3 +2071,172 @@ async fn a_report_of_an_action_started_inside_its_fence_completes_the_session() 
     assert!(session.get("late_report").is_none(), "{session}");
     assert!(b.events_of("session_late_report").await.is_empty());
 }
+
+impl Bench {
+    /// A ranged PUT of `piece` (bytes `start..` of an upload of `total`
+    /// bytes hashing to `sum`). With `cut_after` the body stream fails
+    /// after that many bytes, as a dropped connection does.
+    async fn put_range(
+        &self,
+        artifact_id: &str,
+        sum: &str,
+        start: u64,
+        total: u64,
+        piece: &[u8],
+        cut_after: Option<usize>,
+    ) -> Result<(StatusCode, Value), reqwest::Error> {
+        let end = start + piece.len() as u64 - 1;
+        let body = match cut_after {
+            None => reqwest::Body::from(piece.to_vec()),
+            Some(n) => {
+                let sent = bytes::Bytes::copy_from_slice(&piece[..n]);
+                let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
+                    vec![Ok(sent), Err(std::io::Error::other("link dropped"))];
+                reqwest::Body::wrap_stream(futures::stream::iter(chunks))
+            }
+        };
+        let resp = self
+            .api
+            .http
+            .put(format!(
+                "{}/api/v1/artifacts/{artifact_id}/content",
+                self.api.base
+            ))
+            .bearer_auth(&self.provider_token)
+            .header("X-Checksum-Sha256", sum)
+            .header("Content-Range", format!("bytes {start}-{end}/{total}"))
+            .header("Content-Length", piece.len())
+            .body(body)
+            .send()
+            .await?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
+    }
+
+    async fn upload_status(&self, artifact_id: &str, sum: &str) -> Value {
+        let (s, v) = self
+            .api
+            .get(
+                &format!("/api/v1/artifacts/{artifact_id}/content/upload-status?sha256={sum}"),
+                Some(&self.provider_token),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        v
+    }
+}
+
+#[tokio::test]
+async fn a_resumable_upload_continues_after_a_dropped_connection_and_is_verified_whole() {
+    let mut b = Bench::start().await;
+    let (cmd, call) = b.snapshot().await;
+    let bytes = jpeg_like(3_000_000);
+    let sum = sha256_hex(&bytes);
+    let total = bytes.len() as u64;
+    assert_eq!(b.upload_status("art-big", &sum).await["received_bytes"], 0);
+
+    // A first piece arrives whole: 202 and what is held.
+    let r = b
+        .put_range("art-big", &sum, 0, total, &bytes[..1_000_000], None)
+        .await
+        .expect("sent");
+    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    assert_eq!(r.1["received_bytes"], 1_000_000);
+    assert_eq!(r.1["complete"], false);
+
+    // The next one breaks off after 400 000 bytes: what reached the
+    // registry is kept (a reset connection may lose what was in flight).
+    let _ = b
+        .put_range(
+            "art-big",
+            &sum,
+            1_000_000,
+            total,
+            &bytes[1_000_000..],
+            Some(400_000),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = b.upload_status("art-big", &sum).await;
+    assert_eq!(status["complete"], false, "{status}");
+    let held = status["received_bytes"].as_u64().unwrap();
+    assert!((1_000_000..=1_400_000).contains(&held), "{status}");
+
+    // A piece that does not start where the held bytes end is refused.
+    let r = b
+        .put_range("art-big", &sum, 1_000_001, total, &bytes[1_000_001..], None)
+        .await
+        .expect("sent");
+    assert_error(&r, StatusCode::CONFLICT, "upload_offset_mismatch");
+    assert_eq!(r.1["error"]["details"]["received_bytes"], held);
+    let h = held as usize;
+    let r = b
+        .put_range("art-big", &sum, held, total, &bytes[h..h + 10], None)
+        .await
+        .expect("sent");
+    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    assert_eq!(r.1["received_bytes"], held + 10);
+
+    // The rest completes it: stored, verified against the sha256.
+    let r = b
+        .put_range("art-big", &sum, held + 10, total, &bytes[h + 10..], None)
+        .await
+        .expect("sent");
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["checksum"], sum);
+    let status = b.upload_status("art-big", &sum).await;
+    assert_eq!(status["complete"], true);
+    assert_eq!(status["received_bytes"], total);
+
+    b.report(
+        &cmd,
+        "completed",
+        json!({"artifacts": [artifact_meta("art-big", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    assert_eq!(call.await.unwrap().1["status"], "completed");
+    let status = b.upload_status("art-big", &sum).await;
+    assert_eq!(status["metadata_received"], true);
+    let got = b
+        .api
+        .http
+        .get(format!("{}/api/v1/artifacts/art-big/content", b.api.base))
+        .bearer_auth(&b.agent)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(sha256_hex(&got), sum);
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_resumable_upload_whose_bytes_hash_to_another_sha256_is_refused_and_starts_over() {
+    let b = Bench::start().await;
+    let bytes = jpeg_like(200_000);
+    let wrong = sha256_hex(b"other bytes");
+    let total = bytes.len() as u64;
+    let r = b
+        .put_range("art-x", &wrong, 0, total, &bytes[..100_000], None)
+        .await
+        .expect("sent");
+    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = b
+        .put_range("art-x", &wrong, 100_000, total, &bytes[100_000..], None)
+        .await
+        .expect("sent");
+    assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "checksum_mismatch");
+    assert_eq!(b.upload_status("art-x", &wrong).await["received_bytes"], 0);
+    let r = b
+        .put_range("art-x", &wrong, 0, 10, &bytes[..20], None)
+        .await
+        .expect("sent");
+    assert_error(&r, StatusCode::BAD_REQUEST, "invalid_content_range");
+    b.reg.shutdown().await;
+}

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use shared_protocol::capability::CapabilityRegistration;
+use shared_protocol::capability::{CapabilityRegistration, HealthStatus};
 use shared_protocol::lease::PreemptNotice;
 use shared_protocol::mqtt::{
     ActionCancel, ActionCommand, Envelope, FenceRefusal, LeaseGranted, LeaseRevoked, MessageType,
@@ -392,6 +392,21 @@ impl LinkSource for DaemonSource {
                 occurred_at: now,
             });
         }
+        // While the disk is full every capability reports it: no action's
+        // evidence can be kept. Once there is room the reserve is made
+        // again (this runs on the blocking pool) and health recovers.
+        let disk_problem = match self.outbox.disk_problem() {
+            Some(_) if self.outbox.restore_reserve() => None,
+            p => p,
+        };
+        if let Some(message) = &disk_problem {
+            faults.push(ProviderFault {
+                capability_id: None,
+                code: "outbox_disk_full".into(),
+                message: message.clone(),
+                occurred_at: now,
+            });
+        }
         if let Ok(stats) = self.outbox.stats() {
             if stats.budget_bytes > 0 && stats.budget_used_bytes * 10 >= stats.budget_bytes * 9 {
                 faults.push(ProviderFault {
@@ -418,10 +433,17 @@ impl LinkSource for DaemonSource {
                 });
             }
         }
+        let mut capabilities = self.runners.health_reports();
+        if let Some(message) = &disk_problem {
+            for c in &mut capabilities {
+                c.health_status = HealthStatus::Unhealthy;
+                c.message = Some(message.clone());
+            }
+        }
         HeartbeatRequest {
             provider_id: self.provider.provider_id.clone(),
             boot_id: self.provider.boot_id.clone(),
-            capabilities: self.runners.health_reports(),
+            capabilities,
             running_sessions: self.runners.running_sessions(),
             faults,
         }

@@ -151,6 +151,49 @@ pub enum OutboxError {
     Invalid(String),
     #[error("no artifact `{0}` in the outbox")]
     UnknownArtifact(String),
+    /// The file system of the outbox is full: new evidence cannot be kept
+    /// (nothing of it was written). The room reserved for the outbox's own
+    /// bookkeeping (see [`RESERVE_BYTES`]) was given up, so that the
+    /// failure can still be recorded and reported.
+    #[error(
+        "the edge's disk is full at {path}: the evidence of this action cannot be kept ({detail})"
+    )]
+    DiskFull { path: PathBuf, detail: String },
+}
+
+/// Room kept on the outbox database's file system for its own bookkeeping,
+/// bytes (1 MiB): a file of this size sits next to the database and is
+/// deleted the moment a database write finds the disk full, so that the
+/// write, and those reporting the failure, still fit. While it is gone no
+/// new artifact is taken in; it is made again once there is room.
+pub const RESERVE_BYTES: u64 = 1024 * 1024;
+
+/// True for SQLite's "database or disk is full" (`SQLITE_FULL`, what a
+/// write on a full file system gives).
+fn is_disk_full(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
+/// Bytes an unprivileged writer may still use on the file system of
+/// `dir` (`statvfs`), or `None` when it cannot be told.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `st` is writable memory of
+    // the right type; statvfs fills it on success.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so `st` is initialised.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// True for a file write on a full file system (`ENOSPC`).
+fn io_is_disk_full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull
 }
 
 /// What [`Outbox::open`] found and repaired.
@@ -245,6 +288,10 @@ struct Inner {
     /// queued: once the broker acknowledges it, it is queued once more
     /// ([`Outbox::resend_for_sync`]).
     resend_after_ack: Mutex<std::collections::HashSet<String>>,
+    /// The file of [`RESERVE_BYTES`] next to the database.
+    reserve_path: PathBuf,
+    /// Set while the reserve is given up: why evidence cannot be kept.
+    disk_problem: Mutex<Option<String>>,
 }
 
 /// Most updates kept in memory for the publisher ([`Outbox::followed_updates`]);
@@ -353,6 +400,8 @@ impl Outbox {
                 due_again: Arc::default(),
                 sent_pruned_at: Mutex::new(None),
                 resend_after_ack: Mutex::default(),
+                reserve_path: cfg.db.with_extension("reserve"),
+                disk_problem: Mutex::new(None),
                 budget: Mutex::new(Budget {
                     limit: cfg.disk_budget_bytes,
                     used: 0,
@@ -361,6 +410,7 @@ impl Outbox {
             }),
         };
         let report = outbox.recover()?;
+        outbox.restore_reserve();
         outbox.prune_uploaded()?;
         let (files, used) = outbox.with_conn(|c| {
             c.query_row(
@@ -434,9 +484,33 @@ impl Outbox {
             return Ok(Vec::new());
         }
         let total: u64 = artifacts.iter().map(|a| a.bytes.len() as u64).sum();
+        if !self.restore_reserve() {
+            return Err(OutboxError::DiskFull {
+                path: self.inner.dir.clone(),
+                detail: format!(
+                    "no room for the outbox's {} KiB bookkeeping reserve",
+                    RESERVE_BYTES / 1024
+                ),
+            });
+        }
         self.reserve(total)?;
         let mut written: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(artifacts.len());
-        let result = self.write_batch(session_id, artifacts, &mut written);
+        let result = self
+            .write_batch(session_id, artifacts, &mut written)
+            .map_err(|e| match e {
+                OutboxError::Io { path, source } if io_is_disk_full(&source) => {
+                    self.release_reserve(&format!("writing {}: {source}", path.display()));
+                    OutboxError::DiskFull {
+                        path: self.inner.dir.clone(),
+                        detail: format!("writing {}: {source}", path.display()),
+                    }
+                }
+                OutboxError::Db { source, .. } if is_disk_full(&source) => OutboxError::DiskFull {
+                    path: self.inner.dir.clone(),
+                    detail: format!("recording the artifacts: {source}"),
+                },
+                e => e,
+            });
         match result {
             Ok(metas) => {
                 lock(&self.inner.budget).files += metas.len() as u64;
@@ -548,16 +622,32 @@ impl Outbox {
 
     /// Artifacts due for upload (pending, not backing off), oldest first.
     pub fn due_uploads(&self, limit: usize) -> Result<Vec<PendingUpload>, OutboxError> {
+        self.due_uploads_sized(limit, 0..u64::MAX)
+    }
+
+    /// [`Self::due_uploads`] of the artifacts whose size in bytes lies in
+    /// `sizes` (the uploader's lanes: small ones are not held behind a
+    /// large one).
+    pub fn due_uploads_sized(
+        &self,
+        limit: usize,
+        sizes: std::ops::Range<u64>,
+    ) -> Result<Vec<PendingUpload>, OutboxError> {
+        let (min, max) = (
+            i64::try_from(sizes.start).unwrap_or(i64::MAX),
+            i64::try_from(sizes.end).unwrap_or(i64::MAX),
+        );
         let now_ms = Utc::now().timestamp_millis();
         let rows = self.with_conn(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT artifact_id, session_id, size_bytes, sha256, content_type, attempts
                  FROM artifacts
                  WHERE upload_state = 'pending' AND next_attempt_at_ms <= ?1
+                   AND size_bytes >= ?3 AND size_bytes < ?4
                  ORDER BY rowid LIMIT ?2",
             )?;
             let rows = stmt
-                .query_map(params![now_ms, limit as i64], |r| {
+                .query_map(params![now_ms, limit as i64, min, max], |r| {
                     Ok((
                         r.get::<_, String>(0)?,
                         r.get::<_, String>(1)?,
@@ -589,10 +679,24 @@ impl Outbox {
     /// The earliest time a backing-off pending artifact becomes due, if any
     /// artifact is pending at all.
     pub fn next_due_in(&self) -> Result<Option<Duration>, OutboxError> {
+        self.next_due_in_sized(0..u64::MAX)
+    }
+
+    /// [`Self::next_due_in`] among artifacts whose size in bytes lies in
+    /// `sizes`.
+    pub fn next_due_in_sized(
+        &self,
+        sizes: std::ops::Range<u64>,
+    ) -> Result<Option<Duration>, OutboxError> {
+        let (min, max) = (
+            i64::try_from(sizes.start).unwrap_or(i64::MAX),
+            i64::try_from(sizes.end).unwrap_or(i64::MAX),
+        );
         let next = self.with_conn(|c| {
             c.query_row(
-                "SELECT MIN(next_attempt_at_ms) FROM artifacts WHERE upload_state = 'pending'",
-                [],
+                "SELECT MIN(next_attempt_at_ms) FROM artifacts WHERE upload_state = 'pending'
+                   AND size_bytes >= ?1 AND size_bytes < ?2",
+                params![min, max],
                 |r| r.get::<_, Option<i64>>(0),
             )
         })?;
@@ -1243,15 +1347,123 @@ impl Outbox {
         due
     }
 
+    /// Run `f` on the database. A write that finds the disk full gives up
+    /// the bookkeeping reserve and runs once more.
     fn with_conn<T>(
         &self,
-        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+        mut f: impl FnMut(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, OutboxError> {
         let conn = lock(&self.inner.conn);
-        f(&conn).map_err(|source| OutboxError::Db {
+        let result = match f(&conn) {
+            Err(e) if is_disk_full(&e) => {
+                self.make_room(&conn, &e);
+                f(&conn)
+            }
+            other => other,
+        };
+        self.keep_wal_small(&conn);
+        result.map_err(|source| OutboxError::Db {
             path: self.inner.db_path.clone(),
             source,
         })
+    }
+
+    /// A write found the disk full (`e`): give up the reserve and shrink
+    /// the write-ahead log to nothing (a checkpoint moves its pages into
+    /// the database, whose free pages it reuses), so the write can run
+    /// again.
+    fn make_room(&self, conn: &Connection, e: &rusqlite::Error) {
+        self.release_reserve(&e.to_string());
+        if let Err(c) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+            tracing::warn!("outbox: checkpoint on a full disk failed: {c}");
+        }
+    }
+
+    /// While the disk is full, checkpoint after every write: the
+    /// write-ahead log would otherwise grow into the little room left and
+    /// its checkpoint then find none to move its pages into the database.
+    fn keep_wal_small(&self, conn: &Connection) {
+        if lock(&self.inner.disk_problem).is_some() {
+            let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        }
+    }
+
+    /// Why new evidence cannot be kept now (the disk is full), or `None`.
+    pub fn disk_problem(&self) -> Option<String> {
+        lock(&self.inner.disk_problem).clone()
+    }
+
+    /// Make sure the bookkeeping reserve exists, making it again if it was
+    /// given up and there is room (blocking: file I/O). True when it is in
+    /// place.
+    pub fn restore_reserve(&self) -> bool {
+        let path = &self.inner.reserve_path;
+        let mut problem = lock(&self.inner.disk_problem);
+        if problem.is_none() && fs::metadata(path).is_ok_and(|m| m.len() >= RESERVE_BYTES) {
+            return true;
+        }
+        let temp = path.with_extension("reserve.part");
+        let made = (|| -> std::io::Result<()> {
+            // Made again only with as much room again for evidence, so a
+            // disk still nearly full does not take in, fail and give up
+            // the reserve over and over.
+            if problem.is_some() {
+                if let Some(free) = free_bytes(path.parent().unwrap_or(Path::new("."))) {
+                    if free < 2 * RESERVE_BYTES {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::StorageFull,
+                            format!("{free} bytes free, {} needed", 2 * RESERVE_BYTES),
+                        ));
+                    }
+                }
+            }
+            let mut f = fs::File::create(&temp)?;
+            // Real bytes: a sparse file would hold no room.
+            let chunk = vec![0u8; 64 * 1024];
+            for _ in 0..RESERVE_BYTES / chunk.len() as u64 {
+                std::io::Write::write_all(&mut f, &chunk)?;
+            }
+            f.sync_all()?;
+            fs::rename(&temp, path)
+        })();
+        match made {
+            Ok(()) => {
+                if problem.take().is_some() {
+                    tracing::info!(path = %path.display(), "outbox: room for its bookkeeping reserved again; new evidence is taken in");
+                }
+                true
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                if problem.is_none() {
+                    tracing::error!(path = %path.display(), "outbox: cannot reserve room for its bookkeeping: {e}; new evidence is refused");
+                    *problem = Some(format!(
+                        "the edge's disk is full at {}: evidence cannot be kept ({e})",
+                        self.inner.dir.display()
+                    ));
+                }
+                false
+            }
+        }
+    }
+
+    /// The disk is full (`why`): delete the reserve so bookkeeping writes
+    /// fit, and refuse new evidence until it is made again. True when
+    /// there was a reserve to give up.
+    fn release_reserve(&self, why: &str) -> bool {
+        let mut problem = lock(&self.inner.disk_problem);
+        let released = fs::remove_file(&self.inner.reserve_path).is_ok();
+        if problem.is_none() {
+            tracing::error!(
+                released_reserve = released,
+                "outbox: the disk is full ({why}); new evidence is refused until there is room"
+            );
+            *problem = Some(format!(
+                "the edge's disk is full at {}: evidence cannot be kept ({why})",
+                self.inner.dir.display()
+            ));
+        }
+        released
     }
 
     /// Like [`Self::with_conn`], with the commits inside `f` made without
@@ -1259,11 +1471,11 @@ impl Outbox {
     /// for session-update rows (see the module docs).
     fn with_conn_unsynced<T>(
         &self,
-        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+        mut f: impl FnMut(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, OutboxError> {
         let conn = lock(&self.inner.conn);
         let relax = self.inner.durability == Durability::Fsync;
-        let run = || -> rusqlite::Result<T> {
+        let mut run = || -> rusqlite::Result<T> {
             // Prepared once and kept: these run twice per queued update.
             if relax {
                 conn.prepare_cached("PRAGMA synchronous = NORMAL")?
@@ -1276,7 +1488,15 @@ impl Outbox {
             }
             out
         };
-        run().map_err(|source| OutboxError::Db {
+        let result = match run() {
+            Err(e) if is_disk_full(&e) => {
+                self.make_room(&conn, &e);
+                run()
+            }
+            other => other,
+        };
+        self.keep_wal_small(&conn);
+        result.map_err(|source| OutboxError::Db {
             path: self.inner.db_path.clone(),
             source,
         })
@@ -1405,7 +1625,7 @@ impl Outbox {
                 "DELETE FROM artifacts
                  WHERE upload_state = 'uploaded' AND metadata_acked = 1 AND bytes_bound = 1
                    AND uploaded_at < ?1",
-                [cutoff],
+                [&cutoff],
             )
         })?;
         Ok(())

@@ -819,3 +819,91 @@ fn bytes_held_unbound_are_confirmed_by_another_upload_after_the_metadata() {
     assert!(!outbox.file_path(&a.artifact_id).exists());
     assert_eq!(outbox.stats().unwrap().pending_artifacts, 0);
 }
+
+/// A tmpfs of `size` on a temporary directory, unmounted on drop; `None`
+/// (said loudly) without root, a panic under `CI=true`.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir)),
+            other => {
+                let why = format!("{other:?}");
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("cannot mount a tmpfs (needs root) and CI=true: {why}");
+                }
+                eprintln!("NOT RUN: cannot mount a tmpfs (needs root): {why}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn on_a_full_disk_bookkeeping_still_fits_new_evidence_is_refused_and_room_brings_it_back() {
+    let Some(fs) = Tmpfs::mount("3m") else {
+        return;
+    };
+    let root = fs.0.path();
+    let (outbox, _) = Outbox::open(&config(root, 64 * MIB), "bench-1").unwrap();
+    assert!(outbox.disk_problem().is_none());
+    let kept = outbox.ingest("sess-1", artifact(100_000, 1)).unwrap();
+
+    // Fill the file system to the last byte.
+    let filler = root.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 16 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let small = [0u8; 512];
+        while f.write_all(&small).is_ok() {}
+    }
+
+    // Session updates (the failure reports among them) are still queued:
+    // the reserve makes room for them.
+    let payload = vec![b'x'; 4096];
+    for i in 0..100 {
+        outbox
+            .queue_update(&format!("m-{i}"), "sess-2", &payload)
+            .unwrap_or_else(|e| panic!("update {i} not queued on a full disk: {e}"));
+    }
+    let problem = outbox.disk_problem().expect("the full disk is noticed");
+    assert!(problem.contains("disk is full"), "{problem}");
+    assert_eq!(outbox.queued_updates(1000).unwrap().len(), 100);
+
+    // New evidence is refused with a clear error, nothing left behind.
+    let before = files_in(&root.join("outbox"));
+    match outbox.ingest("sess-2", artifact(50_000, 2)) {
+        Err(e @ OutboxError::DiskFull { .. }) => {
+            assert!(e.to_string().contains("cannot be kept"), "{e}")
+        }
+        other => panic!("expected DiskFull, got {other:?}"),
+    }
+    assert_eq!(files_in(&root.join("outbox")), before);
+    assert!(!outbox.restore_reserve(), "still no room");
+
+    // Evidence taken before is intact.
+    let rec = outbox.artifact(&kept.artifact_id).unwrap().expect("kept");
+    assert_eq!(rec.artifact.checksum, kept.checksum);
+    assert_eq!(outbox.rehash(&kept.artifact_id).unwrap(), kept.checksum);
+
+    // Room again: the reserve comes back and evidence is taken in.
+    std::fs::remove_file(&filler).unwrap();
+    assert!(outbox.restore_reserve());
+    assert!(outbox.disk_problem().is_none());
+    outbox.ingest("sess-3", artifact(50_000, 3)).unwrap();
+    drop(outbox);
+}

@@ -98,6 +98,13 @@ pub struct LabOptions {
     /// workspace: it is not under test, and the lab passes it flags older
     /// builds may lack.
     pub bin_dir: Option<PathBuf>,
+    /// Port on 127.0.0.1 the edge sends its HTTP requests to instead of
+    /// the registry's (a proxy of the test's in between); `None`: the
+    /// registry's own port.
+    pub edge_http_port: Option<u16>,
+    /// The edge's `state_dir` (outbox database and files), e.g. on a small
+    /// file system the test mounted; `None`: `edge/state` in the lab.
+    pub edge_state_dir: Option<PathBuf>,
 }
 
 impl Default for LabOptions {
@@ -118,6 +125,8 @@ impl Default for LabOptions {
             edge_env: Vec::new(),
             registry_env: Vec::new(),
             bin_dir: None,
+            edge_http_port: None,
+            edge_state_dir: None,
         }
     }
 }
@@ -329,11 +338,14 @@ impl Lab {
         // Bench TOML.
         let edge_config = root.join("edge/edge-agent.toml");
         let mut toml = edge_toml(
-            &root.join("edge/state"),
+            &opts
+                .edge_state_dir
+                .clone()
+                .unwrap_or_else(|| root.join("edge/state")),
             &mqtt_host,
             mqtt_port,
             &opts.topic_prefix,
-            http_port,
+            opts.edge_http_port.unwrap_or(http_port),
             &provider_token,
             &devices,
         );

@@ -15,7 +15,17 @@
 //!   provider that produced them (`provider` token), header
 //!   `X-Checksum-Sha256`; `201` when stored, `200` for a repeat of the
 //!   same bytes, `422 checksum_mismatch` (nothing stored), `413
-//!   body_too_large` above `sessions.max_artifact_bytes`;
+//!   body_too_large` above `sessions.max_artifact_bytes`. With
+//!   `Content-Range: bytes START-END/TOTAL` the PUT is one piece of a
+//!   resumable upload: appended to what the registry holds (START 0 or
+//!   the bytes held, else `409 upload_offset_mismatch`), `202` with
+//!   `{artifact_id, checksum, received_bytes, size_bytes, complete: false}`
+//!   and `Range: bytes=0-N` until the last piece, which is verified whole
+//!   and answered as a plain PUT;
+//! - `GET /api/v1/artifacts/{artifact_id}/content/upload-status`: header
+//!   `X-Checksum-Sha256` (or `?sha256=`); what the registry holds of that
+//!   upload, `{artifact_id, checksum, complete, received_bytes,
+//!   metadata_received}` (see [`Sessions::upload_status`]);
 //! - `GET /api/v1/artifacts[?session_id=&lease_id=&uploaded=&limit=]`,
 //!   `GET /api/v1/artifacts/{artifact_id}` (metadata),
 //!   `GET /api/v1/artifacts/{artifact_id}/content` (the bytes, with
@@ -29,7 +39,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -42,6 +52,7 @@ use shared_protocol::artifact::CapabilityArtifact;
 use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionStatus};
 use shared_protocol::validate::check_id;
 
+use super::partial::ContentRange;
 use super::{ArtifactFilter, SessionError, SessionFilter, Sessions};
 use crate::api::leases::{LEASE_READ_ROLES, LEASE_ROLES};
 use crate::api::{parse_one, ApiQuery};
@@ -77,6 +88,10 @@ pub fn router(svc: Arc<Sessions>) -> Router {
         .route(
             "/api/v1/artifacts/{artifact_id}/content",
             put(upload).get(download),
+        )
+        .route(
+            "/api/v1/artifacts/{artifact_id}/content/upload-status",
+            get(upload_status),
         )
         .with_state(svc)
 }
@@ -230,13 +245,39 @@ async fn download(
     Ok(resp)
 }
 
+#[derive(Deserialize)]
+struct StatusQuery {
+    sha256: Option<String>,
+}
+
+async fn upload_status(
+    State(svc): State<Arc<Sessions>>,
+    who: Principal,
+    Path(artifact_id): Path<String>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<StatusQuery>,
+) -> ApiResult<Json<Value>> {
+    who.require(&[Role::Provider])?;
+    check_id("artifact_id", &artifact_id)
+        .map_err(|e| ApiError::invalid_field(&e.field, e.to_string()))?;
+    let declared = headers
+        .get(CHECKSUM_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or(q.sha256);
+    Ok(Json(
+        svc.upload_status(&who, &artifact_id, declared.as_deref())
+            .await?,
+    ))
+}
+
 async fn upload(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
     Path(artifact_id): Path<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<Response> {
     who.require(&[Role::Provider])?;
     check_id("artifact_id", &artifact_id)
         .map_err(|e| ApiError::invalid_field(&e.field, e.to_string()))?;
@@ -245,6 +286,20 @@ async fn upload(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    if let Some(range) = headers.get(CONTENT_RANGE) {
+        let range = range
+            .to_str()
+            .map_err(|_| SessionError::BadContentRange("not ASCII".into()))
+            .and_then(|v| ContentRange::parse(v).map_err(SessionError::BadContentRange))?;
+        if let Some(n) = length.filter(|n| *n != range.body_len()) {
+            return Err(SessionError::BadContentRange(format!(
+                "it covers {} bytes but Content-Length is {n}",
+                range.body_len()
+            ))
+            .into());
+        }
+        return upload_range(svc, who, artifact_id, declared, range, body).await;
+    }
     // Held until the upload is recorded: its declared length counts toward
     // the provider's unbound bytes meanwhile (unknown artifacts only).
     let permit = svc
@@ -277,5 +332,86 @@ async fn upload(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(receipt.record)))
+    Ok((status, Json(receipt.record)).into_response())
+}
+
+/// One piece of a resumable upload (see the module doc): appended to the
+/// partial file, which is kept when the connection breaks.
+async fn upload_range(
+    svc: Arc<Sessions>,
+    who: Principal,
+    artifact_id: String,
+    declared: Option<&str>,
+    range: ContentRange,
+    body: Body,
+) -> ApiResult<Response> {
+    let permit = svc
+        .precheck_upload(&who, &artifact_id, declared, Some(range.total))
+        .await?;
+    let (mut staged, _claim) = svc
+        .resume_partial(&who, &artifact_id, &permit.sha256, range)
+        .await?;
+    let end = range.end + 1;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                let received = staged.suspend().await.unwrap_or(0);
+                tracing::info!(%artifact_id, provider_id = %who.name, received_bytes = received, total_bytes = range.total, "resumable upload broke off; its bytes are kept for a later ranged PUT");
+                return Err(SessionError::Interrupted {
+                    artifact_id,
+                    received,
+                    message: e.to_string(),
+                }
+                .into());
+            }
+        };
+        if staged.size_bytes() + chunk.len() as u64 > end {
+            let received = staged.suspend().await.unwrap_or(0);
+            return Err(SessionError::BadContentRange(format!(
+                "the body goes past END ({}); {received} bytes are held",
+                range.end
+            ))
+            .into());
+        }
+        staged.write(&chunk).await.map_err(SessionError::from)?;
+    }
+    let received = staged.size_bytes();
+    if received < end {
+        let received = staged.suspend().await.unwrap_or(received);
+        return Err(SessionError::BadContentRange(format!(
+            "the body ended at byte {received}, before END ({}); {received} bytes are held",
+            range.end
+        ))
+        .into());
+    }
+    if received < range.total {
+        staged.suspend().await.map_err(SessionError::from)?;
+        let mut resp = (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "artifact_id": artifact_id,
+                "checksum": permit.sha256,
+                "received_bytes": received,
+                "size_bytes": range.total,
+                "complete": false,
+            })),
+        )
+            .into_response();
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes=0-{}", received - 1)) {
+            resp.headers_mut().insert(RANGE, v);
+        }
+        return Ok(resp);
+    }
+    let receipt = svc
+        .finish_upload(&who, &artifact_id, &permit.sha256, staged)
+        .await?;
+    drop(permit);
+    let status = if receipt.first {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(receipt.record)).into_response())
 }

@@ -50,12 +50,15 @@ pub struct BlobContent {
 
 /// An upload being received: a file in the staging directory, the running
 /// SHA-256 and the byte count. Dropping it without [`BlobStore::put`]
-/// removes the file.
+/// removes the file, unless it was [suspended](StagedBlob::suspend) (a
+/// resumable upload whose connection broke).
 pub struct StagedBlob {
     path: PathBuf,
     file: Option<tokio::fs::File>,
     hasher: Sha256,
     size_bytes: u64,
+    /// Keep the file on drop.
+    keep: bool,
 }
 
 impl StagedBlob {
@@ -69,7 +72,74 @@ impl StagedBlob {
             file: Some(file),
             hasher: Sha256::new(),
             size_bytes: 0,
+            keep: false,
         })
+    }
+
+    /// Continue the partial upload kept at `path` (created empty when
+    /// missing; emptied first when `restart`): the bytes already there are
+    /// hashed again (on the blocking pool) and new writes append to them.
+    /// The file is kept when this drops (also when the request is
+    /// cancelled mid-body), unless [`StagedBlob::discard`] was called or
+    /// the blob store took it.
+    ///
+    /// Errors: I/O at `path`.
+    pub async fn resume(path: &Path, restart: bool) -> Result<Self, BlobError> {
+        let owned = path.to_path_buf();
+        let (hasher, size_bytes) = tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            if let Some(dir) = owned.parent() {
+                std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(restart)
+                .read(true)
+                .write(true)
+                .open(&owned)
+                .map_err(io_at(&owned))?;
+            let mut hasher = Sha256::new();
+            let mut size = 0u64;
+            let mut buf = vec![0u8; READ_CHUNK];
+            loop {
+                let n = f.read(&mut buf).map_err(io_at(&owned))?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                size += n as u64;
+            }
+            Ok::<_, BlobError>((hasher, size))
+        })
+        .await
+        .map_err(|e| BlobError::Task(e.to_string()))??;
+        let file = tokio::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .await
+            .map_err(io_at(path))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file: Some(file),
+            hasher,
+            size_bytes,
+            keep: true,
+        })
+    }
+
+    /// Flush what was written and keep the file when this drops: a
+    /// resumable upload broke off and may continue later from
+    /// [`StagedBlob::size_bytes`].
+    ///
+    /// Errors: I/O (the file is kept anyway; a later resume reads what
+    /// reached it).
+    pub async fn suspend(mut self) -> Result<u64, BlobError> {
+        self.keep = true;
+        let path = self.path.clone();
+        if let Some(mut f) = self.file.take() {
+            f.flush().await.map_err(io_at(&path))?;
+        }
+        Ok(self.size_bytes)
     }
 
     /// Append `chunk` (hashing it).
@@ -84,6 +154,12 @@ impl StagedBlob {
                 source: io::Error::other("staged blob already finished"),
             }),
         }
+    }
+
+    /// Remove the file when this drops (bytes that must not be continued:
+    /// they hashed to something else, or are stored already).
+    pub fn discard(&mut self) {
+        self.keep = false;
     }
 
     /// Bytes written so far.
@@ -113,7 +189,9 @@ impl Drop for StagedBlob {
     fn drop(&mut self) {
         // After a successful put the file has been renamed away and this
         // finds nothing; otherwise it removes a rejected or partial upload.
-        let _ = std::fs::remove_file(&self.path);
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -215,6 +293,8 @@ impl BlobStore for FsBlobStore {
         blocking(move || {
             if target.exists() {
                 // `staged` is dropped here, which removes the duplicate.
+                let mut staged = staged;
+                staged.discard();
                 return Ok(false);
             }
             let dir = target

@@ -155,6 +155,38 @@ pub enum SessionError {
         message: String,
     },
 
+    /// `Content-Range` is not `bytes START-END/TOTAL` with START <= END <
+    /// TOTAL, or the body's length does not match it. HTTP 400
+    /// `invalid_content_range`.
+    #[error("header `Content-Range`: {0}")]
+    BadContentRange(String),
+
+    /// A ranged PUT starts elsewhere than at the end of the bytes held.
+    /// HTTP 409 `upload_offset_mismatch` with `details.received_bytes`.
+    #[error("artifact `{artifact_id}`: the registry holds {held} bytes of this upload; a ranged PUT must start at 0 or at {held}, not at {start}")]
+    OffsetMismatch {
+        artifact_id: String,
+        held: u64,
+        start: u64,
+    },
+
+    /// Another ranged PUT of the same upload is being received. HTTP 409
+    /// `upload_in_progress`.
+    #[error("artifact `{artifact_id}`: another ranged PUT of these bytes is in progress; ask `GET …/content/upload-status` and continue once it ended")]
+    UploadBusy { artifact_id: String },
+
+    /// The provider's unfinished resumable uploads (`held` bytes) and this
+    /// one (`incoming`, its TOTAL) would exceed `limit`
+    /// (`sessions.max_partial_bytes_per_provider`). HTTP 409
+    /// `partial_upload_limit`.
+    #[error("artifact `{artifact_id}`: the registry keeps {held} bytes of this provider's unfinished uploads; {incoming} more would exceed the limit of {limit} bytes; finish or abandon earlier uploads")]
+    PartialLimit {
+        artifact_id: String,
+        held: u64,
+        incoming: u64,
+        limit: u64,
+    },
+
     /// Blob storage failed. HTTP 500.
     #[error("blob store: {0}")]
     Blob(#[from] BlobError),
@@ -311,6 +343,36 @@ impl From<SessionError> for ApiError {
                 ..
             } => ApiError::new(StatusCode::BAD_REQUEST, "upload_interrupted", message)
                 .with_details(json!({ "artifact_id": artifact_id, "received_bytes": received })),
+            SessionError::BadContentRange(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_content_range", message)
+            }
+            SessionError::OffsetMismatch {
+                artifact_id,
+                held,
+                start,
+            } => ApiError::new(StatusCode::CONFLICT, "upload_offset_mismatch", message)
+                .with_details(json!({
+                    "artifact_id": artifact_id,
+                    "received_bytes": held,
+                    "start": start,
+                })),
+            SessionError::UploadBusy { artifact_id } => {
+                ApiError::new(StatusCode::CONFLICT, "upload_in_progress", message)
+                    .with_details(json!({ "artifact_id": artifact_id }))
+            }
+            SessionError::PartialLimit {
+                artifact_id,
+                held,
+                incoming,
+                limit,
+            } => ApiError::new(StatusCode::CONFLICT, "partial_upload_limit", message).with_details(
+                json!({
+                    "artifact_id": artifact_id,
+                    "held_bytes": held,
+                    "incoming_bytes": incoming,
+                    "limit_bytes": limit,
+                }),
+            ),
             SessionError::Blob(e) => ApiError::internal(e),
             SessionError::Store(e) => ApiError::internal(e),
         }

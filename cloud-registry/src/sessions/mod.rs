@@ -76,6 +76,7 @@ pub mod api;
 pub mod blobs;
 mod deadlines;
 pub mod error;
+pub mod partial;
 pub mod store;
 pub mod unbound;
 
@@ -181,6 +182,13 @@ pub struct SessionsConfig {
     /// with 409 `unbound_upload_limit` until the metadata binds some or
     /// they expire. 0: no limit.
     pub max_unbound_bytes_per_provider: u64,
+    /// Most bytes of unfinished resumable uploads (ranged PUTs) a provider
+    /// may have the registry keep, bytes (2 GiB); beyond it a ranged PUT
+    /// gets 409 `partial_upload_limit`. 0: no limit.
+    pub max_partial_bytes_per_provider: u64,
+    /// How long an unfinished resumable upload is kept after its last
+    /// write, seconds (86400, a day). At least 1.
+    pub partial_upload_ttl_seconds: u64,
 }
 
 impl Default for SessionsConfig {
@@ -193,6 +201,8 @@ impl Default for SessionsConfig {
             revoke_grace_ms: 15_000,
             unbound_upload_ttl_seconds: 7 * 24 * 3600,
             max_unbound_bytes_per_provider: 1024 * 1024 * 1024,
+            max_partial_bytes_per_provider: 2 * 1024 * 1024 * 1024,
+            partial_upload_ttl_seconds: 24 * 3600,
         }
     }
 }
@@ -270,6 +280,8 @@ pub struct Sessions {
     /// The open sessions' deadlines on the monotonic clock (see
     /// [`deadlines`]); the watchdog fails those that pass.
     deadlines: Mutex<Deadlines>,
+    /// Unfinished resumable uploads (see [`partial`]).
+    partials: partial::Partials,
 }
 
 /// Whether the registry can hear ([`Hearing`]: `None` while its MQTT link
@@ -453,7 +465,6 @@ impl Sessions {
             bus,
             leases,
             store,
-            blobs,
             commands: OnceLock::new(),
             twins: OnceLock::new(),
             cfg,
@@ -467,6 +478,8 @@ impl Sessions {
             unheard_since_restart: Mutex::new(Vec::new()),
             fences: Mutex::new(HashMap::new()),
             deadlines: Mutex::new(Deadlines::default()),
+            partials: partial::Partials::new(&blobs.staging_dir()),
+            blobs,
         })
     }
 
@@ -1073,6 +1086,135 @@ impl Sessions {
         })
     }
 
+    /// Remove resumable uploads not written for
+    /// `partial_upload_ttl_seconds`; each removal is logged.
+    async fn sweep_partials(&self) {
+        let ttl = Duration::from_secs(self.cfg.partial_upload_ttl_seconds.max(1));
+        for s in self.partials.sweep(ttl).await {
+            tracing::info!(file = %s.file, provider = %s.provider, size_bytes = s.size_bytes, ttl_seconds = ttl.as_secs(), "unfinished resumable upload removed: not continued in time");
+        }
+    }
+
+    /// What the registry holds of `who`'s upload of `artifact_id` with
+    /// bytes hashing to `declared_sha256` (64 hex):
+    /// `{artifact_id, checksum, complete, received_bytes,
+    /// metadata_received}`. `complete: true` when the whole bytes are
+    /// stored (bound to the artifact, or held for it until its metadata
+    /// arrives: `metadata_received: false`); otherwise `received_bytes` is
+    /// the length of the unfinished resumable upload (0 when none), where a
+    /// ranged PUT continues.
+    ///
+    /// Errors: `BadChecksumHeader`, `NotArtifactOwner`, `ChecksumMismatch`
+    /// (the metadata recorded another sha256), `Blob`, `Store`.
+    pub async fn upload_status(
+        &self,
+        who: &Principal,
+        artifact_id: &str,
+        declared_sha256: Option<&str>,
+    ) -> Result<Value, SessionError> {
+        let declared = declared_sha256
+            .map(|s| s.trim().to_ascii_lowercase())
+            .filter(|s| is_sha256_hex(s))
+            .ok_or(SessionError::BadChecksumHeader)?;
+        let (id, provider) = (artifact_id.to_string(), who.name.clone());
+        let (meta, held) = self
+            .db
+            .read(move |c| {
+                let meta = store::load_artifact(c, &id)?;
+                let held = store::held_upload(c, &id, &provider)?;
+                Ok::<_, rusqlite::Error>((meta, held))
+            })
+            .await??;
+        let mut metadata_received = false;
+        let mut complete = None;
+        if let Some(meta) = meta {
+            if meta.provider_id != who.name {
+                return Err(SessionError::NotArtifactOwner {
+                    artifact_id: artifact_id.to_string(),
+                    owner: meta.provider_id,
+                    caller: who.name.clone(),
+                });
+            }
+            if meta.artifact.checksum != declared {
+                return Err(SessionError::ChecksumMismatch {
+                    artifact_id: artifact_id.to_string(),
+                    what: "recorded",
+                    expected: meta.artifact.checksum,
+                    actual: declared,
+                });
+            }
+            metadata_received = true;
+            if meta.artifact.uploaded && self.blobs.exists(&declared).await? {
+                complete = Some(meta.artifact.size_bytes);
+            }
+        } else if let Some((sha, size)) = held {
+            if sha == declared && self.blobs.exists(&declared).await? {
+                complete = Some(size);
+            }
+        }
+        let received = match complete {
+            Some(n) => n,
+            None => {
+                self.partials
+                    .held(&self.partials.path(&who.name, artifact_id, &declared))
+                    .await
+            }
+        };
+        Ok(json!({
+            "artifact_id": artifact_id,
+            "checksum": declared,
+            "complete": complete.is_some(),
+            "received_bytes": received,
+            "metadata_received": metadata_received,
+        }))
+    }
+
+    /// Open the unfinished resumable upload of (`who`, `artifact_id`,
+    /// `sha256`) to append `range` to it: claimed for this request until
+    /// the returned [`partial::Claim`] drops. `range.start` 0 begins
+    /// afresh; any other start must equal the bytes held.
+    ///
+    /// Errors: `UploadBusy` (another ranged PUT writes it),
+    /// `OffsetMismatch` (409 with the bytes held), `PartialLimit`, `Blob`.
+    pub async fn resume_partial(
+        &self,
+        who: &Principal,
+        artifact_id: &str,
+        sha256: &str,
+        range: partial::ContentRange,
+    ) -> Result<(StagedBlob, partial::Claim), SessionError> {
+        let path = self.partials.path(&who.name, artifact_id, sha256);
+        let claim = self
+            .partials
+            .claim(&path)
+            .ok_or_else(|| SessionError::UploadBusy {
+                artifact_id: artifact_id.to_string(),
+            })?;
+        let held = self.partials.held(&path).await;
+        if range.start != 0 && range.start != held {
+            return Err(SessionError::OffsetMismatch {
+                artifact_id: artifact_id.to_string(),
+                held,
+                start: range.start,
+            });
+        }
+        let limit = self.cfg.max_partial_bytes_per_provider;
+        if limit > 0 {
+            let others = self.partials.provider_bytes(&who.name, &path).await;
+            if others.saturating_add(range.total) > limit {
+                tracing::warn!(artifact_id, provider_id = %who.name, others, total = range.total, limit, "resumable upload refused: the provider's unfinished uploads are over the limit");
+                return Err(SessionError::PartialLimit {
+                    artifact_id: artifact_id.to_string(),
+                    held: others,
+                    incoming: range.total,
+                    limit,
+                });
+            }
+        }
+        let staged = StagedBlob::resume(&path, range.start == 0).await?;
+        Ok((staged, claim))
+    }
+
     /// A new staging file for an upload's body.
     pub async fn stage(&self) -> Result<StagedBlob, SessionError> {
         Ok(StagedBlob::create(&self.blobs.staging_dir()).await?)
@@ -1095,6 +1237,7 @@ impl Sessions {
         let actual = staged.finish().await?;
         let size = staged.size_bytes();
         if actual != declared_sha256 {
+            staged.discard();
             tracing::warn!(artifact_id, provider_id = %who.name, declared = %declared_sha256, %actual, size_bytes = size, "artifact upload refused: checksum mismatch");
             return Err(SessionError::ChecksumMismatch {
                 artifact_id: artifact_id.to_string(),
@@ -1389,6 +1532,7 @@ impl Sessions {
             if last_sweep.elapsed() >= sweep_every {
                 last_sweep = Instant::now();
                 self.sweep_unbound().await;
+                self.sweep_partials().await;
             }
         }
     }

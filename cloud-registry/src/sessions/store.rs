@@ -784,6 +784,22 @@ pub fn load_artifact(
     .optional()
 }
 
+/// The bytes held for `artifact_id` from `provider_id` before its metadata
+/// arrived: `(sha256, size_bytes)`, if any.
+pub fn held_upload(
+    conn: &Connection,
+    artifact_id: &str,
+    provider_id: &str,
+) -> rusqlite::Result<Option<(String, u64)>> {
+    conn.query_row(
+        "SELECT sha256, size_bytes FROM artifact_pending_uploads
+         WHERE artifact_id = ?1 AND provider_id = ?2",
+        params![artifact_id, provider_id],
+        |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64)),
+    )
+    .optional()
+}
+
 /// Which artifacts [`list_artifacts`] returns.
 #[derive(Debug, Clone, Default)]
 pub struct ArtifactFilter {
