@@ -332,6 +332,14 @@ impl Registry {
             source,
         })?;
         let store_lock = lock_store(&config.store.path)?;
+        let store_dir = config
+            .store
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        crate::storage::set_store_dir(store_dir);
+        crate::storage::start_probe();
         let path = config.store.path.clone();
         let db = tokio::task::spawn_blocking(move || open_db(&path)).await??;
         let auth = Authenticator::load(db.clone()).await?;

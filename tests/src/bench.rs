@@ -90,6 +90,10 @@ pub struct LabOptions {
     /// Extra environment variables of the `cloud-registry serve` process
     /// (e.g. `LD_PRELOAD` of libfaketime, to step its wall clock).
     pub registry_env: Vec<(String, String)>,
+    /// Directory of the registry's store (its SQLite file, WAL and
+    /// artifacts), e.g. a small file system a test fills (default:
+    /// `registry/` in the lab directory).
+    pub registry_store_dir: Option<PathBuf>,
 }
 
 impl Default for LabOptions {
@@ -109,6 +113,7 @@ impl Default for LabOptions {
             conflict_clear_seconds: None,
             edge_env: Vec::new(),
             registry_env: Vec::new(),
+            registry_store_dir: None,
         }
     }
 }
@@ -168,6 +173,8 @@ pub struct Lab {
     /// Simulator name → stable path of its pty (`korad`, `lcus`, `grbl`,
     /// `dut_console`).
     pub devices: BTreeMap<String, String>,
+    /// The registry's SQLite file.
+    pub store_path: PathBuf,
     registry_config: PathBuf,
     edge_config: PathBuf,
 }
@@ -254,6 +261,11 @@ impl Lab {
             ),
         };
         let registry_config = root.join("registry/cloud-registry.toml");
+        let store_path = opts
+            .registry_store_dir
+            .clone()
+            .unwrap_or_else(|| root.join("registry"))
+            .join("registry.sqlite3");
         std::fs::write(
             &registry_config,
             format!(
@@ -264,7 +276,7 @@ impl Lab {
                  [leases]\ndefault_grace_period_seconds = {grace}\nsweep_interval_ms = 100\n\n\
                  [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n{clear}\n\
                  [sessions]\n{result_grace}",
-                store = root.join("registry/registry.sqlite3").display(),
+                store = store_path.display(),
                 admin = root.join("registry/admin.token").display(),
                 prefix = opts.topic_prefix,
                 grace = opts.grace_period_seconds,
@@ -336,6 +348,7 @@ impl Lab {
             hw_token,
             chief_token,
             devices,
+            store_path,
             registry_config,
             edge_config,
         };
@@ -378,6 +391,11 @@ impl Lab {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
+    }
+
+    /// The registry's TOML configuration.
+    pub fn registry_config(&self) -> &Path {
+        &self.registry_config
     }
 
     /// The bench TOML the edge runs with.
