@@ -653,6 +653,17 @@ impl Sessions {
                 instances,
             });
         }
+        let p = provider_id.clone();
+        let revoked = self
+            .db
+            .read(move |c| crate::auth::provider_credentials_revoked_sync(c, &p))
+            .await??;
+        if revoked {
+            return Err(SessionError::ProviderCredentialsRevoked {
+                provider_id,
+                capability_id,
+            });
+        }
         let online = self
             .store
             .get_provider(&provider_id)
