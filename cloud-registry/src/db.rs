@@ -272,19 +272,24 @@ fn spawn_worker(
         .name(name.to_string())
         .spawn(move || {
             // While a reader's snapshot keeps the checkpoint from copying
-            // everything, trying after every job only costs: try again
-            // after [`CHECKPOINT_EVERY`].
+            // everything, trying after every job only costs (the WAL
+            // cannot start over anyway): try again after
+            // [`CHECKPOINT_EVERY`].
             let mut next_try = Instant::now();
             while let Ok(job) = rx.recv() {
                 job(&mut conn);
                 if let Some((wal, limit)) = &wal {
                     let grown = std::fs::metadata(wal).is_ok_and(|m| m.len() > *limit);
                     if grown && Instant::now() >= next_try {
-                        let caught_up = matches!(
+                        // Frames left with no lock in the way (busy = 0):
+                        // a reader's snapshot. Busy (the checkpoint
+                        // thread was running) is worth trying again at
+                        // the next job.
+                        let reader_in_way = matches!(
                             checkpoint(&conn, "PASSIVE"),
-                            Ok((0, log, copied)) if log == copied
+                            Ok((0, log, copied)) if log != copied
                         );
-                        if !caught_up {
+                        if reader_in_way {
                             next_try = Instant::now() + CHECKPOINT_EVERY;
                         }
                     }

@@ -1312,6 +1312,22 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A message whose content could not be stored is not a duplicate
+    /// when it comes again; one applied is, and the oldest ids are
+    /// forgotten past the capacity.
+    #[test]
+    fn only_applied_message_ids_are_duplicates() {
+        let mut d = Dedup::new(2);
+        assert!(!d.seen("p1", "m1"), "not stored yet: not remembered");
+        d.remember("p1", "m1");
+        assert!(d.seen("p1", "m1"));
+        assert!(!d.seen("p2", "m1"), "ids are per provider");
+        d.remember("p1", "m2");
+        d.remember("p1", "m3");
+        assert!(!d.seen("p1", "m1"), "the oldest is forgotten");
+        assert!(d.seen("p1", "m3"));
+    }
+
     /// A command of `message_type` for provider `p1`, about `session_id`.
     fn command(message_type: MessageType, body: Value) -> Command {
         let env = Envelope::new(
