@@ -79,7 +79,10 @@ async fn a_long_reader_is_warned_about_and_a_backup_does_not_need_one() {
             break;
         }
     }
-    assert!(warned, "no warning while a reader held its snapshot for 30 s");
+    assert!(
+        warned,
+        "no warning while a reader held its snapshot for 30 s"
+    );
     let lag = metric(&lab, "benchlink_store_checkpoint_lag_frames ")
         .await
         .unwrap();
@@ -88,9 +91,12 @@ async fn a_long_reader_is_warned_about_and_a_backup_does_not_need_one() {
         .await
         .unwrap();
     assert!(behind >= 5000.0, "behind for {behind} ms");
-    let incomplete = metric(&lab, "benchlink_store_checkpoints_total{result=\"incomplete\"}")
-        .await
-        .unwrap();
+    let incomplete = metric(
+        &lab,
+        "benchlink_store_checkpoints_total{result=\"incomplete\"}",
+    )
+    .await
+    .unwrap();
     assert!(incomplete > 0.0);
     let wal_bytes = metric(&lab, "benchlink_store_wal_bytes ").await.unwrap();
     assert!(wal_bytes > 0.0);
