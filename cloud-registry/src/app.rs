@@ -332,6 +332,14 @@ impl Registry {
             source,
         })?;
         let store_lock = lock_store(&config.store.path)?;
+        let store_dir = config
+            .store
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        crate::storage::set_store_dir(store_dir);
+        crate::storage::start_probe();
         let path = config.store.path.clone();
         let db = tokio::task::spawn_blocking(move || open_db(&path)).await??;
         let auth = Authenticator::load(db.clone()).await?;
@@ -415,6 +423,7 @@ impl Registry {
         // the largest session update an edge sends (256 KiB, plus the
         // envelope and topic), whatever the body limit.
         let max_packet = config.http.body_limit_bytes.max(MIN_MQTT_PACKET_BYTES);
+        let mut kick = None;
         let (mqtt_addr, settings) = match config.mqtt.mode {
             MqttMode::Embedded => {
                 let listen = config.mqtt.listen;
@@ -425,6 +434,7 @@ impl Registry {
                 })
                 .await??;
                 let login = broker.registry_login().clone();
+                kick = Some((broker.addr(), login.clone()));
                 (
                     broker.addr(),
                     MqttSettings {
@@ -525,6 +535,11 @@ impl Registry {
         )];
         background.extend(sessions.spawn_background(shutdown_rx.clone(), forward_after));
         background.push(audit.spawn_sweeper(shutdown_rx.clone()));
+        background.push(tokio::spawn(crate::broker::run_revocation_watch(
+            db.clone(),
+            kick,
+            shutdown_rx.clone(),
+        )));
         tracing::info!(%http_addr, %mqtt_addr, "registry ready");
         Ok(RunningRegistry {
             http_addr,

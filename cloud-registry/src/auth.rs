@@ -236,6 +236,29 @@ pub fn create_token_sync(
     Ok(token)
 }
 
+/// True when `provider_id` has provider tokens and every one is revoked (a
+/// provider that never had a token, e.g. registered by an admin, is not).
+pub fn provider_credentials_revoked_sync(
+    conn: &Connection,
+    provider_id: &str,
+) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT COUNT(*) > 0 AND COUNT(*) = COUNT(revoked_at)
+         FROM api_tokens WHERE principal = ?1 AND role = 'provider'",
+    )?
+    .query_row([provider_id], |r| r.get(0))
+}
+
+/// The providers that have provider tokens, every one revoked.
+pub fn revoked_providers_sync(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT principal FROM api_tokens WHERE role = 'provider'
+         GROUP BY principal HAVING COUNT(*) = COUNT(revoked_at)",
+    )?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
 /// The role of the tokens already issued to `principal` (revoked ones
 /// included), if any: a principal keeps one role for its whole life.
 fn principal_role_sync(conn: &Connection, principal: &str) -> rusqlite::Result<Option<String>> {

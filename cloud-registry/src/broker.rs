@@ -40,20 +40,108 @@
 //!
 //! [`start`]: EmbeddedBroker::start
 //!
+//! # Revoked providers
+//! rumqttd checks a login only at connect and has no call to close a
+//! client's connection. [`run_revocation_watch`] looks every
+//! [`REVOCATION_WATCH_EVERY`] for providers whose tokens are all revoked;
+//! for each new one it connects once under the provider's client id (with
+//! the registry's login): rumqttd then closes the provider's connection (a
+//! client-id takeover), and the bench's reconnection is refused at login.
+//!
 //! # Lifetime
 //! rumqttd 0.20 has no stop: its router and server threads live until the
 //! process exits. [`EmbeddedBroker`] therefore only reports where it
 //! listens; stopping the registry disconnects the registry's client.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
 use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
 
 use crate::auth::Authenticator;
+
+/// How often [`run_revocation_watch`] looks for revoked providers.
+pub const REVOCATION_WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Watch for providers whose tokens have all been revoked (through the
+/// API or `cloud-registry token revoke`) until `stop` turns true. Each new
+/// one is logged and, with the embedded broker (`kick`: its address and
+/// the registry's login), its MQTT connection is closed (see the module
+/// docs). Its actions are refused meanwhile by the sessions module (403
+/// `provider_credentials_revoked`), whatever the broker.
+pub async fn run_revocation_watch(
+    db: crate::db::Db,
+    kick: Option<(SocketAddr, RegistryLogin)>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut known: Option<HashSet<String>> = None;
+    loop {
+        let revoked = db
+            .read(|c| crate::auth::revoked_providers_sync(c))
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if let Some(now) = revoked {
+            let now: HashSet<String> = now.into_iter().collect();
+            // Those revoked before the registry started cannot be
+            // connected (their logins are refused): nothing to close.
+            if let Some(before) = &known {
+                for provider_id in now.difference(before) {
+                    tracing::warn!(
+                        provider_id,
+                        "the provider's tokens are revoked: its actions are refused and its MQTT connection is closed"
+                    );
+                    if let Some((addr, login)) = &kick {
+                        if !close_connection(*addr, login, provider_id).await {
+                            tracing::warn!(
+                                provider_id,
+                                "could not close the MQTT connection of a revoked provider"
+                            );
+                        }
+                    }
+                }
+            }
+            known = Some(now);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REVOCATION_WATCH_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// Close the connection of `client_id` on the embedded broker at `addr`
+/// by connecting under its client id (rumqttd closes the older
+/// connection), then leaving. False when the broker did not accept.
+async fn close_connection(addr: SocketAddr, login: &RegistryLogin, client_id: &str) -> bool {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet};
+    let mut opts = MqttOptions::new(client_id, addr.ip().to_string(), addr.port());
+    opts.set_credentials(login.username.clone(), login.password.clone());
+    opts.set_clean_session(true);
+    opts.set_keep_alive(Duration::from_secs(5));
+    let (client, mut events) = AsyncClient::new(opts, 8);
+    let connected = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    let _ = client.disconnect().await;
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while events.poll().await.is_ok() {}
+    })
+    .await;
+    connected
+}
 
 /// Why the embedded broker did not start.
 #[derive(Debug, thiserror::Error)]

@@ -18,11 +18,21 @@
 //! `PASSIVE` checkpoint between two jobs: no write can slip in meanwhile,
 //! so it copies every frame and the next write starts the WAL over instead
 //! of letting it grow without bound under steady writes.
+//!
+//! A reader that holds one read transaction for long (an operator's
+//! `sqlite3` shell, a copy of the file) keeps every checkpoint from
+//! passing its snapshot, so the WAL grows while it reads. [`WalStats`]
+//! counts checkpoints and the WAL's size (on `/metrics`), and a warning is
+//! logged, at most once per [`crate::storage::WARN_EVERY`], while
+//! checkpoints stay behind for [`CHECKPOINT_STALL_WARN`] or the WAL is
+//! larger than [`WAL_WARN_BYTES`]. `cloud-registry backup` copies the
+//! store with SQLite's online backup in short steps instead ([`backup`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
@@ -62,6 +72,34 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 /// SQLite truncates the file when it starts over.
 pub const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
+/// How long checkpoints may stay behind (frames left that a reader's old
+/// snapshot keeps them from copying) before a warning is logged.
+pub const CHECKPOINT_STALL_WARN: Duration = Duration::from_secs(5);
+
+/// Frames a checkpoint may leave behind and still count as keeping up (a
+/// short read of the registry's own reader; about 1 MiB).
+pub const CHECKPOINT_LAG_OK_FRAMES: i64 = 256;
+
+/// WAL size, in bytes, past which a warning is logged whatever the cause.
+pub const WAL_WARN_BYTES: u64 = 2 * WAL_SIZE_LIMIT as u64;
+
+/// Checkpoints and WAL size since the database was opened (`/metrics`).
+#[derive(Debug, Default)]
+pub struct WalStats {
+    /// Size of the WAL file at the last checkpoint, bytes.
+    pub wal_bytes: AtomicU64,
+    /// Checkpoints that copied every frame of the WAL.
+    pub checkpoints_complete: AtomicU64,
+    /// Checkpoints that left frames behind (a reader's snapshot, or busy).
+    pub checkpoints_incomplete: AtomicU64,
+    /// Checkpoints that failed (e.g. the disk is full).
+    pub checkpoints_failed: AtomicU64,
+    /// Frames the last checkpoint left behind.
+    pub lag_frames: AtomicU64,
+    /// How long checkpoints have stayed behind, ms (0 when keeping up).
+    pub stalled_ms: AtomicU64,
+}
+
 /// Prepared statements kept per connection (rusqlite's default is 16; the
 /// registry runs more distinct hot statements than that).
 const STATEMENT_CACHE: usize = 128;
@@ -82,6 +120,7 @@ pub struct Db {
     /// [`Db::write_grouped`]).
     grouped: Arc<Mutex<Vec<GroupedJob>>>,
     path: PathBuf,
+    wal_stats: Arc<WalStats>,
     /// Dropped with the last handle: the checkpoint thread then runs a
     /// final checkpoint and stops.
     _checkpointer: Arc<mpsc::Sender<()>>,
@@ -100,18 +139,21 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Start the thread that runs a `PASSIVE` checkpoint every
 /// [`CHECKPOINT_EVERY`] until the returned sender (and its clones) are
-/// dropped, then a `TRUNCATE` one.
-fn spawn_checkpointer(conn: Connection) -> mpsc::Sender<()> {
+/// dropped, then a `TRUNCATE` one. It keeps `stats` and warns when
+/// checkpoints cannot keep up (see the module docs).
+fn spawn_checkpointer(conn: Connection, wal: PathBuf, stats: Arc<WalStats>) -> mpsc::Sender<()> {
     let (tx, rx) = mpsc::channel::<()>();
     let spawned = thread::Builder::new()
         .name("db-checkpoint".to_string())
         .spawn(move || {
+            let mut watch = CheckpointWatch::new(wal, stats);
             while let Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) =
                 rx.recv_timeout(CHECKPOINT_EVERY)
             {
-                checkpoint(&conn, "PASSIVE");
+                let done = checkpoint(&conn, "PASSIVE");
+                watch.note(done);
             }
-            checkpoint(&conn, "TRUNCATE");
+            let _ = checkpoint(&conn, "TRUNCATE");
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the WAL checkpoint thread");
@@ -119,17 +161,91 @@ fn spawn_checkpointer(conn: Connection) -> mpsc::Sender<()> {
     tx
 }
 
-/// Run `PRAGMA wal_checkpoint(mode)`: (busy, frames in the WAL, frames
-/// checkpointed), or `None` after logging a failure.
-fn checkpoint(conn: &Connection, mode: &str) -> Option<(i64, i64, i64)> {
-    let sql = format!("PRAGMA wal_checkpoint({mode})");
-    match conn.query_row(&sql, [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            tracing::warn!(error = %e, mode, "WAL checkpoint failed");
-            None
+/// The checkpoint thread's view of whether checkpoints keep up.
+struct CheckpointWatch {
+    wal: PathBuf,
+    stats: Arc<WalStats>,
+    /// Since when every checkpoint left more than
+    /// [`CHECKPOINT_LAG_OK_FRAMES`] behind.
+    behind_since: Option<Instant>,
+    behind_warn: crate::storage::WarnLimiter,
+    failed_warn: crate::storage::WarnLimiter,
+}
+
+impl CheckpointWatch {
+    fn new(wal: PathBuf, stats: Arc<WalStats>) -> Self {
+        Self {
+            wal,
+            stats,
+            behind_since: None,
+            behind_warn: crate::storage::WarnLimiter::new(crate::storage::WARN_EVERY),
+            failed_warn: crate::storage::WarnLimiter::new(crate::storage::WARN_EVERY),
         }
     }
+
+    fn note(&mut self, done: Result<(i64, i64, i64), rusqlite::Error>) {
+        let wal_bytes = std::fs::metadata(&self.wal).map_or(0, |m| m.len());
+        let s = &self.stats;
+        s.wal_bytes.store(wal_bytes, Ordering::Relaxed);
+        let (busy, log, copied) = match done {
+            Ok(v) => v,
+            Err(e) => {
+                s.checkpoints_failed.fetch_add(1, Ordering::Relaxed);
+                if crate::storage::is_sqlite_full(&e) {
+                    crate::storage::note_full("WAL checkpoint", &e);
+                } else if let Some(suppressed) = self.failed_warn.allow() {
+                    tracing::warn!(error = %e, suppressed, "WAL checkpoint failed");
+                }
+                return;
+            }
+        };
+        let lag = (log - copied).max(0);
+        s.lag_frames.store(lag as u64, Ordering::Relaxed);
+        if busy == 0 && lag == 0 {
+            s.checkpoints_complete.fetch_add(1, Ordering::Relaxed);
+        } else {
+            s.checkpoints_incomplete.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        if busy == 0 && lag <= CHECKPOINT_LAG_OK_FRAMES {
+            if let Some(t) = self.behind_since.take() {
+                tracing::info!(
+                    behind_ms = now.duration_since(t).as_millis() as u64,
+                    wal_bytes,
+                    "WAL checkpoints keep up again"
+                );
+            }
+            s.stalled_ms.store(0, Ordering::Relaxed);
+        } else {
+            let since = *self.behind_since.get_or_insert(now);
+            s.stalled_ms.store(
+                now.duration_since(since).as_millis() as u64,
+                Ordering::Relaxed,
+            );
+        }
+        let stalled = self
+            .behind_since
+            .map(|t| now.duration_since(t))
+            .filter(|d| *d >= CHECKPOINT_STALL_WARN);
+        if stalled.is_some() || wal_bytes > WAL_WARN_BYTES {
+            if let Some(suppressed) = self.behind_warn.allow() {
+                tracing::warn!(
+                    wal_bytes,
+                    frames_behind = lag,
+                    behind_ms = stalled.map_or(0, |d| d.as_millis() as u64),
+                    suppressed,
+                    "WAL checkpoints cannot keep up: a long read transaction on the store (an open sqlite3 shell, a file copy) holds an old snapshot; the WAL grows and writes slow down until it ends (use `cloud-registry backup` to copy the store)"
+                );
+            }
+        }
+    }
+}
+
+/// Run `PRAGMA wal_checkpoint(mode)`: (busy, frames in the WAL, frames
+/// checkpointed).
+fn checkpoint(conn: &Connection, mode: &str) -> Result<(i64, i64, i64), rusqlite::Error> {
+    let sql = format!("PRAGMA wal_checkpoint({mode})");
+    conn.query_row(&sql, [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
 }
 
 /// Start a thread that runs jobs on `conn` in arrival order. Given the WAL
@@ -155,12 +271,27 @@ fn spawn_worker(
     let spawned = thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
+            // While a reader's snapshot keeps the checkpoint from copying
+            // everything, trying after every job only costs (the WAL
+            // cannot start over anyway): try again after
+            // [`CHECKPOINT_EVERY`].
+            let mut next_try = Instant::now();
             while let Ok(job) = rx.recv() {
                 job(&mut conn);
                 if let Some((wal, limit)) = &wal {
                     let grown = std::fs::metadata(wal).is_ok_and(|m| m.len() > *limit);
-                    if grown {
-                        checkpoint(&conn, "PASSIVE");
+                    if grown && Instant::now() >= next_try {
+                        // Frames left with no lock in the way (busy = 0):
+                        // a reader's snapshot. Busy (the checkpoint
+                        // thread was running) is worth trying again at
+                        // the next job.
+                        let reader_in_way = matches!(
+                            checkpoint(&conn, "PASSIVE"),
+                            Ok((0, log, copied)) if log != copied
+                        );
+                        if reader_in_way {
+                            next_try = Instant::now() + CHECKPOINT_EVERY;
+                        }
                     }
                 }
             }
@@ -227,6 +358,7 @@ impl Db {
             .busy_timeout(std::time::Duration::from_secs(5))
             .map_err(open_err)?;
         reader.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let wal_stats = Arc::new(WalStats::default());
         Ok(Self {
             writer: spawn_worker(
                 "db-writer",
@@ -236,13 +368,19 @@ impl Db {
             reader: spawn_worker("db-reader", reader, None),
             grouped: Arc::default(),
             path: path.to_path_buf(),
-            _checkpointer: Arc::new(spawn_checkpointer(checkpointer)),
+            wal_stats: wal_stats.clone(),
+            _checkpointer: Arc::new(spawn_checkpointer(checkpointer, wal_path(path), wal_stats)),
         })
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Checkpoints and WAL size since the database was opened.
+    pub fn wal_stats(&self) -> &WalStats {
+        &self.wal_stats
     }
 
     async fn run<R: Send + 'static>(
@@ -332,6 +470,99 @@ impl Db {
             .map_err(|_| DbError::Closed)?;
         rx.recv().map_err(|_| DbError::Closed)
     }
+}
+
+/// What [`backup`] did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BackupReport {
+    /// The copy.
+    pub path: PathBuf,
+    /// Pages copied (of the source's page size).
+    pub pages: u64,
+    /// Size of the copy, bytes.
+    pub bytes: u64,
+    /// Times the copy started over because the source was written to.
+    pub restarts: u32,
+    /// Wall time taken, ms.
+    pub elapsed_ms: u64,
+}
+
+/// Steps after which a [`backup`] that keeps starting over (the registry
+/// writes between every two steps) copies the rest in one step.
+const BACKUP_MAX_RESTARTS: u32 = 5;
+
+/// Copy the database at `from` (in use by a running registry or not) to
+/// `to` with SQLite's online backup, `pages_per_step` pages per step and a
+/// `pause` between steps. Each step holds a read transaction only while it
+/// copies its pages, so checkpoints run between steps and the WAL does not
+/// grow as under one long read (an open `sqlite3` shell, `cp`). A write to
+/// the source between two steps starts the copy over; after
+/// [`BACKUP_MAX_RESTARTS`] the rest is copied in one step. The copy is
+/// written next to `to` and renamed over it once complete and checked
+/// (`PRAGMA quick_check`), so `to` never holds half a copy. Blocking: run
+/// it on its own thread, never on a tokio worker.
+///
+/// Errors: `from` cannot be opened, the copy fails (disk full...), or the
+/// copy does not pass `quick_check`.
+pub fn backup(
+    from: &Path,
+    to: &Path,
+    pages_per_step: i32,
+    pause: Duration,
+) -> Result<BackupReport, DbError> {
+    use rusqlite::backup::{Backup, StepResult};
+    let started = Instant::now();
+    let open_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| DbError::Open { path, source }
+    };
+    let src = Connection::open_with_flags(from, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(open_err(from))?;
+    src.busy_timeout(Duration::from_secs(5))?;
+    let mut partial = to.as_os_str().to_os_string();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let _ = std::fs::remove_file(&partial);
+    let mut dst = Connection::open(&partial).map_err(open_err(&partial))?;
+    let mut restarts = 0u32;
+    let pages = {
+        let b = Backup::new(&src, &mut dst)?;
+        let mut last_remaining = i32::MAX;
+        loop {
+            let step = if restarts >= BACKUP_MAX_RESTARTS {
+                -1
+            } else {
+                pages_per_step
+            };
+            // More, Busy and Locked all mean: step again after the pause.
+            if b.step(step)? == StepResult::Done {
+                break;
+            }
+            let p = b.progress();
+            if p.remaining > last_remaining {
+                restarts += 1;
+            }
+            last_remaining = p.remaining;
+            std::thread::sleep(pause);
+        }
+        b.progress().pagecount.max(0) as u64
+    };
+    let check: String = dst.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
+    drop(dst);
+    if check != "ok" {
+        let _ = std::fs::remove_file(&partial);
+        return Err(DbError::Commit(format!(
+            "the copy failed its check: {check}"
+        )));
+    }
+    std::fs::rename(&partial, to).map_err(|e| DbError::Commit(format!("rename: {e}")))?;
+    Ok(BackupReport {
+        path: to.to_path_buf(),
+        pages,
+        bytes: std::fs::metadata(to).map_or(0, |m| m.len()),
+        restarts,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

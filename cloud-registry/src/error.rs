@@ -81,14 +81,37 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, code, message)
     }
 
-    /// 500 `internal`: the detail is logged, the client gets a generic message.
+    /// 500 `internal`: the detail is logged, the client gets a generic
+    /// message. An error saying the disk is full is
+    /// [`ApiError::storage_full`] instead.
     pub fn internal(err: impl std::fmt::Display) -> Self {
+        if crate::storage::is_full(&err) {
+            return Self::storage_full(&err);
+        }
         tracing::error!(error = %err, "internal error");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "internal error; see the registry log",
         )
+    }
+
+    /// 507 `storage_full`: a write failed because the store's disk is
+    /// full; nothing of the request was stored and it may be retried once
+    /// space is freed. `details`: `{"path"}` (the store's directory),
+    /// `{"retryable": true}`. Marks the store not writable (`/healthz`).
+    pub fn storage_full(err: &(impl std::fmt::Display + ?Sized)) -> Self {
+        crate::storage::note_full("http request", err);
+        let dir = crate::storage::store_dir();
+        Self::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "storage_full",
+            format!(
+                "the registry's store at {} is full (no space left on the device); nothing was stored: retry once space is freed",
+                dir.display()
+            ),
+        )
+        .with_details(json!({ "path": dir.display().to_string(), "retryable": true }))
     }
 
     /// 503 `unavailable`.

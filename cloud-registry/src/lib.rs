@@ -40,5 +40,6 @@ pub mod leases;
 pub mod mqtt;
 pub mod registry;
 pub mod sessions;
+pub mod storage;
 pub mod store;
 pub mod twins;

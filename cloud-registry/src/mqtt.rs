@@ -329,11 +329,18 @@ impl Dedup {
         }
     }
 
-    /// True the first time `(provider, id)` is seen.
-    fn first_time(&mut self, provider: &str, id: &str) -> bool {
+    /// True when `(provider, id)` was remembered (its message applied).
+    fn seen(&self, provider: &str, id: &str) -> bool {
+        self.seen.contains(&(provider.to_string(), id.to_string()))
+    }
+
+    /// Remember `(provider, id)`: its message was applied (stored, or
+    /// refused for good). Only then: a message the store failed to keep
+    /// must be applied when it is sent again.
+    fn remember(&mut self, provider: &str, id: &str) {
         let key = (provider.to_string(), id.to_string());
         if !self.seen.insert(key.clone()) {
-            return false;
+            return;
         }
         self.order.push_back(key);
         if self.order.len() > self.capacity {
@@ -341,7 +348,6 @@ impl Dedup {
                 self.seen.remove(&old);
             }
         }
-        true
     }
 }
 
@@ -870,7 +876,7 @@ async fn ingest_one(
     // is dropped when already seen: an old will replayed must not take a
     // provider offline again.
     let live_status = kind == TopicKind::Status && !p.retain;
-    if !live_status && !dedup.first_time(provider_id, &env.message_id) {
+    if !live_status && dedup.seen(provider_id, &env.message_id) {
         stats.duplicates.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(provider_id, message_id = %env.message_id, "duplicate MQTT message dropped");
         if kind == TopicKind::Status {
@@ -884,12 +890,13 @@ async fn ingest_one(
         }
         return Ok(());
     }
-    match kind {
+    let stored = match kind {
         TopicKind::Status => {
             let body: StatusBody = env.body_as(MessageType::Status)?;
             same_provider(provider_id, &body.provider_id)?;
             if body.online_status != OnlineStatus::Online {
                 confirm.schedule(heard, provider_id, body);
+                dedup.remember(provider_id, &env.message_id);
                 return Ok(());
             }
             if twin_conflict(
@@ -903,7 +910,7 @@ async fn ingest_one(
                 return Ok(());
             }
             *heard.entry(provider_id.to_string()).or_default() += 1;
-            store_status(registry, provider_id, body).await;
+            store_status(registry, provider_id, body).await
         }
         TopicKind::Register => {
             let body: RegisterBody = env.body_as(MessageType::Register)?;
@@ -920,9 +927,11 @@ async fn ingest_one(
             }
             *heard.entry(provider_id.to_string()).or_default() += 1;
             let ack = register(registry, provider_id, body).await;
+            let stored = !ack.error.as_deref().is_some_and(crate::storage::is_full);
             if let Some(command) = command_to(prefix, provider_id, MessageType::RegisterAck, &ack) {
                 let _ = outbound.send(Outbound::Publish(command));
             }
+            stored
         }
         TopicKind::Heartbeat => {
             let body: HeartbeatRequest = env.body_as(MessageType::Heartbeat)?;
@@ -939,11 +948,15 @@ async fn ingest_one(
             }
             *heard.entry(provider_id.to_string()).or_default() += 1;
             match registry.heartbeat(provider_id, body).await {
-                Ok(_) => {}
+                Ok(_) => true,
                 Err(StoreError::NotFound { .. }) => {
                     tracing::warn!(provider_id, "heartbeat before registration; ignored");
+                    true
                 }
-                Err(e) => tracing::error!(provider_id, error = %e, "heartbeat not stored"),
+                Err(e) => {
+                    note_store_error("heartbeat", provider_id, &e);
+                    false
+                }
             }
         }
         TopicKind::Results => {
@@ -961,11 +974,25 @@ async fn ingest_one(
                     capability_id: body.capability_id,
                 });
             }
-            registry.session_update(provider_id, body).await;
+            registry.session_update(provider_id, body).await
         }
-        TopicKind::Commands => {}
+        TopicKind::Commands => true,
+    };
+    if stored {
+        dedup.remember(provider_id, &env.message_id);
     }
     Ok(())
+}
+
+/// Log a store failure while applying a provider's `what` message: a full
+/// disk marks the store not writable (its warning is rate-limited), any
+/// other failure is an error line.
+fn note_store_error(what: &str, provider_id: &str, e: &StoreError) {
+    if crate::storage::is_full(e) {
+        crate::storage::note_full(what, e);
+    } else {
+        tracing::error!(provider_id, error = %e, "{what} not stored");
+    }
 }
 
 /// Note the boot id of a message showing `provider_id` connected, for
@@ -1262,16 +1289,21 @@ async fn run_forwarder(
 
 /// Store a provider's status message; a provider that never registered
 /// is ignored, a store failure logged.
-async fn store_status(registry: &CapabilityRegistry, provider_id: &str, body: StatusBody) {
+/// Store a status; false when the store failed (see [`Dedup::remember`]).
+async fn store_status(registry: &CapabilityRegistry, provider_id: &str, body: StatusBody) -> bool {
     match registry.provider_status(provider_id, body).await {
-        Ok(()) => {}
+        Ok(()) => true,
         Err(StoreError::NotFound { .. }) => {
             tracing::debug!(
                 provider_id,
                 "status of a provider that never registered; ignored"
             );
+            true
         }
-        Err(e) => tracing::error!(provider_id, error = %e, "status not stored"),
+        Err(e) => {
+            note_store_error("status", provider_id, &e);
+            false
+        }
     }
 }
 
@@ -1279,6 +1311,22 @@ async fn store_status(registry: &CapabilityRegistry, provider_id: &str, body: St
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A message whose content could not be stored is not a duplicate
+    /// when it comes again; one applied is, and the oldest ids are
+    /// forgotten past the capacity.
+    #[test]
+    fn only_applied_message_ids_are_duplicates() {
+        let mut d = Dedup::new(2);
+        assert!(!d.seen("p1", "m1"), "not stored yet: not remembered");
+        d.remember("p1", "m1");
+        assert!(d.seen("p1", "m1"));
+        assert!(!d.seen("p2", "m1"), "ids are per provider");
+        d.remember("p1", "m2");
+        d.remember("p1", "m3");
+        assert!(!d.seen("p1", "m1"), "the oldest is forgotten");
+        assert!(d.seen("p1", "m3"));
+    }
 
     /// A command of `message_type` for provider `p1`, about `session_id`.
     fn command(message_type: MessageType, body: Value) -> Command {

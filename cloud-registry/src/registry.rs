@@ -79,8 +79,11 @@ pub trait ProviderHooks: Send + Sync + 'static {
 
     /// A `session_update` arrived on the provider's `results` topic; the
     /// registry has checked the capability belongs to `provider_id`.
-    async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) {
+    /// False when it could not be stored (the store failed), so the same
+    /// message sent again is applied rather than dropped as a duplicate.
+    async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) -> bool {
         tracing::info!(provider_id, session_id = %update.session_id, status = %update.status, "session update received (no sessions module attached)");
+        true
     }
 }
 
@@ -245,11 +248,14 @@ impl CapabilityRegistry {
         }
     }
 
-    /// Hand a checked session update to the hooks.
-    pub async fn session_update(&self, provider_id: &str, update: SessionUpdate) {
+    /// Hand a checked session update to the hooks. False when one of them
+    /// could not store it (see [`ProviderHooks::on_session_update`]).
+    pub async fn session_update(&self, provider_id: &str, update: SessionUpdate) -> bool {
+        let mut stored = true;
         for h in self.hooks() {
-            h.on_session_update(provider_id, update.clone()).await;
+            stored &= h.on_session_update(provider_id, update.clone()).await;
         }
+        stored
     }
 
     /// Tell the lease engine about every stored capability and provider
@@ -352,10 +358,20 @@ impl CapabilityRegistry {
         for f in &hb.faults {
             tracing::warn!(provider_id, capability_id = ?f.capability_id, code = %f.code, message = %f.message, "provider reported a fault");
         }
-        let out = self
+        let out = match self
             .store
             .record_heartbeat(actor, hb, Utc::now(), self.settings.snapshot_min_interval)
-            .await?;
+            .await
+        {
+            Ok(out) => out,
+            Err(e @ StoreError::NotFound { .. }) => return Err(e),
+            Err(e) => {
+                // Heard, though not stored (e.g. the disk is full): the
+                // provider is alive and must not be judged silent.
+                self.heard_from(&provider_id);
+                return Err(e);
+            }
+        };
         self.heard_from(&provider_id);
         self.bus.publish(out.events.clone());
         if !out.unknown_capabilities.is_empty() {
@@ -600,8 +616,12 @@ impl CapabilityRegistry {
                         }
                     }
                     if may_judge {
-                        if let Err(e) = self.mark_silent_providers_offline().await {
-                            tracing::error!(error = %e, "liveness check failed");
+                        match self.mark_silent_providers_offline().await {
+                            Ok(_) => {}
+                            Err(e) if crate::storage::is_full(&e) => {
+                                crate::storage::note_full("liveness check", &e)
+                            }
+                            Err(e) => tracing::error!(error = %e, "liveness check failed"),
                         }
                     }
                 }

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, QoS,
-    SubscribeReasonCode,
+    AsyncClient, ConnectReturnCode, ConnectionError, Event, EventLoop, LastWill, MqttOptions,
+    Outgoing, Packet, QoS, StateError, SubscribeReasonCode,
 };
 use shared_protocol::mqtt::{topic, Envelope, MessageType, RegisterBody, StatusBody, TopicKind};
 use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
@@ -606,11 +606,28 @@ async fn poll_loop(mut ctx: PollCtx) {
 fn log_connection_error(e: &ConnectionError, was_connected: bool, failures: u64, delay: Duration) {
     let delay_ms = delay.as_millis() as u64;
     match e {
+        ConnectionError::ConnectionRefused(
+            code @ (ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized),
+        ) => tracing::error!(
+            ?code,
+            retry_in_ms = delay_ms,
+            "mqtt: the registry refused this bench's credentials (token revoked or unknown); check provider_id and token"
+        ),
         ConnectionError::ConnectionRefused(code) => tracing::error!(
             ?code,
             retry_in_ms = delay_ms,
             "mqtt: the broker refused the connection (check provider_id and token)"
         ),
+        // The registry's embedded broker (rumqttd) refuses a login by
+        // closing the connection without a CONNACK: a broker that took the
+        // TCP connection and closed it before answering the CONNECT.
+        ConnectionError::MqttState(StateError::ConnectionAborted) if !was_connected => {
+            tracing::error!(
+                attempts = failures,
+                retry_in_ms = delay_ms,
+                "mqtt: the registry refused this bench's credentials (token revoked or unknown): the broker closed the connection at login; check provider_id and token"
+            )
+        }
         _ if was_connected => {
             tracing::warn!(retry_in_ms = delay_ms, "mqtt: connection lost: {e}")
         }

@@ -105,6 +105,10 @@ pub struct LabOptions {
     /// The edge's `state_dir` (outbox database and files), e.g. on a small
     /// file system the test mounted; `None`: `edge/state` in the lab.
     pub edge_state_dir: Option<PathBuf>,
+    /// Directory of the registry's store (its SQLite file, WAL and
+    /// artifacts), e.g. a small file system a test fills (default:
+    /// `registry/` in the lab directory).
+    pub registry_store_dir: Option<PathBuf>,
 }
 
 impl Default for LabOptions {
@@ -127,6 +131,7 @@ impl Default for LabOptions {
             bin_dir: None,
             edge_http_port: None,
             edge_state_dir: None,
+            registry_store_dir: None,
         }
     }
 }
@@ -203,6 +208,8 @@ pub struct Lab {
     /// Simulator name → stable path of its pty (`korad`, `lcus`, `grbl`,
     /// `dut_console`).
     pub devices: BTreeMap<String, String>,
+    /// The registry's SQLite file.
+    pub store_path: PathBuf,
     registry_config: PathBuf,
     edge_config: PathBuf,
 }
@@ -289,6 +296,11 @@ impl Lab {
             ),
         };
         let registry_config = root.join("registry/cloud-registry.toml");
+        let store_path = opts
+            .registry_store_dir
+            .clone()
+            .unwrap_or_else(|| root.join("registry"))
+            .join("registry.sqlite3");
         std::fs::write(
             &registry_config,
             format!(
@@ -299,7 +311,7 @@ impl Lab {
                  [leases]\ndefault_grace_period_seconds = {grace}\nsweep_interval_ms = 100\n\n\
                  [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n{clear}\n\
                  [sessions]\n{result_grace}",
-                store = root.join("registry/registry.sqlite3").display(),
+                store = store_path.display(),
                 admin = root.join("registry/admin.token").display(),
                 prefix = opts.topic_prefix,
                 grace = opts.grace_period_seconds,
@@ -375,6 +387,7 @@ impl Lab {
             hw_token,
             chief_token,
             devices,
+            store_path,
             registry_config,
             edge_config,
         };
@@ -419,6 +432,11 @@ impl Lab {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
+    }
+
+    /// The registry's TOML configuration.
+    pub fn registry_config(&self) -> &Path {
+        &self.registry_config
     }
 
     /// The bench TOML the edge runs with.

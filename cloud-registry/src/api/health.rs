@@ -1,8 +1,11 @@
 //! Liveness and metrics, no authentication (for load balancers and
 //! Prometheus), served at the root and under `/api/v1`:
-//! - `GET /healthz`: `{"status": "ok"|"degraded", "store": {...},
-//!   "mqtt": {"mode", "addr", "connected"}}`; 200 when the store answers and
-//!   the MQTT client is connected, else 503;
+//! - `GET /healthz`: `{"status": "ok"|"degraded", "store": {"status",
+//!   "writable", "path", "full_errors_total", ...}, "mqtt": {"mode", "addr",
+//!   "connected"}}`; 200 when the store answers and is writable and the
+//!   MQTT client is connected, else 503 (`store.writable` is false from a
+//!   write refused for lack of space until space is found again, see
+//!   [`crate::storage`]);
 //! - `GET /metrics`: Prometheus text format 0.0.4 (leases by status, events
 //!   total, providers online, MQTT messages in by topic kind, ...);
 //! - `GET /time`: the registry's clock ([`RegistryTime`]), which benches
@@ -45,13 +48,21 @@ async fn time() -> Response {
 async fn healthz(State(st): State<ApiState>) -> Response {
     let store = st.registry.store().ping().await;
     let connected = (st.mqtt.connected)();
-    let ok = store.is_ok() && connected;
+    let disk = crate::storage::snapshot();
+    let ok = store.is_ok() && connected && disk.writable;
+    let mut store_json = match &store {
+        Ok(()) if disk.writable => json!({ "status": "ok" }),
+        Ok(()) => json!({ "status": "full" }),
+        Err(e) => json!({ "status": "error", "error": e.to_string() }),
+    };
+    if let (Some(o), Ok(serde_json::Value::Object(d))) =
+        (store_json.as_object_mut(), serde_json::to_value(&disk))
+    {
+        o.extend(d);
+    }
     let body = json!({
         "status": if ok { "ok" } else { "degraded" },
-        "store": match &store {
-            Ok(()) => json!({ "status": "ok" }),
-            Err(e) => json!({ "status": "error", "error": e.to_string() }),
-        },
+        "store": store_json,
         "mqtt": {
             "mode": st.mqtt.mode,
             "addr": st.mqtt.addr,
@@ -153,6 +164,55 @@ async fn metrics(State(st): State<ApiState>) -> Response {
             &[(String::new(), c.health_snapshots_total)],
         );
     }
+    let wal = st.db.wal_stats();
+    let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+    metric(
+        &mut out,
+        "benchlink_store_wal_bytes",
+        "gauge",
+        "Size of the store's WAL file at the last checkpoint, bytes.",
+        &[(String::new(), load(&wal.wal_bytes))],
+    );
+    metric(
+        &mut out,
+        "benchlink_store_checkpoints_total",
+        "counter",
+        "WAL checkpoints by result (complete: every frame copied; incomplete: a reader's snapshot or a lock left frames behind).",
+        &[
+            ("{result=\"complete\"}".to_string(), load(&wal.checkpoints_complete)),
+            ("{result=\"incomplete\"}".to_string(), load(&wal.checkpoints_incomplete)),
+            ("{result=\"failed\"}".to_string(), load(&wal.checkpoints_failed)),
+        ],
+    );
+    metric(
+        &mut out,
+        "benchlink_store_checkpoint_lag_frames",
+        "gauge",
+        "WAL frames the last checkpoint could not copy.",
+        &[(String::new(), load(&wal.lag_frames))],
+    );
+    metric(
+        &mut out,
+        "benchlink_store_checkpoint_behind_ms",
+        "gauge",
+        "How long checkpoints have stayed behind, ms (0 while they keep up).",
+        &[(String::new(), load(&wal.stalled_ms))],
+    );
+    let disk = crate::storage::snapshot();
+    metric(
+        &mut out,
+        "benchlink_store_writable",
+        "gauge",
+        "0 from a write refused for lack of space until space is found again.",
+        &[(String::new(), u64::from(disk.writable))],
+    );
+    metric(
+        &mut out,
+        "benchlink_store_full_errors_total",
+        "counter",
+        "Writes refused because the store's disk was full.",
+        &[(String::new(), disk.full_errors_total)],
+    );
     let s = &st.mqtt.stats;
     metric(
         &mut out,

@@ -167,8 +167,9 @@ impl From<LeaseError> for ApiError {
     /// 403 `not_lease_holder`, 409 `lease_not_usable` / `lease_expired`
     /// with `details.lease_status`, 422 `invalid_field` naming the field,
     /// 422 `idempotency_key_reused`,
-    /// 503 `capability_offline` / `queue_full` / `unavailable`, 500 for a
-    /// store failure.
+    /// 503 `capability_offline` / `queue_full` / `unavailable`, 507
+    /// `storage_full` when the store's disk is full, 500 for another store
+    /// failure.
     fn from(e: LeaseError) -> Self {
         let message = e.to_string();
         match e {
@@ -221,6 +222,15 @@ impl From<LeaseError> for ApiError {
                 message,
             )
             .with_details(json!({ "header": "Idempotency-Key", "key": key })),
+            // A commit refused for lack of space, or the recovery after
+            // it while the disk is still full: the same answer as every
+            // other write path.
+            LeaseError::Unavailable { message }
+                if crate::storage::is_full(&message)
+                    || (crate::storage::is_store_full() && message.contains("recovering")) =>
+            {
+                ApiError::storage_full(&message)
+            }
             LeaseError::Unavailable { .. } => ApiError::unavailable(message),
             LeaseError::Store(e) => ApiError::internal(e),
         }

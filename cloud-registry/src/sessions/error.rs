@@ -53,6 +53,18 @@ pub enum SessionError {
         capability_id: String,
     },
 
+    /// Every token of the capability's provider has been revoked: its
+    /// bench may no longer act (its evidence could never be uploaded).
+    /// Nothing was sent and no session was created. HTTP 403
+    /// `provider_credentials_revoked`.
+    #[error(
+        "the credentials of provider `{provider_id}` (capability `{capability_id}`) have been revoked; nothing was sent"
+    )]
+    ProviderCredentialsRevoked {
+        provider_id: String,
+        capability_id: String,
+    },
+
     /// The provider is heard from two instances at once (a copied bench
     /// configuration): an action could land on either bench, so none is
     /// sent. HTTP 409 `provider_conflict`, `details.instances` naming
@@ -255,6 +267,18 @@ impl From<SessionError> for ApiError {
                     "provider_id": provider_id,
                     "capability_id": capability_id,
                 })),
+            SessionError::ProviderCredentialsRevoked {
+                provider_id,
+                capability_id,
+            } => ApiError::new(
+                StatusCode::FORBIDDEN,
+                "provider_credentials_revoked",
+                message,
+            )
+            .with_details(json!({
+                "provider_id": provider_id,
+                "capability_id": capability_id,
+            })),
             SessionError::ProviderConflict {
                 provider_id,
                 capability_id,

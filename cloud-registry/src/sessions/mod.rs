@@ -266,6 +266,10 @@ pub struct Sessions {
     /// Largest MQTT packet the registry's link sends, bytes (0: not
     /// checked); see [`Sessions::set_max_command_bytes`].
     max_command_bytes: AtomicUsize,
+    /// Providers with a session update that could not be stored because
+    /// the store's disk was full: once it is writable again, each is sent
+    /// a `session_sync` so that its edge sends the update again.
+    resync_after_full: Mutex<HashSet<String>>,
     /// Whether the registry can hear its providers' reports; see
     /// [`Sessions::set_hearing`].
     hearing: OnceLock<ReportWindow>,
@@ -480,6 +484,7 @@ impl Sessions {
             deadlines: Mutex::new(Deadlines::default()),
             partials: partial::Partials::new(&blobs.staging_dir()),
             blobs,
+            resync_after_full: Mutex::new(HashSet::new()),
         })
     }
 
@@ -665,6 +670,17 @@ impl Sessions {
                 provider_id,
                 capability_id,
                 instances,
+            });
+        }
+        let p = provider_id.clone();
+        let revoked = self
+            .db
+            .read(move |c| crate::auth::provider_credentials_revoked_sync(c, &p))
+            .await??;
+        if revoked {
+            return Err(SessionError::ProviderCredentialsRevoked {
+                provider_id,
+                capability_id,
             });
         }
         let online = self
@@ -1263,6 +1279,9 @@ impl Sessions {
                     match (&recorded, noted) {
                         (_, Ok(())) => {}
                         (Ok(_), Err(e)) => return Err(UploadRefused::from(e)),
+                        (Err(_), Err(e)) if crate::storage::is_sqlite_full(&e) => {
+                            crate::storage::note_full("artifact upload", &e)
+                        }
                         (Err(_), Err(e)) => {
                             tracing::error!(artifact_id = %id, error = %e, "cannot track the bytes of a refused upload")
                         }
@@ -1329,8 +1348,12 @@ impl Sessions {
     }
 
     /// Apply one `session_update` from `provider_id`; refusals are logged
-    /// (there is nobody to answer on MQTT).
-    pub async fn apply_update(&self, provider_id: &str, update: SessionUpdate) {
+    /// (there is nobody to answer on MQTT). False when the update could
+    /// not be stored (the store failed: the same update sent again must be
+    /// applied, not dropped as a duplicate); true when it was stored, had
+    /// nothing to store, or was refused for good. An update lost to a full
+    /// disk is asked for again (`session_sync`) once the store is writable.
+    pub async fn apply_update(&self, provider_id: &str, update: SessionUpdate) -> bool {
         if !update.status.is_final()
             && update.artifacts.is_empty()
             && update.result_summary.is_none()
@@ -1338,7 +1361,7 @@ impl Sessions {
             // "Started running": nothing to store (the session has been
             // `running` since it was sent).
             tracing::debug!(provider_id, session_id = %update.session_id, "session running at the provider");
-            return;
+            return true;
         }
         let lease_reason = if matches!(
             update.status,
@@ -1361,7 +1384,7 @@ impl Sessions {
                 store::apply_update(c, &provider, &update, lease_reason, fence_end, Utc::now())
             })
             .await;
-        match applied {
+        let error = match applied {
             Ok(Ok(out)) => {
                 for why in &out.ignored_artifacts {
                     tracing::warn!(provider_id, %session_id, "artifact metadata ignored: {why}");
@@ -1370,16 +1393,44 @@ impl Sessions {
                     tracing::debug!(provider_id, %session_id, status = %s.status, "session update applied");
                 }
                 self.publish(out.events).await;
+                return true;
             }
-            Ok(Err(UpdateRefused::Sqlite(e))) => {
-                tracing::error!(provider_id, %session_id, error = %e, "session update not stored")
-            }
+            Ok(Err(UpdateRefused::Sqlite(e))) => e.to_string(),
             Ok(Err(refused)) => {
-                tracing::warn!(provider_id, %session_id, "session update refused: {refused}")
+                tracing::warn!(provider_id, %session_id, "session update refused: {refused}");
+                return true;
             }
-            Err(e) => {
-                tracing::error!(provider_id, %session_id, error = %e, "session update not stored")
-            }
+            Err(e) => e.to_string(),
+        };
+        if crate::storage::is_full(&error) {
+            crate::storage::note_full("session update", &error);
+            tracing::warn!(
+                provider_id,
+                %session_id,
+                "session update not stored: the store is full; it is asked for again once space is freed"
+            );
+            crate::leases::lock(&self.resync_after_full).insert(provider_id.to_string());
+        } else {
+            tracing::error!(provider_id, %session_id, error = %error, "session update not stored");
+        }
+        false
+    }
+
+    /// Once the store is writable again, ask each provider whose session
+    /// update a full disk kept from being stored to send it again.
+    async fn resync_after_full(&self) {
+        if crate::storage::is_store_full() {
+            return;
+        }
+        let providers: Vec<String> = crate::leases::lock(&self.resync_after_full)
+            .drain()
+            .collect();
+        for provider_id in providers {
+            tracing::info!(
+                provider_id,
+                "the store is writable again: asking the provider for the session updates it could not store"
+            );
+            self.sync_open_sessions(&provider_id).await;
         }
     }
 
@@ -1520,6 +1571,7 @@ impl Sessions {
                 _ = tick.tick() => {}
                 _ = shutdown.wait_for(|s| *s) => break,
             }
+            self.resync_after_full().await;
             let sent_after = match self.judge() {
                 Judge::Nobody => continue,
                 Judge::SentAfter(t) => Some(t),
@@ -1856,7 +1908,7 @@ impl ProviderHooks for Sessions {
         self.sync_open_sessions(provider_id).await;
     }
 
-    async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) {
-        self.apply_update(provider_id, update).await;
+    async fn on_session_update(&self, provider_id: &str, update: SessionUpdate) -> bool {
+        self.apply_update(provider_id, update).await
     }
 }
