@@ -92,7 +92,9 @@ impl Sample {
     }
 }
 
-fn drift(age: Duration) -> Duration {
+/// The drift allowance ([`DRIFT_PPM`]) for `age` of carrying an instant
+/// on this process's monotonic clock.
+pub fn drift(age: Duration) -> Duration {
     Duration::from_micros(
         u64::try_from(age.as_micros())
             .unwrap_or(u64::MAX)

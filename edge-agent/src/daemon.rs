@@ -769,6 +769,8 @@ impl Dispatcher {
             self.clock.refresh(FENCE_RESAMPLE_GAP).await;
             est = self.clock.estimate();
         }
+        // The instant the estimate was taken: `left` counts from it.
+        let judged_at = Instant::now();
         let left = cmd.not_after - est.latest();
         let Ok(left) = left.to_std() else {
             return Err((
@@ -802,7 +804,8 @@ impl Dispatcher {
         };
         self.stop_superseded(&cmd.capability_id, &cmd.lease_id, superseded)
             .await;
-        Ok(Instant::now() + left)
+        // The two clocks may drift apart over `left` too.
+        Ok(judged_at + left.saturating_sub(crate::clock::drift(left)))
     }
 
     /// The registry hears this provider from more than one instance (or no
