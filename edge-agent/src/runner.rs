@@ -802,20 +802,21 @@ impl RunnerCtx {
             Err(_) => DriverHealth::unhealthy("driver panicked while reporting health"),
         };
         let mut board = lock(&self.board);
-        let entry = board
-            .health
-            .entry(self.capability_id.clone())
-            .or_insert(CapHealth {
-                health: health.clone(),
-                stuck: None,
-            });
-        if entry.health != health {
-            tracing::info!(
-                capability_id = %self.capability_id,
-                health = %health.status,
-                message = health.message.as_deref().unwrap_or(""),
-                "capability health changed"
-            );
+        let entry = board.health.entry(self.capability_id.clone());
+        let first = matches!(entry, std::collections::btree_map::Entry::Vacant(_));
+        let entry = entry.or_insert(CapHealth {
+            health: health.clone(),
+            stuck: None,
+        });
+        // The first reading is logged too when it is not healthy: a device
+        // missing at start is what a technician looks for.
+        if entry.health != health || (first && health.status != HealthStatus::Healthy) {
+            let message = health.message.as_deref().unwrap_or("");
+            if health.status == HealthStatus::Healthy {
+                tracing::info!(capability_id = %self.capability_id, health = %health.status, "capability health changed");
+            } else {
+                tracing::warn!(capability_id = %self.capability_id, health = %health.status, message, "capability health changed");
+            }
         }
         entry.health = health;
     }

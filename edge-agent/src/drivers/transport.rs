@@ -6,7 +6,11 @@
 //! port, reads everything the device sends into a [`Capture`] (a rolling
 //! byte log addressed by absolute offsets), and when the device goes away
 //! (USB cable pulled: the read fails with a hangup) it marks the link lost
-//! and tries to reopen the same path every [`REOPEN_INTERVAL`]. Nothing
+//! and tries to reopen the same path every [`REOPEN_INTERVAL`]. A device
+//! that stays open but fails its driver's identity probe
+//! [`IDENTITY_FAILURES_BEFORE_REOPEN`] times in a row is closed and its path
+//! opened again too ([`Link::identity_failed`]): two adapters swapped and put
+//! back leave the old descriptor on the wrong device. Nothing
 //! spins: the thread blocks in `poll(2)` for up to [`READ_POLL`] while the
 //! port is open and sleeps on a condition variable while it is not, so an
 //! unplugged device costs a few wakeups a second.
@@ -41,6 +45,11 @@ pub const READ_POLL: Duration = Duration::from_millis(200);
 
 /// Pause between attempts to (re)open a device that is absent or busy.
 pub const REOPEN_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Identity probes in a row that may fail on one connection before the
+/// link closes the port and opens its path again (see
+/// [`Link::identity_failed`]).
+pub const IDENTITY_FAILURES_BEFORE_REOPEN: u32 = 3;
 
 /// How long to wait for a TCP connection to an instrument.
 const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -550,6 +559,10 @@ pub struct Link {
     capture: Arc<Capture>,
     writer: Writer,
     stop: Arc<AtomicBool>,
+    /// Set to close the current connection and open the path again.
+    reopen: Arc<Mutex<Option<String>>>,
+    /// Failed identity probes in a row, and the connection they were on.
+    identity_failures: (u64, u32),
     thread: Option<JoinHandle<()>>,
 }
 
@@ -570,6 +583,8 @@ impl Link {
             capture: Capture::new(log_limit_bytes),
             writer: Arc::new(Mutex::new(None)),
             stop: Arc::new(AtomicBool::new(false)),
+            reopen: Arc::new(Mutex::new(None)),
+            identity_failures: (0, 0),
             thread: None,
         }
     }
@@ -593,9 +608,10 @@ impl Link {
         let capture = self.capture.clone();
         let writer = self.writer.clone();
         let stop = self.stop.clone();
+        let reopen = self.reopen.clone();
         let thread = std::thread::Builder::new()
             .name("serial-link".into())
-            .spawn(move || run_link(endpoint, capture, writer, stop))
+            .spawn(move || run_link(endpoint, capture, writer, stop, reopen))
             .map_err(|e| DriverError::Device(format!("cannot start link thread: {e}")))?;
         self.thread = Some(thread);
         Ok(())
@@ -638,6 +654,43 @@ impl Link {
             .map_err(|e| {
                 DriverError::Unavailable(format!("write to {} failed: {e}", self.endpoint.name()))
             })
+    }
+
+    /// Records that the device on the current connection failed its
+    /// driver's identity probe (`why`: the probe's error). The
+    /// [`IDENTITY_FAILURES_BEFORE_REOPEN`]th failure in a row on one
+    /// connection closes the port and opens its path again within
+    /// [`READ_POLL`] + [`REOPEN_INTERVAL`] (a new connection generation),
+    /// so a path that now names another adapter is followed; returns true
+    /// then. A probe that passes resets the count
+    /// ([`Link::identity_confirmed`]).
+    pub fn identity_failed(&mut self, why: &str) -> bool {
+        let generation = self.capture.generation();
+        let (on, count) = self.identity_failures;
+        let count = if on == generation { count + 1 } else { 1 };
+        if count < IDENTITY_FAILURES_BEFORE_REOPEN {
+            self.identity_failures = (generation, count);
+            return false;
+        }
+        self.identity_failures = (generation, 0);
+        let name = self.endpoint.name();
+        tracing::warn!(
+            device = %name,
+            failures = count,
+            reason = %why,
+            "identity probe failed {count} times in a row; closing the port and opening {name} again (adapters swapped?)"
+        );
+        *self.reopen.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
+            "{name}: closed after {count} failed identity probes ({why}); reopening"
+        ));
+        self.capture.notify();
+        true
+    }
+
+    /// Records that the device on the current connection answered its
+    /// driver's identity probe: the failure count starts again.
+    pub fn identity_confirmed(&mut self) {
+        self.identity_failures = (self.capture.generation(), 0);
     }
 
     /// Health from the link state alone: healthy while open. Starts the
@@ -719,8 +772,22 @@ fn open_endpoint(endpoint: &Endpoint) -> Result<Opened, String> {
     }
 }
 
+/// Why the link thread closed an open connection.
+enum Closed {
+    /// The read failed or hit end of file (why).
+    ByDevice(String),
+    /// [`Link::identity_failed`] asked for a reopen (the state message).
+    ByDriver(String),
+}
+
 /// The link thread: open, read until the device goes away, retry.
-fn run_link(endpoint: Endpoint, capture: Arc<Capture>, writer: Writer, stop: Arc<AtomicBool>) {
+fn run_link(
+    endpoint: Endpoint,
+    capture: Arc<Capture>,
+    writer: Writer,
+    stop: Arc<AtomicBool>,
+    reopen: Arc<Mutex<Option<String>>>,
+) {
     let name = endpoint.name();
     let mut buf = vec![0u8; 4096];
     let mut last_problem: Option<String> = None;
@@ -731,12 +798,19 @@ fn run_link(endpoint: Endpoint, capture: Arc<Capture>, writer: Writer, stop: Arc
                 capture.set_state(LinkState::Open);
                 tracing::info!(device = %name, "device opened");
                 last_problem = None;
+                // A request from before this connection is stale.
+                reopen.lock().unwrap_or_else(|e| e.into_inner()).take();
                 let why = loop {
                     if stop.load(Ordering::SeqCst) {
                         break None;
                     }
+                    if let Some(msg) = reopen.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        break Some(Closed::ByDriver(msg));
+                    }
                     match reader.read(&mut buf) {
-                        Ok(0) => break Some("the device closed the connection".to_string()),
+                        Ok(0) => {
+                            break Some(Closed::ByDevice("the device closed the connection".into()))
+                        }
                         Ok(n) => capture.push(&buf[..n]),
                         Err(e)
                             if matches!(
@@ -745,15 +819,20 @@ fn run_link(endpoint: Endpoint, capture: Arc<Capture>, writer: Writer, stop: Arc
                                     | std::io::ErrorKind::WouldBlock
                                     | std::io::ErrorKind::Interrupted
                             ) => {}
-                        Err(e) => break Some(e.to_string()),
+                        Err(e) => break Some(Closed::ByDevice(e.to_string())),
                     }
                 };
                 *writer.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 drop(reader);
-                let Some(why) = why else { break };
-                let msg = format!("{name} vanished ({why}); reopening");
-                tracing::warn!(device = %name, reason = %why, "device lost");
-                capture.set_state(LinkState::Lost(msg));
+                match why {
+                    None => break,
+                    Some(Closed::ByDriver(msg)) => capture.set_state(LinkState::Lost(msg)),
+                    Some(Closed::ByDevice(why)) => {
+                        let msg = format!("{name} vanished ({why}); reopening");
+                        tracing::warn!(device = %name, reason = %why, "device lost");
+                        capture.set_state(LinkState::Lost(msg));
+                    }
+                }
             }
             Err(why) => {
                 if last_problem.as_deref() != Some(why.as_str()) {
@@ -970,6 +1049,48 @@ mod tests {
         assert_eq!(r, Err(WaitError::Lost("pulled".into())));
         assert!(started.elapsed() < Duration::from_secs(1));
         t.join().unwrap();
+    }
+
+    /// Waits up to 3 s for the link's connection generation to reach `want`.
+    fn wait_generation(link: &Link, want: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while link.capture().generation() < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        link.capture().generation()
+    }
+
+    #[test]
+    fn repeated_identity_failures_close_the_connection_and_open_the_path_again() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let accepted = std::thread::spawn(move || {
+            // Keep every accepted socket open: only the link may close one.
+            (0..2)
+                .map(|_| listener.accept().unwrap().0)
+                .collect::<Vec<_>>()
+        });
+        let mut link = Link::new(Endpoint::Tcp { address }, 4096);
+        assert_eq!(link.ensure_open(Duration::from_secs(2)), Ok(1));
+
+        assert!(!link.identity_failed("no answer to *IDN?"));
+        // A probe that passes in between starts the count again.
+        link.identity_confirmed();
+        assert!(!link.identity_failed("no answer to *IDN?"));
+        assert!(!link.identity_failed("no answer to *IDN?"));
+        std::thread::sleep(READ_POLL * 2);
+        assert_eq!(link.capture().generation(), 1, "reopened too early");
+
+        assert!(link.identity_failed("no answer to *IDN?"));
+        assert_eq!(wait_generation(&link, 2), 2, "the link did not reopen");
+        assert_eq!(link.ensure_open(Duration::from_secs(2)), Ok(2));
+        let sockets = accepted.join().unwrap();
+        assert_eq!(sockets.len(), 2, "a second connection was made");
+
+        // The count is per connection: two failures on the new one do not
+        // add to the three before.
+        assert!(!link.identity_failed("no answer to *IDN?"));
+        assert!(!link.identity_failed("no answer to *IDN?"));
     }
 
     #[test]

@@ -288,11 +288,14 @@ impl PowerSupply for Korad {
         let generation = self.link.capture().generation();
         if self.identified != generation {
             if let Err(e) = self.identify() {
-                return DriverHealth::unhealthy(format!(
+                let why = format!(
                     "{}: port open but the supply does not answer *IDN? ({e})",
                     self.port
-                ));
+                );
+                self.link.identity_failed(&why);
+                return DriverHealth::unhealthy(why);
             }
+            self.link.identity_confirmed();
             self.identified = generation;
         }
         DriverHealth::healthy()

@@ -321,11 +321,14 @@ impl PowerSupply for Scpi {
         let generation = self.link.capture().generation();
         if self.identified != generation {
             if let Err(e) = self.identify() {
-                return DriverHealth::unhealthy(format!(
+                let why = format!(
                     "{}: connected but the supply does not answer *IDN? ({e})",
                     self.name
-                ));
+                );
+                self.link.identity_failed(&why);
+                return DriverHealth::unhealthy(why);
             }
+            self.link.identity_confirmed();
             self.identified = generation;
         }
         DriverHealth::healthy()

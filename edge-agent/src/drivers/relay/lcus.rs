@@ -181,8 +181,11 @@ impl RelayBoard for Lcus {
         let generation = self.link.capture().generation();
         if self.checked != generation {
             if let Err(e) = self.status() {
-                return DriverHealth::unhealthy(e.to_string());
+                let why = e.to_string();
+                self.link.identity_failed(&why);
+                return DriverHealth::unhealthy(why);
             }
+            self.link.identity_confirmed();
             self.checked = generation;
         }
         DriverHealth::healthy()

@@ -174,16 +174,17 @@ impl RelayBoard for Numato {
         }
         let generation = self.link.capture().generation();
         if self.checked != generation {
-            match self.command("ver") {
-                Ok(v) if !v.is_empty() => self.checked = generation,
-                Ok(_) => {
-                    return DriverHealth::unhealthy(format!(
-                        "{}: the module gave no version for `ver`",
-                        self.port
-                    ))
+            let why = match self.command("ver") {
+                Ok(v) if !v.is_empty() => {
+                    self.checked = generation;
+                    self.link.identity_confirmed();
+                    return DriverHealth::healthy();
                 }
-                Err(e) => return DriverHealth::unhealthy(e.to_string()),
-            }
+                Ok(_) => format!("{}: the module gave no version for `ver`", self.port),
+                Err(e) => e.to_string(),
+            };
+            self.link.identity_failed(&why);
+            return DriverHealth::unhealthy(why);
         }
         DriverHealth::healthy()
     }

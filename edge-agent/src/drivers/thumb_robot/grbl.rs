@@ -418,22 +418,27 @@ impl Grbl {
         };
         if !self.await_banner(from)? {
             if reset_sent {
-                return Err(DriverError::Unavailable(format!(
+                let why = format!(
                     "no `Grbl 1.1` banner from {} within {} ms of a soft reset",
                     self.port,
                     self.boot_timeout.as_millis()
-                )));
+                );
+                self.link.identity_failed(&why);
+                return Err(DriverError::Unavailable(why));
             }
             self.transcript
                 .note("no banner after opening; sending a soft reset");
             let from = self.soft_reset()?;
             if !self.await_banner(from)? {
-                return Err(DriverError::Unavailable(format!(
+                let why = format!(
                     "no `Grbl 1.1` banner from {} (is it a GRBL 1.1 controller at this baud rate?)",
                     self.port
-                )));
+                );
+                self.link.identity_failed(&why);
+                return Err(DriverError::Unavailable(why));
             }
         }
+        self.link.identity_confirmed();
         self.needs_reset = false;
         let (state, _) = self.status()?;
         if state == "Alarm" {
