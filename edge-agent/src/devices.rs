@@ -102,7 +102,14 @@ pub struct AudioConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AudioConfigRange {
     pub sample_format: String,
-    /// Channel counts, ascending.
+    /// Fewest channels accepted.
+    pub min_channels: u16,
+    /// Most channels accepted.
+    pub max_channels: u16,
+    /// The channel counts accepted, ascending, when not every count from
+    /// `min_channels` to `max_channels` is; empty (and left out of the
+    /// JSON) when they all are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub channels: Vec<u16>,
     /// Hz.
     pub min_sample_rate: u32,
@@ -269,10 +276,15 @@ pub fn discover_audio() -> AudioDiscovery {
     };
     let default_in = host.default_input_device().and_then(|d| device_id(&d));
     let default_out = host.default_output_device().and_then(|d| device_id(&d));
+    let mut saw_null = false;
     match host.input_devices() {
         Ok(devs) => {
+            let devs: Vec<cpal::Device> = devs.collect();
+            saw_null |= devs.iter().any(is_null_device);
             out.inputs.extend(
-                devs.map(|d| describe_audio(&d, true, default_in.as_deref()))
+                devs.iter()
+                    .filter(|d| !is_null_device(d))
+                    .map(|d| describe_audio(d, true, default_in.as_deref()))
                     .filter(|d| !d.supported.is_empty()),
             );
         }
@@ -280,12 +292,23 @@ pub fn discover_audio() -> AudioDiscovery {
     }
     match host.output_devices() {
         Ok(devs) => {
+            let devs: Vec<cpal::Device> = devs.collect();
+            saw_null |= devs.iter().any(is_null_device);
             out.outputs.extend(
-                devs.map(|d| describe_audio(&d, false, default_out.as_deref()))
+                devs.iter()
+                    .filter(|d| !is_null_device(d))
+                    .map(|d| describe_audio(d, false, default_out.as_deref()))
                     .filter(|d| !d.supported.is_empty()),
             );
         }
         Err(e) => out.errors.push(format!("audio outputs: {e}")),
+    }
+    if out.inputs.is_empty() && out.outputs.is_empty() && out.errors.is_empty() {
+        out.errors.push(format!(
+            "audio: {} offers no usable device{} (no sound card, and no PulseAudio server reachable)",
+            out.host,
+            if saw_null { ", only its `null` device" } else { "" }
+        ));
     }
     out
 }
@@ -478,11 +501,49 @@ pub fn summarize_ranges(ranges: &[(String, u16, u32, u32)]) -> Vec<AudioConfigRa
             }
             None => out.push(AudioConfigRange {
                 sample_format: fmt.clone(),
+                min_channels: *ch,
+                max_channels: *ch,
                 channels: vec![*ch],
                 min_sample_rate: *min,
                 max_sample_rate: *max,
             }),
         }
+    }
+    for r in &mut out {
+        r.min_channels = r.channels.first().copied().unwrap_or(0);
+        r.max_channels = r.channels.last().copied().unwrap_or(0);
+        let every = usize::from(r.max_channels - r.min_channels) + 1;
+        if r.channels.len() == every {
+            r.channels.clear();
+        }
+    }
+    out
+}
+
+/// Runs `f` with file descriptor 2 pointed at `/dev/null`, so that what
+/// audio libraries print there while devices are probed (ALSA's
+/// `ALSA lib confmisc.c:...` lines, JACK's `jack server is not running`)
+/// stays out of a command's output. Process-wide: for one-shot commands
+/// such as `edge-agent devices`, never inside the daemon. Runs `f`
+/// unsilenced when `/dev/null` cannot be opened.
+pub fn with_stderr_silenced<T>(f: impl FnOnce() -> T) -> T {
+    use std::os::fd::AsRawFd;
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else {
+        return f();
+    };
+    // SAFETY: plain descriptor calls on fd 2 and descriptors we own.
+    let saved = unsafe { libc::dup(2) };
+    if saved < 0 || unsafe { libc::dup2(null.as_raw_fd(), 2) } < 0 {
+        if saved >= 0 {
+            unsafe { libc::close(saved) };
+        }
+        return f();
+    }
+    let out = f();
+    // SAFETY: `saved` is the duplicate of the original fd 2 made above.
+    unsafe {
+        libc::dup2(saved, 2);
+        libc::close(saved);
     }
     out
 }
@@ -597,9 +658,22 @@ mod tests {
         ];
         let s = summarize_ranges(&rows);
         assert_eq!(s.len(), 2);
-        assert_eq!(s[0].channels, vec![1, 2]);
+        assert_eq!((s[0].min_channels, s[0].max_channels), (1, 2));
+        assert!(s[0].channels.is_empty(), "1..=2 all accepted: no list");
         assert_eq!((s[0].min_sample_rate, s[0].max_sample_rate), (8000, 96000));
         assert_eq!(s[1].sample_format, "i16");
+    }
+
+    #[test]
+    fn channel_counts_with_gaps_are_listed() {
+        let rows = vec![
+            ("i16".to_string(), 1, 8000, 48000),
+            ("i16".to_string(), 2, 8000, 48000),
+            ("i16".to_string(), 6, 8000, 48000),
+        ];
+        let s = summarize_ranges(&rows);
+        assert_eq!((s[0].min_channels, s[0].max_channels), (1, 6));
+        assert_eq!(s[0].channels, vec![1, 2, 6]);
     }
 
     #[test]

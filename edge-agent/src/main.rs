@@ -157,7 +157,9 @@ fn emit(text: &str, status: ExitCode) -> ExitCode {
 }
 
 fn print_devices(json: bool) -> ExitCode {
-    let report = devices::discover();
+    // The audio libraries print their probing on stderr; what matters of
+    // it is in the report's errors.
+    let report = devices::with_stderr_silenced(devices::discover);
     if json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => emit(&format!("{s}\n"), ExitCode::SUCCESS),
