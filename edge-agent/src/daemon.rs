@@ -40,6 +40,7 @@ use crate::outbox::{Outbox, OutboxError, SyncAnswer};
 use crate::runner::{
     refused_update, session_update, CancelOutcome, Rejection, Runners, UpdateSink,
 };
+use crate::status;
 use crate::uploader::Uploader;
 
 /// How long runners get to finish at shutdown before the daemon goes on.
@@ -76,6 +77,7 @@ pub struct Daemon {
     supervisor_task: JoinHandle<()>,
     clock_task: JoinHandle<()>,
     notifier: Notifier,
+    started_at: chrono::DateTime<Utc>,
 }
 
 impl Daemon {
@@ -185,6 +187,7 @@ impl Daemon {
             supervisor_task,
             clock_task,
             notifier: Notifier::from_env(),
+            started_at: Utc::now(),
         })
     }
 
@@ -230,10 +233,14 @@ impl Daemon {
         self.notifier.ready(&self.status_line().await);
         let mut tick = tokio::time::interval(ping_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut status_tick = tokio::time::interval(status::STATUS_PERIOD);
+        status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut errors = status::ErrorMemory::default();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
+                _ = status_tick.tick() => self.write_status(&mut errors).await,
                 _ = tick.tick() => {
                     match self.health_problem().await {
                         None => {
@@ -250,6 +257,78 @@ impl Daemon {
         }
         tracing::info!("shutdown requested");
         self.shutdown().await;
+    }
+
+    /// Writes `<state_dir>/status.json` for `edge-agent status` (see
+    /// [`crate::status`]); a failure is logged once per kind of error.
+    async fn write_status(&self, errors: &mut status::ErrorMemory) {
+        let outbox = self.outbox.clone();
+        let runners = self.runners.clone();
+        let (stats, health) = match tokio::task::spawn_blocking(move || {
+            (outbox.stats().unwrap_or_default(), runners.health_reports())
+        })
+        .await
+        {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        let types: HashMap<&str, String> = self
+            .cfg
+            .capabilities
+            .iter()
+            .map(|c| (c.id.as_str(), c.capability_type.to_string()))
+            .collect();
+        let mut capabilities: Vec<status::CapabilityStatus> = health
+            .into_iter()
+            .map(|h| status::CapabilityStatus {
+                capability_type: types
+                    .get(h.capability_id.as_str())
+                    .cloned()
+                    .unwrap_or_default(),
+                capability_id: h.capability_id,
+                health_status: h.health_status,
+                message: h.message,
+                last_error: None,
+            })
+            .collect();
+        let now = Utc::now();
+        errors.apply(now, &mut capabilities);
+        let link = self.link.state();
+        let snapshot = status::DaemonStatus {
+            written_at: now,
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            provider_id: self.cfg.provider.provider_id.clone(),
+            node_id: self.cfg.provider.node_id.clone(),
+            boot_id: self.boot_id.clone(),
+            started_at: self.started_at,
+            broker: status::BrokerStatus {
+                address: format!(
+                    "{}:{}",
+                    self.cfg.registry.mqtt_host, self.cfg.registry.mqtt_port
+                ),
+                connected: link.is_connected(),
+                connects: link.connect_count(),
+            },
+            registry: status::RegistryStatus {
+                base_url: self.cfg.registry.base_url.clone(),
+                registered: link.is_registered(),
+            },
+            outbox: status::OutboxStatus {
+                pending_artifacts: stats.pending_artifacts,
+                pending_bytes: stats.pending_bytes,
+                queued_updates: stats.queued_updates,
+                corrupt_artifacts: stats.corrupt_artifacts,
+                budget_used_bytes: stats.budget_used_bytes,
+                budget_bytes: stats.budget_bytes,
+            },
+            capabilities,
+        };
+        let path = status::status_path(&self.cfg.state_dir);
+        let written = tokio::task::spawn_blocking(move || snapshot.write(&path)).await;
+        if let Ok(Err(e)) = written {
+            tracing::debug!(error = %e, "cannot write the status file");
+        }
     }
 
     /// `None` while every part works; else what is wrong.

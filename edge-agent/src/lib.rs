@@ -15,5 +15,6 @@ pub mod link;
 pub mod notify;
 pub mod outbox;
 pub mod runner;
+pub mod status;
 pub mod update_size;
 pub mod uploader;

@@ -4,6 +4,8 @@
 //! edge-agent run          [--config /etc/benchlink-edge/edge-agent.toml]
 //! edge-agent check-config [--config FILE]     exit 0 = usable, 2 = not
 //! edge-agent devices      [--json]            cameras, audio, serial ports
+//! edge-agent status       [--config FILE] [--json]   the running daemon
+//! edge-agent probe CAPABILITY [--config FILE]        one reading, no lease
 //! ```
 //!
 //! `run` prints one JSON line on stdout once the daemon is up:
@@ -56,6 +58,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What the running daemon of this bench sees: broker link, registry,
+    /// outbox backlog, each capability's health and last problem. Exit
+    /// status 0 when all is well, 1 when something is wrong, 3 when the
+    /// daemon is not running.
+    Status {
+        #[arg(long, short, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+        /// The status document as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Open one capability's device and take one reading (a frame, a
+    /// second of audio, a measurement, a screenshot; health only for
+    /// speakers, relays and robots), with no lease and no registry. Stop
+    /// the daemon first for devices it holds exclusively (serial ports).
+    /// Exit status 0 when the device answered, 1 when not.
+    Probe {
+        /// The capability id from the bench TOML.
+        capability: String,
+        #[arg(long, short, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,6 +88,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig { config } => check_config(&config),
         Command::Devices { json } => print_devices(json),
+        Command::Status { config, json } => status(&config, json),
+        Command::Probe { capability, config } => probe(&config, &capability),
         Command::Run { config } => run(&config),
     }
 }
@@ -233,6 +259,167 @@ fn device_table(r: &DeviceReport) -> String {
         let _ = writeln!(out, "! {e}");
     }
     out
+}
+
+/// Loads the bench TOML for a local tool (`status`, `probe`) that never
+/// talks to the registry: a missing provider token is no obstacle.
+fn load_for_local_tool(path: &std::path::Path) -> Result<EdgeConfig, String> {
+    if std::env::var_os("BENCHLINK_TOKEN").is_none() {
+        // Single-threaded here: nothing else reads the environment yet.
+        std::env::set_var("BENCHLINK_TOKEN", "not-needed-by-local-tools");
+    }
+    EdgeConfig::load(path).map_err(|e| e.to_string())
+}
+
+fn status(path: &std::path::Path, json: bool) -> ExitCode {
+    let cfg = match load_for_local_tool(path) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let file = edge_agent::status::status_path(&cfg.state_dir);
+    let s = match edge_agent::status::DaemonStatus::read(&file) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!(
+                "no status at {}: the daemon has not run with this config (state_dir {})",
+                file.display(),
+                cfg.state_dir.display()
+            );
+            return ExitCode::from(3);
+        }
+        Err(e) => {
+            eprintln!("cannot read {}: {e}", file.display());
+            return ExitCode::from(3);
+        }
+    };
+    let now = chrono::Utc::now();
+    let problems = s.problems(now);
+    let code = if !s.is_live(now) {
+        ExitCode::from(3)
+    } else if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    };
+    if json {
+        let mut v = serde_json::to_value(&s).unwrap_or_default();
+        v["running"] = serde_json::Value::Bool(s.is_live(now));
+        v["problems"] = serde_json::json!(problems);
+        return emit(&format!("{v}\n"), code);
+    }
+    let mut out = s.render(now);
+    for p in &problems {
+        let _ = writeln!(out, "! {p}");
+    }
+    emit(&out, code)
+}
+
+/// The read-only action `probe` runs for a capability type, if any.
+fn probe_action(
+    t: shared_protocol::capability::CapabilityType,
+) -> Option<(
+    shared_protocol::capability::CapabilityAction,
+    serde_json::Value,
+)> {
+    use shared_protocol::capability::{CapabilityAction as A, CapabilityType as T};
+    match t {
+        T::Camera => Some((A::Snapshot, serde_json::json!({}))),
+        T::Microphone => Some((A::RecordAudio, serde_json::json!({"duration_ms": 1000}))),
+        T::SerialPort => Some((A::Read, serde_json::json!({"timeout_ms": 1000}))),
+        T::ProgrammablePowerSupply => Some((A::MeasureOutput, serde_json::json!({}))),
+        T::ScreenCapture => Some((A::Screenshot, serde_json::json!({}))),
+        _ => None,
+    }
+}
+
+fn probe(path: &std::path::Path, capability: &str) -> ExitCode {
+    use edge_agent::drivers::{ActionRequest, CancelToken};
+    use sha2::Digest as _;
+    let cfg = match load_for_local_tool(path) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(index) = cfg.capabilities.iter().position(|c| c.id == capability) else {
+        let ids: Vec<&str> = cfg.capabilities.iter().map(|c| c.id.as_str()).collect();
+        eprintln!(
+            "no capability `{capability}` in {}; it has: {}",
+            path.display(),
+            ids.join(", ")
+        );
+        return ExitCode::from(2);
+    };
+    let mut drivers = match cfg.build_drivers() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut driver = drivers.swap_remove(index);
+    drop(drivers);
+    let t = cfg.capabilities[index].capability_type;
+    let mut out = String::new();
+    let health = driver.health();
+    let _ = writeln!(
+        out,
+        "{capability} ({t}, backend {}): health {}{}",
+        cfg.capabilities[index].driver.backend,
+        health.status,
+        health
+            .message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default()
+    );
+    let mut ok = health.status == shared_protocol::capability::HealthStatus::Healthy;
+    if let Some((action, params)) = probe_action(t) {
+        let req = ActionRequest {
+            session_id: format!("probe-{}", std::process::id()),
+            action,
+            params: params.as_object().cloned().unwrap_or_default(),
+            deadline: std::time::Instant::now() + std::time::Duration::from_secs(15),
+            cancel: CancelToken::new(),
+        };
+        let started = std::time::Instant::now();
+        match driver.execute(&req) {
+            Ok(outcome) => {
+                let _ = writeln!(
+                    out,
+                    "  {action} in {} ms: {}",
+                    started.elapsed().as_millis(),
+                    serde_json::Value::Object(outcome.result_summary)
+                );
+                for a in &outcome.artifacts {
+                    let _ = writeln!(
+                        out,
+                        "  artifact {} {} {} bytes sha256 {}",
+                        a.artifact_type,
+                        a.content_type,
+                        a.bytes.len(),
+                        hex::encode(sha2::Sha256::digest(&a.bytes))
+                    );
+                }
+            }
+            Err(e) => {
+                ok = false;
+                let _ = writeln!(out, "  {action} failed: {e}");
+            }
+        }
+    }
+    emit(
+        &out,
+        if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        },
+    )
 }
 
 fn run(path: &std::path::Path) -> ExitCode {
