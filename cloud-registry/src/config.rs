@@ -169,7 +169,8 @@ impl Default for HttpConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// SQLite database file (created with its directory when missing).
-    /// A relative path is relative to the working directory.
+    /// A relative path is relative to the directory of the config file
+    /// ([`Config::load`]), whatever the working directory.
     pub path: PathBuf,
 }
 
@@ -189,7 +190,8 @@ pub struct AuthConfig {
     /// token for principal `bootstrap-admin`: it reuses the token already in
     /// the file, or creates one and writes it with mode 0600. Lets a demo or
     /// a test get an admin token without a separate `token create` step.
-    /// `serve --bootstrap-admin-token-file` overrides it.
+    /// `serve --bootstrap-admin-token-file` overrides it. Relative to the
+    /// config file's directory.
     pub bootstrap_admin_token_file: Option<PathBuf>,
 }
 
@@ -314,13 +316,31 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text).map_err(|e| match e {
+        let mut cfg = Self::parse(&text).map_err(|e| match e {
             ConfigError::Invalid { issues, .. } => ConfigError::Invalid {
                 path: path.to_path_buf(),
                 issues,
             },
             other => other,
-        })
+        })?;
+        cfg.resolve_relative_to(path.parent().unwrap_or(Path::new("")));
+        Ok(cfg)
+    }
+
+    /// Joins the relative file paths of the file (`store.path`,
+    /// `auth.bootstrap_admin_token_file`) onto `dir`, the config file's
+    /// directory, so that a command run from elsewhere (`token create`
+    /// from another directory) opens the same store as `serve`.
+    fn resolve_relative_to(&mut self, dir: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() && !dir.as_os_str().is_empty() {
+                *p = dir.join(&*p);
+            }
+        };
+        fix(&mut self.store.path);
+        if let Some(p) = self.auth.bootstrap_admin_token_file.as_mut() {
+            fix(p);
+        }
     }
 
     /// Parse and check TOML text (the path in errors is empty).
