@@ -17,6 +17,8 @@ packages=(
   tesseract-ocr    # screen_capture ocr default command
   mosquitto        # tests: the external-broker path
   faketime         # tests: libfaketime steps the registry's wall clock (clock_steps)
+  curl             # README "A first look by hand", docs/http-api.md walk-through
+  jq               # the same
 )
 
 missing=()

@@ -7,9 +7,10 @@
 //!   queue. It never awaits a publish.
 //! - the **publisher task** owns the `AsyncClient`: on every ConnAck it
 //!   (re)subscribes to `…/commands` (whatever `session_present` says),
-//!   publishes the retained `online` status and the `register` message, then
-//!   drains the session updates queued in the outbox database; between
-//!   those it sends heartbeats (QoS 0) every `heartbeat_interval_seconds`.
+//!   publishes the retained `online` status, the `register` message and a
+//!   first heartbeat (capability health), then drains the session updates
+//!   queued in the outbox database; between those it sends heartbeats
+//!   (QoS 0) every `heartbeat_interval_seconds`.
 //!
 //! Session updates are stored in the outbox database before they reach the
 //! link, and a row is deleted only once the broker acknowledged (PUBACK)
@@ -692,6 +693,12 @@ async fn publisher_loop(mut p: Publisher) {
                 Ok(()) => {
                     handshake_due = false;
                     drain_due = true;
+                    // Health at once: the registration carries none, and
+                    // the first timed heartbeat is an interval away.
+                    if let Err(e) = p.send_heartbeat().await {
+                        tracing::debug!("mqtt: heartbeat not sent: {e}");
+                    }
+                    heartbeat = hb_interval(*p.heartbeat.borrow());
                 }
                 Err(e) => tracing::warn!("mqtt: announcing this provider failed, will retry: {e}"),
             }

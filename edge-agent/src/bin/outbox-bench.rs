@@ -244,7 +244,7 @@ fn idle_rss(sim_config: &Path, work: &Path, idle: Duration) -> Result<Rss> {
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let text = text
         .replace(
-            "state_dir = \"/tmp/benchlink-edge-sim\"",
+            "state_dir = \"var/edge-sim\"",
             &format!("state_dir = \"{}\"", work.join("rss-state").display()),
         )
         .replace("provider-sim-01", &format!("provider-rss-{}", &tag[..8]))
