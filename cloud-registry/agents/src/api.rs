@@ -1,5 +1,5 @@
 //! HTTP routes of the agent runtime, relative to `/api/v1/agents`
-//! (seed 000 "Public APIs"). Handlers are thin: authenticate, check the
+//! (docs/earth-command.md, "Endpoints"). Handlers are thin: authenticate, check the
 //! role, call [`AgentService`], map errors to the JSON error body.
 //!
 //! | method | path | body → answer |
@@ -25,6 +25,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::Utc;
+use registry_core::auth::Principal;
+use registry_core::error::{ApiError, ApiResult};
+use registry_core::extract::{list_limit, ApiQuery, ValidJson};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -36,14 +39,12 @@ use shared_protocol::earth::{EarthCommandRequest, EarthCommandResponse};
 use shared_protocol::speech::SpeechTranscriptionResponse;
 use shared_protocol::Validate;
 
-use super::prompts::PromptEntry;
-use super::speech::{AudioUpload, SpeechError};
-use super::store::{AudioInfo, RunFilter, TranscriptionRecord};
-use super::{AgentError, AgentService};
-use crate::api::ApiQuery;
-use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
-use crate::extract::ValidJson;
+use crate::error::AgentError;
+use crate::policy::ApplyRefusal;
+use crate::prompts::PromptEntry;
+use crate::service::AgentService;
+use crate::speech::{AudioUpload, SpeechError};
+use crate::store::{AudioInfo, RunFilter, StoreError, TranscriptionRecord};
 
 /// Roles that may read runs and use the Earth command (every role but
 /// `provider`).
@@ -57,7 +58,7 @@ const MULTIPART_SLACK: usize = 1024 * 1024;
 /// The agent routes, relative to `/api/v1/agents`. Needs an
 /// `Extension(Arc<Authenticator>)` layer (for [`Principal`]).
 pub fn router(svc: Arc<AgentService>) -> Router {
-    let audio_limit = svc.config.speech.max_audio_bytes() + MULTIPART_SLACK;
+    let audio_limit = svc.config().speech.max_audio_bytes() + MULTIPART_SLACK;
     Router::new()
         .route("/runs", post(create_run).get(list_runs))
         .route("/runs/{run_id}", get(get_run))
@@ -74,6 +75,61 @@ pub fn router(svc: Arc<AgentService>) -> Router {
         .route("/prompts", get(list_prompts))
         .route("/tools", get(list_tools))
         .with_state(svc)
+}
+
+/// The HTTP form of an agent error: one status and code per variant.
+impl From<AgentError> for ApiError {
+    fn from(e: AgentError) -> Self {
+        let msg = e.to_string();
+        match e {
+            AgentError::NotFound { kind, id } => ApiError::not_found(kind, &id),
+            AgentError::Store(StoreError::NotFound { kind, id }) => ApiError::not_found(kind, &id),
+            AgentError::Store(StoreError::RunFinal { run_id, status }) => ApiError::conflict(
+                "run_already_final",
+                format!("run {run_id} is already {status}"),
+            )
+            .with_details(json!({"run_id": run_id, "status": status})),
+            AgentError::Forbidden(m) => ApiError::forbidden(m),
+            AgentError::Invalid { field, message } => ApiError::invalid_field(&field, message),
+            AgentError::ModelNotConfigured(t) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "model_not_configured", msg)
+                    .with_details(json!({"run_type": t}))
+            }
+            AgentError::RunStopped(id) => {
+                ApiError::conflict("run_stopped", msg).with_details(json!({"run_id": id}))
+            }
+            AgentError::ApplyRefused(ApplyRefusal::Forbidden(_)) => ApiError::forbidden(msg),
+            AgentError::ApplyRefused(ApplyRefusal::ConfirmationRequired(_)) => {
+                ApiError::new(StatusCode::FORBIDDEN, "confirmation_required", msg)
+            }
+            AgentError::ProposalNotPending { id, status } => {
+                ApiError::conflict("proposal_not_pending", msg)
+                    .with_details(json!({"proposal_id": id, "status": status}))
+            }
+            AgentError::ProposalRejected(p) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "proposal_rejected", msg)
+                    .with_details(json!({"proposal": p}))
+            }
+            AgentError::ProposalFailed(p) => ApiError::conflict("proposal_apply_failed", msg)
+                .with_details(json!({"proposal": p})),
+            AgentError::Speech(SpeechError::NotConfigured) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "asr_not_configured", msg)
+            }
+            AgentError::Speech(SpeechError::TooLarge { size, limit }) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "audio_too_large", msg)
+                    .with_details(json!({"size_bytes": size, "limit_bytes": limit}))
+            }
+            AgentError::Speech(SpeechError::Timeout(_)) => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "asr_timeout", msg)
+            }
+            AgentError::Speech(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "asr_provider_error", msg)
+            }
+            AgentError::Config(_) | AgentError::Store(_) | AgentError::Internal(_) => {
+                ApiError::internal(msg)
+            }
+        }
+    }
 }
 
 fn request_id(headers: &HeaderMap) -> Option<String> {
@@ -135,13 +191,13 @@ async fn list_runs(
         .transpose()
         .map_err(|e| ApiError::invalid_field("status", e.to_string()))?;
     let runs = svc
-        .store
+        .store()
         .list_runs(RunFilter {
             run_type,
             status,
             created_by: q.created_by,
             before_id: q.before_id,
-            limit: crate::api::list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?,
+            limit: list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?,
         })
         .await
         .map_err(AgentError::from)?;
@@ -186,11 +242,8 @@ async fn list_proposals(
         .transpose()
         .map_err(|e| ApiError::invalid_field("status", e.to_string()))?;
     let proposals = svc
-        .store
-        .list_proposals(
-            status,
-            crate::api::list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?,
-        )
+        .store()
+        .list_proposals(status, list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?)
         .await
         .map_err(AgentError::from)?;
     Ok(Json(json!({"proposals": proposals})))
@@ -201,8 +254,8 @@ async fn list_proposals(
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApplyProposalRequest {
-    /// Explicit manual confirmation (seed 000: admins must confirm; high
-    /// risk always needs it).
+    /// Explicit manual confirmation (admins must confirm; high risk always
+    /// needs it: docs/earth-command.md, "Proposal policy").
     #[serde(default)]
     pub confirm: bool,
 }
@@ -293,7 +346,7 @@ async fn earth_stats(
     principal: Principal,
 ) -> ApiResult<Json<Value>> {
     principal.require(&READERS)?;
-    Ok(Json(json!(svc.catalog.stats())))
+    Ok(Json(json!(svc.catalog().stats())))
 }
 
 async fn list_prompts(
@@ -301,7 +354,7 @@ async fn list_prompts(
     principal: Principal,
 ) -> ApiResult<Json<Value>> {
     principal.require(&READERS)?;
-    let prompts: Vec<PromptEntry> = svc.prompts.list();
+    let prompts: Vec<PromptEntry> = svc.prompts().list();
     Ok(Json(json!({"prompts": prompts})))
 }
 
@@ -310,7 +363,7 @@ async fn list_tools(
     principal: Principal,
 ) -> ApiResult<Json<Value>> {
     principal.require(&READERS)?;
-    Ok(Json(json!({"tools": svc.tools.descriptors()})))
+    Ok(Json(json!({"tools": svc.tools().descriptors()})))
 }
 
 fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
@@ -348,10 +401,10 @@ async fn transcribe(
     mut multipart: Multipart,
 ) -> ApiResult<Json<SpeechTranscriptionResponse>> {
     principal.require(&READERS)?;
-    if !svc.speech.is_configured() {
+    if !svc.speech().is_configured() {
         return Err(AgentError::Speech(SpeechError::NotConfigured).into());
     }
-    let cfg = svc.speech.config().clone();
+    let cfg = svc.speech().config().clone();
     let limit = cfg.max_audio_bytes();
     let mut audio: Option<(Vec<u8>, Option<String>, Option<String>)> = None;
     let mut too_large: Option<usize> = None;
@@ -448,7 +501,7 @@ async fn transcribe(
         content_type: content_type.clone(),
     };
     let t = svc
-        .speech
+        .speech()
         .transcribe(upload, &language)
         .await
         .map_err(AgentError::from)?;
@@ -482,7 +535,7 @@ async fn transcribe(
         created_by: principal.name.clone(),
         created_at: Utc::now(),
     };
-    svc.store
+    svc.store()
         .insert_transcription(record)
         .await
         .map_err(AgentError::from)?;

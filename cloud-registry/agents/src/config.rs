@@ -32,12 +32,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::earth::entities::{EarthDataConfig, SHIPPED_DATA_DIR};
+use crate::earth::entities::{EarthDataConfig, SHIPPED_DATA_DIR};
 
 /// Environment variables read, in order, when `agents.model.api_key` is unset.
 pub const MODEL_API_KEY_ENV: [&str; 2] = ["BENCHLINK_MODEL_API_KEY", "OPENAI_API_KEY"];
 /// Environment variables read, in order, when `agents.speech.api_key` is unset
-/// (seed 000 "Secret handling").
+/// (docs/earth-command.md, "Speech").
 pub const ASR_API_KEY_ENV: [&str; 2] = ["ASR_API_KEY", "OPENAI_API_KEY"];
 /// Base URL used by the `openai_whisper` speech provider when none is set.
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
@@ -53,11 +53,11 @@ pub struct AgentsConfig {
     pub speech: SpeechConfig,
     /// Optional web search (a SearxNG-style JSON API).
     pub web_search: WebSearchConfig,
-    /// Run limits (seed 000 "Hard limits").
+    /// Run limits (docs/earth-command.md, "With a model", limits).
     pub limits: LimitsConfig,
-    /// Proposal policy switches (seed 000 "Proposal Policy").
+    /// Proposal policy switches (docs/earth-command.md, "Proposal policy").
     pub proposals: ProposalConfig,
-    /// Prompt text by prompt key (one of [`super::prompts::PROMPT_KEYS`]);
+    /// Prompt text by prompt key (one of [`crate::prompts::PROMPT_KEYS`]);
     /// replaces the default. An applied `ai_prompt` proposal wins over this.
     pub prompts: BTreeMap<String, String>,
     /// Earth entity data sources; `None` means the data shipped with the
@@ -75,8 +75,8 @@ impl AgentsConfig {
     }
 }
 
-/// Whether chat requests carry provider-native `tools` (seed 000 "Agent Tool
-/// Protocol").
+/// Whether chat requests carry provider-native `tools` (docs/earth-command.md, "With a
+/// model").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NativeTools {
@@ -151,8 +151,8 @@ impl ModelConfig {
     }
 }
 
-/// Speech-to-text providers of the first version (seed 000 "ASR
-/// Configuration"). All three speak the OpenAI `/audio/transcriptions` API;
+/// Speech-to-text providers of the first version (docs/earth-command.md,
+/// "Speech"). All three speak the OpenAI `/audio/transcriptions` API;
 /// `local_whisper` is a local server with that API (faster-whisper-server,
 /// LocalAI, whisper.cpp behind an OpenAI-compatible proxy).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,7 +198,7 @@ impl TranscriptionFormat {
     }
 }
 
-/// `[agents.speech]` (seed 000 "ASR Configuration": enabled, provider,
+/// `[agents.speech]` (docs/earth-command.md, "Speech": enabled, provider,
 /// base_url, api_key, model, language, timeout_seconds, max_audio_size_mb).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -284,7 +284,7 @@ impl Default for WebSearchConfig {
     }
 }
 
-/// `[agents.limits]` (seed 000 "Hard limits").
+/// `[agents.limits]` (docs/earth-command.md, "With a model", limits).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -312,7 +312,7 @@ impl Default for LimitsConfig {
     }
 }
 
-/// `[agents.proposals]` (seed 000 "Proposal Policy").
+/// `[agents.proposals]` (docs/earth-command.md, "Proposal policy").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProposalConfig {

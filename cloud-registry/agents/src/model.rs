@@ -1,6 +1,6 @@
 //! Model gateway: an OpenAI-compatible chat-completions client
 //! (`POST {base_url}/chat/completions`). It only moves messages; tools,
-//! policy and storage live in the runtime (seed 000 "aiprovider Boundary").
+//! policy and storage live in the runtime (docs/earth-command.md, "With a model").
 //!
 //! Provider-native tool calling sends `tools` + `tool_choice: "auto"` and
 //! reads `choices[0].message.tool_calls[].function.{name, arguments}`. A
@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::config::{ModelConfig, NativeTools};
+use crate::config::{ModelConfig, NativeTools};
 
 /// Why a chat call failed.
 #[derive(Debug, Clone, thiserror::Error)]

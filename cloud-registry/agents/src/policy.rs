@@ -1,7 +1,7 @@
-//! Policy rules (seed 000 "Policy"): who may run a tool, which proposals
+//! Policy rules (docs/earth-command.md, "Proposal policy"): who may run a tool, which proposals
 //! are acceptable, how risky they are, and who may apply them how.
 //!
-//! Pure functions only; [`super::proposals`] stores what they decide.
+//! Pure functions only; [`crate::proposals`] stores what they decide.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -9,7 +9,7 @@ use shared_protocol::agent::{ProposalRiskLevel, ProposalType};
 use shared_protocol::api::Role;
 use shared_protocol::earth::EarthDomain;
 
-use super::prompts::{MAX_PROMPT_CHARS, PROMPT_KEYS};
+use crate::prompts::{MAX_PROMPT_CHARS, PROMPT_KEYS};
 
 /// Key fragments that mark a field as a secret (compared lowercase with
 /// `-` and spaces read as `_`). Seed 000: "Proposals containing secret
@@ -218,7 +218,7 @@ fn max_risk(a: ProposalRiskLevel, b: ProposalRiskLevel) -> ProposalRiskLevel {
 
 /// Assess a proposal: secret fields (anywhere in target or payload), schema
 /// validation of target and full `after` value, and the risk level: low for
-/// the seed's low-risk scope (non-secret datasource / integration fields,
+/// the low-risk scope (non-secret datasource / integration fields,
 /// prompt overrides), medium for a new datasource or integration or one being
 /// disabled, raised to `declared` when the proposer declared more.
 pub fn assess_proposal(

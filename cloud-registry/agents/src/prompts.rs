@@ -1,4 +1,4 @@
-//! Prompt registry (seed 000 "Prompt Registry"): the eight prompt keys with
+//! Prompt registry (docs/earth-command.md, "Prompt registry"): the eight prompt keys with
 //! their default text, overridable in `[agents.prompts]` and by applied
 //! `ai_prompt` proposals (stored override > config > default).
 
@@ -16,7 +16,7 @@ pub const SITUATIONAL_ASSESSMENT: &str = "agents.situational.assessment";
 /// `agents.config.proposal`.
 pub const CONFIG_PROPOSAL: &str = "agents.config.proposal";
 
-/// Every prompt key, in the seed's order.
+/// Every prompt key, in the order of docs/earth-command.md, "Prompt registry".
 pub const PROMPT_KEYS: [&str; 8] = [
     RUNTIME_SYSTEM,
     EARTH_COMMAND,
@@ -222,7 +222,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn earth_prompt_states_every_rule_of_the_seed() {
+    fn earth_prompt_states_every_rule_of_the_earth_command() {
         let p = default_text(EARTH_COMMAND).unwrap();
         for needle in [
             "Strict JSON",

@@ -1,4 +1,4 @@
-//! Configuration proposals (seed 000 "Proposal Policy"): a run drafts a
+//! Configuration proposals (docs/earth-command.md, "Proposal policy"): a run drafts a
 //! change to one `datasource_config`, `ai_prompt` or `external_integration`
 //! setting; an administrator applies it later (or a super_admin's run applies
 //! a low-risk one at once when `auto_apply_low_risk` is on).
@@ -17,8 +17,8 @@ use serde_json::{json, Map, Value};
 use shared_protocol::agent::{AgentProposal, ProposalRiskLevel, ProposalStatus, ProposalType};
 use shared_protocol::api::Role;
 
-use super::policy::{self, ApplyMode};
-use super::store::{self, NewProposal, ProposalOutcome, StoreError};
+use crate::policy::{self, ApplyMode};
+use crate::store::{self, NewProposal, ProposalOutcome, StoreError};
 
 /// What a run proposes (the `agents.propose_config` tool's arguments).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,4 +1,4 @@
-//! The JSON tool-call protocol (seed 000 "Agent Tool Protocol"): a model
+//! The JSON tool-call protocol (docs/earth-command.md, "With a model"): a model
 //! without provider-native tools answers with one JSON object,
 //! `{"type": "tool_call", "tool": ..., "arguments": {...}}` or
 //! `{"type": "final", "summary": ..., "result": {...}}`.

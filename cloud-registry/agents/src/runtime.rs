@@ -1,7 +1,7 @@
 //! The run loop: a model proposes tool calls, the registry decides and runs
 //! them, every model call and tool call is one recorded step, until the model
-//! gives a final answer or a limit ends the run (seed 000 "Agent Tool
-//! Protocol", "Hard limits").
+//! gives a final answer or a limit ends the run (docs/earth-command.md, "With a
+//! model").
 //!
 //! Protocol choice per run: provider-native tools when the gateway starts
 //! native, else the JSON tool-call protocol. A native refusal (HTTP 400
@@ -18,23 +18,26 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
+use registry_core::auth::Principal;
 use serde_json::{json, Value};
 use shared_protocol::agent::{
-    AgentMessage, AgentRun, AgentRunDetail, CreateRunRequest, FinalAnswer, ProposalStatus,
-    RunStatus, RunType, StepStatus, StepType,
+    AgentMessage, AgentProposal, AgentRun, FinalAnswer, ProposalStatus, RunStatus, RunType,
+    StepStatus, StepType,
 };
 use shared_protocol::api::Role;
 use tokio::sync::watch;
 
-use super::model::{message, ChatReply, ModelError};
-use super::policy::ApplyMode;
-use super::prompts;
-use super::proposals::mask_secrets;
-use super::protocol::{self, ProtocolError};
-use super::store::{NewRun, NewStep, RunFinish, StoreError};
-use super::tools::{FollowUp, ToolContext, ToolMode, ToolOutput};
-use super::{AgentError, AgentService};
-use crate::auth::Principal;
+use crate::config::AgentsConfig;
+use crate::earth::entities::EntityCatalog;
+use crate::error::AgentError;
+use crate::model::{message, ChatReply, ModelError, ModelGateway};
+use crate::policy::ApplyMode;
+use crate::prompts::{self, PromptRegistry};
+use crate::proposals::mask_secrets;
+use crate::protocol::{self, ProtocolError};
+use crate::store::{NewStep, RunFinish, Store, StoreError};
+use crate::tools::{self, FollowUp, ToolContext, ToolError, ToolMode, ToolOutput, ToolRegistry};
+use crate::websearch::WebSearch;
 
 /// Most characters of model content kept in a step.
 const MAX_STEP_TEXT: usize = 8000;
@@ -195,7 +198,24 @@ pub(crate) struct LoopResult {
     pub tool_records: Vec<ToolRecord>,
 }
 
-impl AgentService {
+/// The run engine: what a run needs (the tables, the entity catalog, the
+/// tool registry, the model gateway, the prompts, the limits) and the stop
+/// signals of the runs this process drives. [`AgentService`] holds one;
+/// the Earth command ([`crate::earth::command`]) runs on it too.
+///
+/// [`AgentService`]: crate::service::AgentService
+pub(crate) struct Runtime {
+    pub store: Store,
+    pub catalog: Arc<EntityCatalog>,
+    pub config: AgentsConfig,
+    pub tools: ToolRegistry,
+    pub model: ModelGateway,
+    pub web: Arc<WebSearch>,
+    pub prompts: Arc<PromptRegistry>,
+    pub active: Arc<ActiveRuns>,
+}
+
+impl Runtime {
     /// A tool context for a run of `principal`.
     pub(crate) fn tool_context(
         &self,
@@ -303,6 +323,42 @@ impl AgentService {
             )
             .await?;
         Ok(())
+    }
+
+    /// Apply a proposal the gate already allowed, through the write tool.
+    pub(crate) async fn apply_proposal_with_mode(
+        &self,
+        principal: &Principal,
+        id: i64,
+        mode: ApplyMode,
+    ) -> Result<AgentProposal, AgentError> {
+        let ctx = self.tool_context(principal, None, ToolMode::ProposalApply);
+        let args = json!({"proposal_id": id, "mode": mode});
+        match self.tools.execute(&ctx, tools::APPLY_SETTING, args).await {
+            Ok(out) => serde_json::from_value(out.value["proposal"].clone())
+                .map_err(|e| AgentError::Internal(format!("apply output: {e}"))),
+            Err(ToolError::Failed { message, .. }) => {
+                let p = self
+                    .store
+                    .get_proposal(id)
+                    .await?
+                    .ok_or_else(|| AgentError::NotFound {
+                        kind: "proposal",
+                        id: id.to_string(),
+                    })?;
+                Err(match p.status {
+                    ProposalStatus::Rejected => AgentError::ProposalRejected(Box::new(p)),
+                    ProposalStatus::Failed => AgentError::ProposalFailed(Box::new(p)),
+                    ProposalStatus::Applied => AgentError::ProposalNotPending {
+                        id,
+                        status: p.status,
+                    },
+                    _ => AgentError::Internal(message),
+                })
+            }
+            Err(ToolError::Denied { reason, .. }) => Err(AgentError::Forbidden(reason)),
+            Err(e) => Err(AgentError::Internal(e.to_string())),
+        }
     }
 
     /// Drive the model until a final answer or a limit.
@@ -553,54 +609,8 @@ impl AgentService {
         Ok(())
     }
 
-    /// `POST /runs`: create a run. Earth commands run at once (the run is
-    /// complete when this returns); other run types need a model and run in
-    /// the background (the run is returned `queued`).
-    pub async fn create_run(
-        self: &Arc<Self>,
-        principal: &Principal,
-        req: CreateRunRequest,
-        request_id: Option<String>,
-    ) -> Result<AgentRunDetail, AgentError> {
-        if req.run_type == RunType::EarthCommand {
-            let cmd = super::earth::command::request_from_run(&req)?;
-            let resp = self.earth_command(principal, cmd, request_id).await?;
-            return self.run_detail(&resp.run_id).await;
-        }
-        if !self.model.is_configured() {
-            return Err(AgentError::ModelNotConfigured(req.run_type));
-        }
-        let run = self
-            .store
-            .create_run(NewRun {
-                run_type: req.run_type,
-                status: RunStatus::Queued,
-                title: req.title.trim().to_string(),
-                objective: req.objective.clone(),
-                input: req.input.clone(),
-                context: req.context.clone(),
-                provider: Some(self.model.provider().to_string()),
-                model: self.model.model().map(str::to_string),
-                request_id,
-                created_by: principal.name.clone(),
-            })
-            .await?;
-        let (cancel, guard) = self.active.register(run.id);
-        let svc = Arc::clone(self);
-        let principal = principal.clone();
-        let public_id = run.public_id.clone();
-        tokio::spawn(async move {
-            let _guard = guard;
-            let run_id = run.public_id.clone();
-            if let Err(e) = svc.drive_run(run, principal, cancel).await {
-                tracing::error!(run_id = %run_id, error = %e, "agent run driver failed");
-            }
-        });
-        self.run_detail(&public_id).await
-    }
-
     /// The background driver of a non-Earth run.
-    async fn drive_run(
+    pub(crate) async fn drive_run(
         &self,
         run: AgentRun,
         principal: Principal,
@@ -684,42 +694,6 @@ impl AgentService {
             Ok(_) | Err(StoreError::RunFinal { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// `POST /runs/{run_id}/stop`: stop a run that has not ended. Errors:
-    /// not found; 409 when it already ended.
-    pub async fn stop_run(
-        &self,
-        principal: &Principal,
-        public_id: &str,
-    ) -> Result<AgentRunDetail, AgentError> {
-        let run = self
-            .store
-            .get_run(public_id)
-            .await?
-            .ok_or_else(|| AgentError::NotFound {
-                kind: "run",
-                id: public_id.to_string(),
-            })?;
-        if run.created_by != principal.name && !principal.is_admin() {
-            return Err(AgentError::Forbidden(format!(
-                "only the creator of run {public_id} or an admin may stop it"
-            )));
-        }
-        self.store.stop_run(public_id, &principal.name).await?;
-        self.active.signal(run.id);
-        self.run_detail(public_id).await
-    }
-
-    /// A run with its steps, evidence and proposals.
-    pub async fn run_detail(&self, public_id: &str) -> Result<AgentRunDetail, AgentError> {
-        self.store
-            .get_run_detail(public_id)
-            .await?
-            .ok_or_else(|| AgentError::NotFound {
-                kind: "run",
-                id: public_id.to_string(),
-            })
     }
 }
 

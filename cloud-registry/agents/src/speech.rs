@@ -1,4 +1,4 @@
-//! Speech gateway (seed 000 "Speech / ASR"): forwards one audio upload to an
+//! Speech gateway (docs/earth-command.md, "Speech"): forwards one audio upload to an
 //! OpenAI-compatible `POST {base_url}/audio/transcriptions` (multipart:
 //! `file`, `model`, `language`, `response_format`) and normalizes the answer.
 //!
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::config::SpeechConfig;
+use crate::config::SpeechConfig;
 
 /// Why a transcription failed.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! SQLite tables of the agent runtime (seed 000 "Data Model"): runs, steps,
+//! SQLite tables of the agent runtime (docs/earth-command.md, "Runs, steps, evidence, proposals"): runs, steps,
 //! evidence, proposals, plus the settings proposals change and the speech
 //! transcriptions Earth commands refer to.
 //!
@@ -19,7 +19,7 @@ use shared_protocol::agent::{
 };
 use shared_protocol::Timestamp;
 
-use crate::db::{Db, DbError};
+use registry_core::db::{Db, DbError};
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,9 @@ pub enum StoreError {
     NotFound { kind: &'static str, id: String },
 }
 
-/// Create the agent tables and indexes (idempotent).
+/// Create the agent runtime's tables (`agent_runs`, `agent_steps`,
+/// `agent_evidence`, `agent_proposals`, `agent_settings`,
+/// `agent_transcriptions`) and indexes. Idempotent.
 pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS agent_runs (

@@ -1,4 +1,5 @@
-//! Tool registry (seed 000 "Tool Policy"): every tool declares name,
+//! Tool registry (docs/earth-command.md, "Runs, steps, evidence,
+//! proposals"): every tool declares name,
 //! description, input and output JSON Schema, permission (a role) and
 //! side-effect level. The model may ask for any tool; the registry decides:
 //! only registered tools run, arguments must validate, the caller's role
@@ -16,13 +17,13 @@ use serde_json::{json, Map, Value};
 use shared_protocol::agent::{EvidenceType, SideEffectLevel, ToolDescriptor};
 use shared_protocol::earth::EarthDomain;
 
-use super::earth::entities::{EntityCatalog, EntityFilters, EntityQuery, EntityQueryResult};
-use super::policy;
-use super::prompts::PromptRegistry;
-use super::proposals::{self, ApplyError, ProposalDraft};
-use super::store::{NewEvidence, Store};
-use super::websearch::{WebSearch, NOT_CONFIGURED_NOTE};
-use crate::auth::Principal;
+use crate::earth::entities::{EntityCatalog, EntityFilters, EntityQuery, EntityQueryResult};
+use crate::policy;
+use crate::prompts::PromptRegistry;
+use crate::proposals::{self, ApplyError, ProposalDraft};
+use crate::store::{NewEvidence, Store};
+use crate::websearch::{WebSearch, NOT_CONFIGURED_NOTE};
+use registry_core::auth::Principal;
 
 /// `earth.find_entities`.
 pub const FIND_ENTITIES: &str = "earth.find_entities";
@@ -662,7 +663,7 @@ pub fn fallback_current(
     use shared_protocol::agent::ProposalType;
     match draft_type {
         ProposalType::AiPrompt => match policy::target_key(draft_type, target) {
-            Some(k) if super::prompts::default_text(&k).is_some() => {
+            Some(k) if crate::prompts::default_text(&k).is_some() => {
                 json!({"text": prompts.get(&k)})
             }
             _ => json!({}),
@@ -752,15 +753,12 @@ async fn apply_setting(ctx: &ToolContext, args: &Value) -> Result<ToolOutput, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agents::config::WebSearchConfig;
-    use crate::db::Db;
+    use crate::config::WebSearchConfig;
+    use registry_core::db::Db;
     use shared_protocol::api::Role;
 
     fn ctx(role: Role, mode: ToolMode, dir: &tempfile::TempDir) -> ToolContext {
-        let db = Db::open(&dir.path().join("t.db"), |c| {
-            crate::agents::store::migrate(c)
-        })
-        .unwrap();
+        let db = Db::open(&dir.path().join("t.db"), |c| crate::store::migrate(c)).unwrap();
         ToolContext {
             catalog: Arc::new(EntityCatalog::default()),
             store: Store::new(db),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::WebSearchConfig;
+use crate::config::WebSearchConfig;
 
 /// The note recorded when web search is not configured.
 pub const NOT_CONFIGURED_NOTE: &str =

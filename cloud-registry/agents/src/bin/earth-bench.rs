@@ -5,7 +5,7 @@
 //! the SQLite writes of the run, its steps and evidence.
 //!
 //! ```text
-//! cargo run --release -p cloud-registry --bin earth-bench -- --iterations 200
+//! cargo run --release -p registry-agents --bin earth-bench -- --iterations 200
 //! ```
 //!
 //! Target: p50 under 5 ms in process.
@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use axum::{Extension, Router};
 use clap::Parser;
-use cloud_registry::agents::config::AgentsConfig;
-use cloud_registry::agents::earth::entities::{EarthDataConfig, EntityCatalog, SHIPPED_DATA_DIR};
-use cloud_registry::agents::earth::resolver;
-use cloud_registry::agents::{self, AgentService};
-use cloud_registry::auth::{self, Authenticator, Principal};
-use cloud_registry::db::Db;
+use registry_agents::config::AgentsConfig;
+use registry_agents::earth::entities::{EarthDataConfig, EntityCatalog, SHIPPED_DATA_DIR};
+use registry_agents::earth::resolver;
+use registry_agents::{self as agents, AgentService};
+use registry_core::auth::{self, Authenticator, Principal};
+use registry_core::db::Db;
 use shared_protocol::api::Role;
 use shared_protocol::earth::{EarthClientContext, EarthCommandRequest, EarthCommandSource};
 

@@ -1,4 +1,4 @@
-//! `POST /api/v1/agents/earth/command` (seed 000 "Earth Command"): one
+//! `POST /api/v1/agents/earth/command` (docs/earth-command.md, "An Earth command"): one
 //! command becomes one `earth_command` run with its steps:
 //!
 //! 1. `transcription` — when the command came from speech
@@ -11,6 +11,7 @@
 //! 4. `action` — the validated action plan returned to the Earth client.
 
 use chrono::Utc;
+use registry_core::auth::Principal;
 use serde_json::{json, Value};
 use shared_protocol::agent::{CreateRunRequest, EvidenceType, RunStatus, RunType, StepType};
 use shared_protocol::earth::{
@@ -21,15 +22,12 @@ use shared_protocol::earth::{
 use super::entities::{EntityQuery, EntityQueryResult};
 use super::resolver::{self, Interpretation, Lang, PlanLimits, ResolvedPlan, PROBE_ORDER};
 use super::validate::{self, ValidationLimits};
-use crate::agents::prompts;
-use crate::agents::runtime::{LoopOutcome, LoopSpec, RunHandle, ToolRecord};
-use crate::agents::store::{
-    NewEvidence, NewRun, NewStep, RunFinish, StoreError, TranscriptionRecord,
-};
-use crate::agents::tools::{self, ToolMode, FIND_ENTITIES, GET_ENTITY, LIST_DOMAINS, WEB_SEARCH};
-use crate::agents::websearch::NOT_CONFIGURED_NOTE;
-use crate::agents::{AgentError, AgentService};
-use crate::auth::Principal;
+use crate::error::AgentError;
+use crate::prompts;
+use crate::runtime::{LoopOutcome, LoopSpec, RunHandle, Runtime, ToolRecord};
+use crate::store::{NewEvidence, NewRun, NewStep, RunFinish, StoreError, TranscriptionRecord};
+use crate::tools::{self, ToolMode, FIND_ENTITIES, GET_ENTITY, LIST_DOMAINS, WEB_SEARCH};
+use crate::websearch::NOT_CONFIGURED_NOTE;
 
 /// Tools an Earth command's model may use: reads only, no proposals.
 pub const EARTH_TOOLS: [&str; 4] = [FIND_ENTITIES, GET_ENTITY, LIST_DOMAINS, WEB_SEARCH];
@@ -99,18 +97,32 @@ fn title_of(text: &str) -> String {
     s
 }
 
-impl AgentService {
-    /// Run one Earth command and persist it as a run. Errors: an unknown
-    /// `transcription_id` (not found), the run being stopped meanwhile
-    /// (conflict), store failures.
-    pub async fn earth_command(
+/// Run one Earth command on `rt` and persist it as a run. Errors: an
+/// unknown `transcription_id` (not found), the run being stopped meanwhile
+/// (conflict), store failures.
+pub(crate) async fn run(
+    rt: &Runtime,
+    principal: &Principal,
+    req: EarthCommandRequest,
+    request_id: Option<String>,
+) -> Result<EarthCommandResponse, AgentError> {
+    EarthCommand { rt }.run(principal, req, request_id).await
+}
+
+/// One Earth command being run, on the run engine.
+struct EarthCommand<'a> {
+    rt: &'a Runtime,
+}
+
+impl EarthCommand<'_> {
+    async fn run(
         &self,
         principal: &Principal,
         req: EarthCommandRequest,
         request_id: Option<String>,
     ) -> Result<EarthCommandResponse, AgentError> {
         let transcription = match &req.transcription_id {
-            Some(id) => Some(self.store.get_transcription(id).await?.ok_or_else(|| {
+            Some(id) => Some(self.rt.store.get_transcription(id).await?.ok_or_else(|| {
                 AgentError::NotFound {
                     kind: "transcription",
                     id: id.clone(),
@@ -123,8 +135,9 @@ impl AgentService {
             _ => req.input_text.clone(),
         };
         let interp = resolver::interpret(&text);
-        let use_model = self.model.is_configured();
+        let use_model = self.rt.model.is_configured();
         let run = self
+            .rt
             .store
             .create_run(NewRun {
                 run_type: RunType::EarthCommand,
@@ -144,9 +157,9 @@ impl AgentService {
                     "planner": if use_model { "model" } else { "deterministic" },
                     "interpretation": interp,
                 }),
-                provider: use_model.then(|| self.model.provider().to_string()),
+                provider: use_model.then(|| self.rt.model.provider().to_string()),
                 model: if use_model {
-                    self.model.model().map(str::to_string)
+                    self.rt.model.model().map(str::to_string)
                 } else {
                     None
                 },
@@ -154,7 +167,7 @@ impl AgentService {
                 created_by: principal.name.clone(),
             })
             .await?;
-        let (cancel, _guard) = self.active.register(run.id);
+        let (cancel, _guard) = self.rt.active.register(run.id);
         let mut h = RunHandle::new(run, cancel);
         match self
             .earth_command_steps(&mut h, principal, &req, &text, &interp, transcription)
@@ -172,7 +185,7 @@ impl AgentService {
                     result_json: None,
                     error: Some(e.to_string()),
                 };
-                if let Err(se) = self.store.finish_run(h.run.id, Vec::new(), finish).await {
+                if let Err(se) = self.rt.store.finish_run(h.run.id, Vec::new(), finish).await {
                     tracing::warn!(run_id = %h.run.public_id, error = %se, "cannot mark the failed run");
                 }
                 Err(e)
@@ -193,24 +206,26 @@ impl AgentService {
         if let Some(t) = transcription {
             self.record_transcription_step(h, &t, req.source).await?;
         }
-        let ctx = self.tool_context(principal, Some(h.run.id), ToolMode::Run);
+        let ctx = self
+            .rt
+            .tool_context(principal, Some(h.run.id), ToolMode::Run);
         let limits = PlanLimits {
-            max_highlight: self.config.limits.max_highlight_entities,
-            panel_items: self.config.limits.result_panel_items,
+            max_highlight: self.rt.config.limits.max_highlight_entities,
+            panel_items: self.rt.config.limits.result_panel_items,
         };
         let mut run_error: Option<String> = None;
 
-        let candidate = if self.model.is_configured() {
+        let candidate = if self.rt.model.is_configured() {
             let spec = LoopSpec {
                 system: format!(
                     "{}\n\n{}",
-                    self.prompts.get(prompts::RUNTIME_SYSTEM),
-                    self.prompts.get(prompts::EARTH_COMMAND)
+                    self.rt.prompts.get(prompts::RUNTIME_SYSTEM),
+                    self.rt.prompts.get(prompts::EARTH_COMMAND)
                 ),
                 user: earth_user_message(text, req, interp),
                 allowed_tools: Some(EARTH_TOOLS.to_vec()),
             };
-            let result = self.model_loop(h, &ctx, &spec).await?;
+            let result = self.rt.model_loop(h, &ctx, &spec).await?;
             match result.outcome {
                 LoopOutcome::Final(f) => Candidate {
                     source: PlanSource::Model,
@@ -268,7 +283,8 @@ impl AgentService {
                 "duration_ms": t.duration_ms, "confidence": t.confidence, "created_at": t.created_at,
             })),
         );
-        self.store
+        self.rt
+            .store
             .append_step_with_evidence(h.run.id, step, vec![evidence])
             .await?;
         Ok(())
@@ -283,7 +299,7 @@ impl AgentService {
     ) -> Result<(EntityQuery, EntityQueryResult), AgentError> {
         h.tool_steps += 1;
         let started = Utc::now();
-        let catalog = std::sync::Arc::clone(&self.catalog);
+        let catalog = std::sync::Arc::clone(&self.rt.catalog);
         let q2 = q.clone();
         let r = tokio::task::spawn_blocking(move || catalog.find(&q2))
             .await
@@ -294,7 +310,8 @@ impl AgentService {
         }
         let input = json!({"tool": FIND_ENTITIES, "arguments": serde_json::to_value(&q).unwrap_or_default()});
         let step = NewStep::finished(StepType::Tool, FIND_ENTITIES, input, started, Ok(out.value));
-        self.store
+        self.rt
+            .store
             .append_step_with_evidence(h.run.id, step, out.evidence)
             .await?;
         Ok((q, r))
@@ -310,6 +327,7 @@ impl AgentService {
         limits: PlanLimits,
     ) -> Result<ResolvedPlan, AgentError> {
         let budget = self
+            .rt
             .config
             .limits
             .max_tool_steps
@@ -336,7 +354,7 @@ impl AgentService {
         }
         let mut plan = resolver::build_plan(interp, &results, limits);
         let wants_news = results.iter().any(|(q, _)| q.domain == EarthDomain::News);
-        if wants_news && !self.web.is_configured() {
+        if wants_news && !self.rt.web.is_configured() {
             plan.missing_data.push(NOT_CONFIGURED_NOTE.to_string());
         }
         Ok(plan)
@@ -359,6 +377,7 @@ impl AgentService {
             resolver::queries(interp, limits.max_highlight).len()
         };
         let remaining = self
+            .rt
             .config
             .limits
             .max_tool_steps
@@ -404,14 +423,14 @@ impl AgentService {
         let Candidate { source, mut plan } = candidate;
         let n_in = plan.actions.len();
         let vlimits = ValidationLimits {
-            max_highlight: self.config.limits.max_highlight_entities,
-            max_panel_items: self.config.limits.result_panel_items,
+            max_highlight: self.rt.config.limits.max_highlight_entities,
+            max_panel_items: self.rt.config.limits.result_panel_items,
         };
         let fallback_title = match lang {
             Lang::Zh => "地球指令结果",
             Lang::En => "Earth command results",
         };
-        let catalog = std::sync::Arc::clone(&self.catalog);
+        let catalog = std::sync::Arc::clone(&self.rt.catalog);
         let resolver_matched = std::mem::take(&mut plan.matched_entities);
         let actions = std::mem::take(&mut plan.actions);
         let (validated, matched) = tokio::task::spawn_blocking(move || {
@@ -514,7 +533,8 @@ impl AgentService {
         for n in &response.missing_data {
             md.push_str(&format!("\n- {n}"));
         }
-        self.store
+        self.rt
+            .store
             .finish_run(
                 h.run.id,
                 vec![(policy_step, Vec::new()), (action_step, evidence)],

@@ -1,4 +1,4 @@
-//! The Earth natural-language command (seed 000 "Earth Command"): the
+//! The Earth natural-language command (docs/earth-command.md, "An Earth command"): the
 //! entity service ([`entities`]), the deterministic [`resolver`] with its
 //! [`regions`], the plan [`validate`]or and the [`command`] service that
 //! records each command as an agent run.

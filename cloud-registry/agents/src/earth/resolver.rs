@@ -871,88 +871,25 @@ pub fn build_plan(
     if !interp.is_actionable() {
         return clarification(lang);
     }
-    let region = interp.region();
-    let mut actions: Vec<EarthAction> = Vec::new();
-    let mut matched: Vec<MatchedEntity> = Vec::new();
-    let mut missing: Vec<String> = Vec::new();
-    let mut parts: Vec<String> = Vec::new();
-    let mut confidence: f64 = if interp.verb.is_some() { 0.9 } else { 0.8 };
-    let mut focus_done = false;
-
     match interp.verb {
-        Some(Verb::Clear) => {
-            let domain = interp.domains.first().map(|d| d.domain);
-            actions.push(EarthAction::ClearHighlight { domain });
-            let summary = match (lang, domain) {
-                (Lang::Zh, Some(d)) => format!("已清除{}图层的 AI 高亮。", layer_name(d, lang)),
-                (Lang::Zh, None) => "已清除 AI 高亮。".to_string(),
-                (Lang::En, Some(d)) => format!(
-                    "Cleared the AI highlights on the {} layer.",
-                    layer_name(d, lang)
-                ),
-                (Lang::En, None) => "Cleared the AI highlights.".to_string(),
-            };
-            return ResolvedPlan {
-                summary,
-                actions,
-                matched_entities: matched,
-                missing_data: missing,
-                confidence: 0.95,
-                clarification_needed: false,
-            };
-        }
-        Some(Verb::Hide) => {
-            for d in &interp.domains {
-                actions.push(EarthAction::ShowLayer {
-                    layer: d.domain,
-                    enabled: false,
-                });
-                parts.push(match lang {
-                    Lang::Zh => format!("已隐藏{}图层", layer_name(d.domain, lang)),
-                    Lang::En => format!("Hid the {} layer", layer_name(d.domain, lang)),
-                });
-            }
-            return finish(lang, parts, actions, matched, missing, 0.95);
-        }
+        Some(Verb::Clear) => return clear_plan(interp),
+        Some(Verb::Hide) => return hide_plan(interp),
         _ => {}
     }
-
+    let region = interp.region();
     if interp.domains.is_empty() && !interp.probe {
-        // Focus on a region only ("聚焦中国大陆").
-        if let (Some(Verb::Focus), Some(r)) = (interp.verb, region) {
-            actions.push(region_focus(r, lang));
-            let s = match lang {
-                Lang::Zh => format!("已聚焦到{}。", r.zh),
-                Lang::En => format!("Focused on {}.", r.en),
-            };
-            return ResolvedPlan {
-                summary: s,
-                actions,
-                matched_entities: matched,
-                missing_data: missing,
-                confidence: 0.9,
-                clarification_needed: false,
-            };
-        }
-        return clarification(lang);
+        return region_only_plan(interp, region);
     }
+    let mut draft = Draft {
+        confidence: if interp.verb.is_some() { 0.9 } else { 0.8 },
+        ..Draft::default()
+    };
     if interp.probe {
-        confidence -= 0.2;
-        let hit = results.iter().find(|(_, r)| r.total_matched > 0);
-        if hit.is_none() {
-            // A bare word that names nothing: ask instead of guessing.
-            let mut c = clarification(lang);
-            for (_, r) in results {
-                for n in &r.missing_data {
-                    if !n.starts_with("no data source configured") {
-                        push_unique(&mut c.missing_data, n.clone());
-                    }
-                }
-            }
-            return c;
+        draft.confidence -= 0.2;
+        if !results.iter().any(|(_, r)| r.total_matched > 0) {
+            return probe_miss(lang, results);
         }
     }
-
     let entries: Vec<&(EntityQuery, EntityQueryResult)> = if interp.probe {
         results
             .iter()
@@ -963,20 +900,135 @@ pub fn build_plan(
         results.iter().collect()
     };
     for (q, r) in entries {
+        draft.add_result(interp, region, q, r, limits);
+    }
+    finish(
+        lang,
+        draft.parts,
+        draft.actions,
+        draft.matched,
+        draft.missing,
+        draft.confidence,
+    )
+}
+
+/// "Clear the highlights" (of one layer, or all).
+fn clear_plan(interp: &Interpretation) -> ResolvedPlan {
+    let lang = interp.lang;
+    let domain = interp.domains.first().map(|d| d.domain);
+    let summary = match (lang, domain) {
+        (Lang::Zh, Some(d)) => format!("已清除{}图层的 AI 高亮。", layer_name(d, lang)),
+        (Lang::Zh, None) => "已清除 AI 高亮。".to_string(),
+        (Lang::En, Some(d)) => format!(
+            "Cleared the AI highlights on the {} layer.",
+            layer_name(d, lang)
+        ),
+        (Lang::En, None) => "Cleared the AI highlights.".to_string(),
+    };
+    ResolvedPlan {
+        summary,
+        actions: vec![EarthAction::ClearHighlight { domain }],
+        matched_entities: Vec::new(),
+        missing_data: Vec::new(),
+        confidence: 0.95,
+        clarification_needed: false,
+    }
+}
+
+/// "Hide the layers" of the named domains.
+fn hide_plan(interp: &Interpretation) -> ResolvedPlan {
+    let lang = interp.lang;
+    let mut actions = Vec::new();
+    let mut parts = Vec::new();
+    for d in &interp.domains {
+        actions.push(EarthAction::ShowLayer {
+            layer: d.domain,
+            enabled: false,
+        });
+        parts.push(match lang {
+            Lang::Zh => format!("已隐藏{}图层", layer_name(d.domain, lang)),
+            Lang::En => format!("Hid the {} layer", layer_name(d.domain, lang)),
+        });
+    }
+    finish(lang, parts, actions, Vec::new(), Vec::new(), 0.95)
+}
+
+/// No domain named: a focus on a region only ("聚焦中国大陆"), else a
+/// clarification.
+fn region_only_plan(interp: &Interpretation, region: Option<&Region>) -> ResolvedPlan {
+    let lang = interp.lang;
+    let (Some(Verb::Focus), Some(r)) = (interp.verb, region) else {
+        return clarification(lang);
+    };
+    let summary = match lang {
+        Lang::Zh => format!("已聚焦到{}。", r.zh),
+        Lang::En => format!("Focused on {}.", r.en),
+    };
+    ResolvedPlan {
+        summary,
+        actions: vec![region_focus(r, lang)],
+        matched_entities: Vec::new(),
+        missing_data: Vec::new(),
+        confidence: 0.9,
+        clarification_needed: false,
+    }
+}
+
+/// A bare word that names nothing: ask instead of guessing, with the
+/// probes' notes (but not the unconfigured sources).
+fn probe_miss(lang: Lang, results: &[(EntityQuery, EntityQueryResult)]) -> ResolvedPlan {
+    let mut c = clarification(lang);
+    for (_, r) in results {
+        for n in &r.missing_data {
+            if !n.starts_with("no data source configured") {
+                push_unique(&mut c.missing_data, n.clone());
+            }
+        }
+    }
+    c
+}
+
+/// A plan being assembled from the query results, in order: its actions,
+/// the entities it points at, the notes, the summary's clauses.
+#[derive(Default)]
+struct Draft {
+    actions: Vec<EarthAction>,
+    matched: Vec<MatchedEntity>,
+    missing: Vec<String>,
+    parts: Vec<String>,
+    confidence: f64,
+    /// The one camera move of a focus command is made.
+    focus_done: bool,
+}
+
+impl Draft {
+    /// One query's result: show its layer, then (unless the command only
+    /// shows the layer, or nothing matched) filter or highlight the
+    /// matches, list them in a panel and, for a focus command, move the
+    /// camera.
+    fn add_result(
+        &mut self,
+        interp: &Interpretation,
+        region: Option<&Region>,
+        q: &EntityQuery,
+        r: &EntityQueryResult,
+        limits: PlanLimits,
+    ) {
+        let lang = interp.lang;
         let d = q.domain;
         let f = &q.filters;
         for n in &r.missing_data {
-            push_unique(&mut missing, n.clone());
+            push_unique(&mut self.missing, n.clone());
         }
         let subj = subject(d, f, region, lang);
         let u = unit(d, f);
-        actions.push(EarthAction::ShowLayer {
+        self.actions.push(EarthAction::ShowLayer {
             layer: d,
             enabled: true,
         });
         let only_layer = interp.verb == Some(Verb::Show) && f.set_fields().is_empty();
         if only_layer {
-            parts.push(match lang {
+            self.parts.push(match lang {
                 Lang::Zh => format!(
                     "已打开{}图层（共 {} {u}）",
                     layer_name(d, lang),
@@ -988,76 +1040,29 @@ pub fn build_plan(
                     r.total_matched
                 ),
             });
-            continue;
+            return;
         }
         if r.total_matched == 0 {
-            confidence = confidence.min(0.6);
-            parts.push(match lang {
+            self.confidence = self.confidence.min(0.6);
+            self.parts.push(match lang {
                 Lang::Zh => format!("未找到{subj}"),
                 Lang::En => format!("No {subj} were found"),
             });
-            continue;
+            return;
         }
         let shown: Vec<&MatchedEntity> = r.entities.iter().take(limits.max_highlight).collect();
-        let n = shown.len();
         let total = r.total_matched;
         let title = match lang {
             Lang::Zh => format!("{subj}（{total}）"),
             Lang::En => format!("{} ({total})", capitalize(&subj)),
         };
         if interp.verb == Some(Verb::Filter) {
-            actions.push(EarthAction::FilterEntities {
-                domain: d,
-                filters: serde_json::to_value(f)
-                    .ok()
-                    .and_then(|v| v.as_object().cloned())
-                    .unwrap_or_default(),
-                reason: Some(match lang {
-                    Lang::Zh => format!("用户要求筛选{subj}"),
-                    Lang::En => format!("The operator asked to filter {subj}"),
-                }),
-            });
-            parts.push(match lang {
-                Lang::Zh => format!("已筛选出 {total} {u}{subj}"),
-                Lang::En => format!("Filtered to {total} {subj}"),
-            });
+            self.add_filter(lang, q, &subj, u, total);
         } else {
-            actions.push(EarthAction::HighlightEntities {
-                domain: d,
-                entity_ids: shown.iter().map(|e| e.entity_id.clone()).collect(),
-                style: Some(HighlightStyle {
-                    color: domain_color(d).to_string(),
-                    mode: Some(HighlightMode::Glow),
-                }),
-                reason: Some(match lang {
-                    Lang::Zh => format!("用户要求高亮{subj}"),
-                    Lang::En => format!("The operator asked to highlight {subj}"),
-                }),
-            });
-            parts.push(match (lang, total > n) {
-                (Lang::Zh, false) => format!("已找到并高亮 {n} {u}{subj}"),
-                (Lang::Zh, true) => format!(
-                    "已找到 {total} {u}{subj}，高亮前 {n} {u}（单次最多 {}）",
-                    limits.max_highlight
-                ),
-                (Lang::En, false) => format!("Found and highlighted {n} {subj}"),
-                (Lang::En, true) => format!(
-                    "Found {total} {subj} and highlighted the first {n} (at most {} per highlight)",
-                    limits.max_highlight
-                ),
-            });
-            if total > n {
-                push_unique(
-                    &mut missing,
-                    format!(
-                        "highlight limited to {n} of {total} matched {} entities",
-                        d.as_str()
-                    ),
-                );
-            }
+            self.add_highlight(lang, d, &subj, u, &shown, total, limits);
         }
-        matched.extend(shown.iter().map(|e| (*e).clone()));
-        actions.push(EarthAction::OpenResultPanel {
+        self.matched.extend(shown.iter().map(|e| (*e).clone()));
+        self.actions.push(EarthAction::OpenResultPanel {
             title,
             items: r
                 .entities
@@ -1066,58 +1071,141 @@ pub fn build_plan(
                 .map(panel_item)
                 .collect(),
         });
-        if interp.verb == Some(Verb::Focus) && !focus_done {
-            if let Some(rg) = region {
-                actions.push(region_focus(rg, lang));
-                parts.push(match lang {
-                    Lang::Zh => format!("并聚焦到{}", rg.zh),
-                    Lang::En => format!("and focused on {}", rg.en),
-                });
-                focus_done = true;
-            } else if let Some(e) = pick_focus_entity(&shown, interp.name_query.as_deref()) {
-                if let (Some(lat), Some(lon)) = (e.lat, e.lon) {
-                    actions.push(EarthAction::FocusView {
-                        lat: Some(lat),
-                        lon: Some(lon),
-                        altitude_km: Some(if d == EarthDomain::Satellites {
-                            20_000.0
-                        } else {
-                            1_500.0
-                        }),
-                        region: None,
-                        entity_id: Some(e.entity_id.clone()),
-                        reason: Some(match lang {
-                            Lang::Zh => format!("聚焦到{}", e.name),
-                            Lang::En => format!("Focus on {}", e.name),
-                        }),
-                    });
-                    parts.push(match lang {
-                        Lang::Zh => format!("并聚焦到{}", e.name),
-                        Lang::En => format!("and focused on {}", e.name),
-                    });
-                    focus_done = true;
-                } else {
-                    push_unique(
-                        &mut missing,
-                        format!("{} has no coordinates to focus on", e.entity_id),
-                    );
-                }
-            } else {
-                push_unique(
-                    &mut missing,
-                    format!(
-                        "focus needs one entity or a region; {total} {} entities matched, so they are \
-                         highlighted without moving the camera",
-                        d.as_str()
-                    ),
-                );
-            }
+        if interp.verb == Some(Verb::Focus) && !self.focus_done {
+            self.add_focus(interp, region, d, &shown, total);
         }
         if d == EarthDomain::News {
-            confidence = confidence.min(0.7);
+            self.confidence = self.confidence.min(0.7);
         }
     }
-    finish(lang, parts, actions, matched, missing, confidence)
+
+    /// Filter the layer to the query's matches.
+    fn add_filter(&mut self, lang: Lang, q: &EntityQuery, subj: &str, u: &str, total: usize) {
+        self.actions.push(EarthAction::FilterEntities {
+            domain: q.domain,
+            filters: serde_json::to_value(&q.filters)
+                .ok()
+                .and_then(|v| v.as_object().cloned())
+                .unwrap_or_default(),
+            reason: Some(match lang {
+                Lang::Zh => format!("用户要求筛选{subj}"),
+                Lang::En => format!("The operator asked to filter {subj}"),
+            }),
+        });
+        self.parts.push(match lang {
+            Lang::Zh => format!("已筛选出 {total} {u}{subj}"),
+            Lang::En => format!("Filtered to {total} {subj}"),
+        });
+    }
+
+    /// Highlight the `shown` matches (at most `limits.max_highlight` of
+    /// `total`), saying so when some are left out.
+    #[allow(clippy::too_many_arguments)]
+    fn add_highlight(
+        &mut self,
+        lang: Lang,
+        d: EarthDomain,
+        subj: &str,
+        u: &str,
+        shown: &[&MatchedEntity],
+        total: usize,
+        limits: PlanLimits,
+    ) {
+        let n = shown.len();
+        self.actions.push(EarthAction::HighlightEntities {
+            domain: d,
+            entity_ids: shown.iter().map(|e| e.entity_id.clone()).collect(),
+            style: Some(HighlightStyle {
+                color: domain_color(d).to_string(),
+                mode: Some(HighlightMode::Glow),
+            }),
+            reason: Some(match lang {
+                Lang::Zh => format!("用户要求高亮{subj}"),
+                Lang::En => format!("The operator asked to highlight {subj}"),
+            }),
+        });
+        self.parts.push(match (lang, total > n) {
+            (Lang::Zh, false) => format!("已找到并高亮 {n} {u}{subj}"),
+            (Lang::Zh, true) => format!(
+                "已找到 {total} {u}{subj}，高亮前 {n} {u}（单次最多 {}）",
+                limits.max_highlight
+            ),
+            (Lang::En, false) => format!("Found and highlighted {n} {subj}"),
+            (Lang::En, true) => format!(
+                "Found {total} {subj} and highlighted the first {n} (at most {} per highlight)",
+                limits.max_highlight
+            ),
+        });
+        if total > n {
+            push_unique(
+                &mut self.missing,
+                format!(
+                    "highlight limited to {n} of {total} matched {} entities",
+                    d.as_str()
+                ),
+            );
+        }
+    }
+
+    /// The camera move of a focus command: to the named region, else to the
+    /// one entity meant; otherwise a note why the camera stays.
+    fn add_focus(
+        &mut self,
+        interp: &Interpretation,
+        region: Option<&Region>,
+        d: EarthDomain,
+        shown: &[&MatchedEntity],
+        total: usize,
+    ) {
+        let lang = interp.lang;
+        if let Some(rg) = region {
+            self.actions.push(region_focus(rg, lang));
+            self.parts.push(match lang {
+                Lang::Zh => format!("并聚焦到{}", rg.zh),
+                Lang::En => format!("and focused on {}", rg.en),
+            });
+            self.focus_done = true;
+            return;
+        }
+        let Some(e) = pick_focus_entity(shown, interp.name_query.as_deref()) else {
+            push_unique(
+                &mut self.missing,
+                format!(
+                    "focus needs one entity or a region; {total} {} entities matched, so they are \
+                     highlighted without moving the camera",
+                    d.as_str()
+                ),
+            );
+            return;
+        };
+        let (Some(lat), Some(lon)) = (e.lat, e.lon) else {
+            push_unique(
+                &mut self.missing,
+                format!("{} has no coordinates to focus on", e.entity_id),
+            );
+            return;
+        };
+        self.actions.push(EarthAction::FocusView {
+            lat: Some(lat),
+            lon: Some(lon),
+            altitude_km: Some(if d == EarthDomain::Satellites {
+                20_000.0
+            } else {
+                1_500.0
+            }),
+            region: None,
+            entity_id: Some(e.entity_id.clone()),
+            reason: Some(match lang {
+                Lang::Zh => format!("聚焦到{}", e.name),
+                Lang::En => format!("Focus on {}", e.name),
+            }),
+        });
+        self.parts.push(match lang {
+            Lang::Zh => format!("并聚焦到{}", e.name),
+            Lang::En => format!("and focused on {}", e.name),
+        });
+        self.focus_done = true;
+    }
 }
 
 /// With one match, or a name query equal to one name, that entity.

@@ -1,5 +1,5 @@
 //! Safety rules every Earth action plan passes before it is returned
-//! (seed 000 "Safety Rules"):
+//! (docs/earth-command.md, "Safety rules"):
 //! - only the six action types and six domains (enforced by the wire types:
 //!   anything else does not parse and is dropped);
 //! - entity ids only from the entity service, of the action's domain;
@@ -210,97 +210,12 @@ fn check_action(
             entity_ids,
             style,
             reason,
-        } => {
-            let mut seen = HashSet::new();
-            let mut kept = Vec::with_capacity(entity_ids.len().min(limits.max_highlight));
-            let mut unknown = Vec::new();
-            for id in entity_ids {
-                if !seen.insert(id.clone()) {
-                    continue;
-                }
-                if known_in(catalog, &id, domain) {
-                    kept.push(id);
-                } else {
-                    unknown.push(id);
-                }
-            }
-            if !unknown.is_empty() {
-                let shown: Vec<String> = unknown
-                    .iter()
-                    .take(5)
-                    .map(|s| {
-                        if is_safe_text(s) {
-                            s.chars().take(80).collect()
-                        } else {
-                            "?".into()
-                        }
-                    })
-                    .collect();
-                plan.notes.push(format!(
-                    "action {i}: dropped {} entity id(s) the entity service does not know in {}: {}{}",
-                    unknown.len(),
-                    domain.as_str(),
-                    shown.join(", "),
-                    if unknown.len() > 5 { ", …" } else { "" }
-                ));
-                plan.rejected_ids.extend(unknown);
-            }
-            if kept.len() > limits.max_highlight {
-                plan.notes.push(format!(
-                    "action {i}: highlight truncated to {} of {} entities (limit per highlight)",
-                    limits.max_highlight,
-                    kept.len()
-                ));
-                kept.truncate(limits.max_highlight);
-            }
-            if kept.is_empty() {
-                plan.notes.push(format!(
-                    "action {i}: highlight_entities dropped: no known entity ids left"
-                ));
-                return None;
-            }
-            let style = match style {
-                Some(s) if !s.color_is_valid() => {
-                    plan.notes.push(format!(
-                        "action {i}: colour replaced: only #rgb or #rrggbb hex colours are allowed"
-                    ));
-                    Some(HighlightStyle {
-                        color: domain_color(domain).to_string(),
-                        mode: s.mode,
-                    })
-                }
-                other => other,
-            };
-            Some(EarthAction::HighlightEntities {
-                domain,
-                entity_ids: kept,
-                style,
-                reason: safe_reason(i, reason, &mut plan.notes),
-            })
-        }
+        } => check_highlight(i, domain, entity_ids, style, reason, catalog, limits, plan),
         EarthAction::FilterEntities {
             domain,
             filters,
             reason,
-        } => {
-            if !value_is_safe(&Value::Object(filters.clone())) {
-                plan.notes.push(format!(
-                    "action {i}: filter_entities dropped: unsafe filter text"
-                ));
-                return None;
-            }
-            let q = serde_json::json!({"domain": domain, "filters": filters, "limit": 0});
-            if let Err(e) = EntityQuery::from_tool_arguments(q) {
-                plan.notes
-                    .push(format!("action {i}: filter_entities dropped: {e}"));
-                return None;
-            }
-            Some(EarthAction::FilterEntities {
-                domain,
-                filters,
-                reason: safe_reason(i, reason, &mut plan.notes),
-            })
-        }
+        } => check_filter(i, domain, filters, reason, plan),
         EarthAction::FocusView {
             lat,
             lon,
@@ -309,119 +224,277 @@ fn check_action(
             entity_id,
             reason,
         } => {
-            let mut coords = match (lat, lon) {
-                (Some(a), Some(o))
-                    if a.is_finite() && o.is_finite() && a.abs() <= 90.0 && o.abs() <= 180.0 =>
-                {
-                    Some((a, o))
-                }
-                (None, None) => None,
-                _ => {
-                    plan.notes.push(format!(
-                        "action {i}: focus_view coordinates removed: need both lat in -90..90 and lon in -180..180"
-                    ));
-                    None
-                }
-            };
-            let region = match region {
-                Some(r) => match find_region(&r) {
-                    Some(known) => {
-                        if coords.is_none() {
-                            coords = Some((known.lat, known.lon));
-                        }
-                        Some(known.code.to_string())
-                    }
-                    None => {
-                        plan.notes.push(format!(
-                            "action {i}: focus_view region removed: not a known region"
-                        ));
-                        None
-                    }
-                },
-                None => None,
-            };
-            let entity_id = match entity_id {
-                Some(id) => match catalog.get(&id) {
-                    Some(e) => {
-                        if coords.is_none() {
-                            coords = e.lat.zip(e.lon);
-                        }
-                        Some(id)
-                    }
-                    None => {
-                        plan.notes.push(format!(
-                            "action {i}: focus_view entity removed: the entity service does not know it"
-                        ));
-                        plan.rejected_ids.push(id);
-                        None
-                    }
-                },
-                None => None,
-            };
-            if coords.is_none() && region.is_none() && entity_id.is_none() {
-                plan.notes.push(format!(
-                    "action {i}: focus_view dropped: needs valid coordinates, a known region or a matched entity"
-                ));
-                return None;
-            }
-            let altitude_km =
-                altitude_km.filter(|a| a.is_finite() && *a > 0.0 && *a <= MAX_ALTITUDE_KM);
-            Some(EarthAction::FocusView {
-                lat: coords.map(|c| c.0),
-                lon: coords.map(|c| c.1),
+            let focus = Focus {
+                lat,
+                lon,
                 altitude_km,
                 region,
                 entity_id,
-                reason: safe_reason(i, reason, &mut plan.notes),
-            })
+                reason,
+            };
+            check_focus(i, focus, catalog, plan)
         }
         EarthAction::OpenResultPanel { title, items } => {
-            let title = if is_safe_text(&title) && !title.trim().is_empty() {
-                title.chars().take(200).collect()
-            } else {
-                plan.notes.push(format!(
-                    "action {i}: unsafe or empty result panel title replaced"
-                ));
-                fallback_title.to_string()
-            };
-            let mut kept = Vec::new();
-            let mut unknown = 0usize;
-            for item in items.into_iter() {
-                if kept.len() >= limits.max_panel_items {
-                    break;
-                }
-                let Some(e) = catalog
-                    .contains(&item.entity_id)
-                    .then(|| catalog.get(&item.entity_id))
-                    .flatten()
-                else {
-                    unknown += 1;
-                    plan.rejected_ids.push(item.entity_id);
-                    continue;
-                };
-                let label = if is_safe_text(&item.label) && !item.label.trim().is_empty() {
-                    item.label.chars().take(200).collect()
-                } else {
-                    e.name.clone()
-                };
-                let subtitle = item
-                    .subtitle
-                    .filter(|s| is_safe_text(s))
-                    .map(|s| s.chars().take(200).collect());
-                kept.push(ResultPanelItem {
-                    entity_id: item.entity_id,
-                    label,
-                    subtitle,
-                });
-            }
-            if unknown > 0 {
-                plan.notes.push(format!(
-                    "action {i}: dropped {unknown} result panel item(s) with unknown entity ids"
-                ));
-            }
-            Some(EarthAction::OpenResultPanel { title, items: kept })
+            check_panel(i, title, items, catalog, limits, fallback_title, plan)
         }
     }
+}
+
+/// `highlight_entities`: known ids of the domain only, once each, at most
+/// `limits.max_highlight`; a bad colour becomes the domain colour.
+#[allow(clippy::too_many_arguments)]
+fn check_highlight(
+    i: usize,
+    domain: EarthDomain,
+    entity_ids: Vec<String>,
+    style: Option<HighlightStyle>,
+    reason: Option<String>,
+    catalog: &EntityCatalog,
+    limits: ValidationLimits,
+    plan: &mut ValidatedPlan,
+) -> Option<EarthAction> {
+    let mut seen = HashSet::new();
+    let mut kept = Vec::with_capacity(entity_ids.len().min(limits.max_highlight));
+    let mut unknown = Vec::new();
+    for id in entity_ids {
+        if !seen.insert(id.clone()) {
+            continue;
+        }
+        if known_in(catalog, &id, domain) {
+            kept.push(id);
+        } else {
+            unknown.push(id);
+        }
+    }
+    if !unknown.is_empty() {
+        let shown: Vec<String> = unknown
+            .iter()
+            .take(5)
+            .map(|s| {
+                if is_safe_text(s) {
+                    s.chars().take(80).collect()
+                } else {
+                    "?".into()
+                }
+            })
+            .collect();
+        plan.notes.push(format!(
+            "action {i}: dropped {} entity id(s) the entity service does not know in {}: {}{}",
+            unknown.len(),
+            domain.as_str(),
+            shown.join(", "),
+            if unknown.len() > 5 { ", …" } else { "" }
+        ));
+        plan.rejected_ids.extend(unknown);
+    }
+    if kept.len() > limits.max_highlight {
+        plan.notes.push(format!(
+            "action {i}: highlight truncated to {} of {} entities (limit per highlight)",
+            limits.max_highlight,
+            kept.len()
+        ));
+        kept.truncate(limits.max_highlight);
+    }
+    if kept.is_empty() {
+        plan.notes.push(format!(
+            "action {i}: highlight_entities dropped: no known entity ids left"
+        ));
+        return None;
+    }
+    let style = match style {
+        Some(s) if !s.color_is_valid() => {
+            plan.notes.push(format!(
+                "action {i}: colour replaced: only #rgb or #rrggbb hex colours are allowed"
+            ));
+            Some(HighlightStyle {
+                color: domain_color(domain).to_string(),
+                mode: s.mode,
+            })
+        }
+        other => other,
+    };
+    Some(EarthAction::HighlightEntities {
+        domain,
+        entity_ids: kept,
+        style,
+        reason: safe_reason(i, reason, &mut plan.notes),
+    })
+}
+
+/// `filter_entities`: safe text, and filters that form a valid entity query.
+fn check_filter(
+    i: usize,
+    domain: EarthDomain,
+    filters: Map<String, Value>,
+    reason: Option<String>,
+    plan: &mut ValidatedPlan,
+) -> Option<EarthAction> {
+    if !value_is_safe(&Value::Object(filters.clone())) {
+        plan.notes.push(format!(
+            "action {i}: filter_entities dropped: unsafe filter text"
+        ));
+        return None;
+    }
+    let q = serde_json::json!({"domain": domain, "filters": filters, "limit": 0});
+    if let Err(e) = EntityQuery::from_tool_arguments(q) {
+        plan.notes
+            .push(format!("action {i}: filter_entities dropped: {e}"));
+        return None;
+    }
+    Some(EarthAction::FilterEntities {
+        domain,
+        filters,
+        reason: safe_reason(i, reason, &mut plan.notes),
+    })
+}
+
+/// The fields of a `focus_view` action.
+struct Focus {
+    lat: Option<f64>,
+    lon: Option<f64>,
+    altitude_km: Option<f64>,
+    region: Option<String>,
+    entity_id: Option<String>,
+    reason: Option<String>,
+}
+
+/// `focus_view`: coordinates in range, a known region or a known entity
+/// (which fill in the coordinates); dropped when none is left.
+fn check_focus(
+    i: usize,
+    focus: Focus,
+    catalog: &EntityCatalog,
+    plan: &mut ValidatedPlan,
+) -> Option<EarthAction> {
+    let Focus {
+        lat,
+        lon,
+        altitude_km,
+        region,
+        entity_id,
+        reason,
+    } = focus;
+    let mut coords = match (lat, lon) {
+        (Some(a), Some(o))
+            if a.is_finite() && o.is_finite() && a.abs() <= 90.0 && o.abs() <= 180.0 =>
+        {
+            Some((a, o))
+        }
+        (None, None) => None,
+        _ => {
+            plan.notes.push(format!(
+                "action {i}: focus_view coordinates removed: need both lat in -90..90 and lon in -180..180"
+            ));
+            None
+        }
+    };
+    let region = match region {
+        Some(r) => match find_region(&r) {
+            Some(known) => {
+                if coords.is_none() {
+                    coords = Some((known.lat, known.lon));
+                }
+                Some(known.code.to_string())
+            }
+            None => {
+                plan.notes.push(format!(
+                    "action {i}: focus_view region removed: not a known region"
+                ));
+                None
+            }
+        },
+        None => None,
+    };
+    let entity_id = match entity_id {
+        Some(id) => match catalog.get(&id) {
+            Some(e) => {
+                if coords.is_none() {
+                    coords = e.lat.zip(e.lon);
+                }
+                Some(id)
+            }
+            None => {
+                plan.notes.push(format!(
+                    "action {i}: focus_view entity removed: the entity service does not know it"
+                ));
+                plan.rejected_ids.push(id);
+                None
+            }
+        },
+        None => None,
+    };
+    if coords.is_none() && region.is_none() && entity_id.is_none() {
+        plan.notes.push(format!(
+            "action {i}: focus_view dropped: needs valid coordinates, a known region or a matched entity"
+        ));
+        return None;
+    }
+    let altitude_km = altitude_km.filter(|a| a.is_finite() && *a > 0.0 && *a <= MAX_ALTITUDE_KM);
+    Some(EarthAction::FocusView {
+        lat: coords.map(|c| c.0),
+        lon: coords.map(|c| c.1),
+        altitude_km,
+        region,
+        entity_id,
+        reason: safe_reason(i, reason, &mut plan.notes),
+    })
+}
+
+/// `open_result_panel`: a safe title, known entities only (at most
+/// `limits.max_panel_items`), unsafe labels replaced by the entity name.
+fn check_panel(
+    i: usize,
+    title: String,
+    items: Vec<ResultPanelItem>,
+    catalog: &EntityCatalog,
+    limits: ValidationLimits,
+    fallback_title: &str,
+    plan: &mut ValidatedPlan,
+) -> Option<EarthAction> {
+    let title = if is_safe_text(&title) && !title.trim().is_empty() {
+        title.chars().take(200).collect()
+    } else {
+        plan.notes.push(format!(
+            "action {i}: unsafe or empty result panel title replaced"
+        ));
+        fallback_title.to_string()
+    };
+    let mut kept = Vec::new();
+    let mut unknown = 0usize;
+    for item in items.into_iter() {
+        if kept.len() >= limits.max_panel_items {
+            break;
+        }
+        let Some(e) = catalog
+            .contains(&item.entity_id)
+            .then(|| catalog.get(&item.entity_id))
+            .flatten()
+        else {
+            unknown += 1;
+            plan.rejected_ids.push(item.entity_id);
+            continue;
+        };
+        let label = if is_safe_text(&item.label) && !item.label.trim().is_empty() {
+            item.label.chars().take(200).collect()
+        } else {
+            e.name.clone()
+        };
+        let subtitle = item
+            .subtitle
+            .filter(|s| is_safe_text(s))
+            .map(|s| s.chars().take(200).collect());
+        kept.push(ResultPanelItem {
+            entity_id: item.entity_id,
+            label,
+            subtitle,
+        });
+    }
+    if unknown > 0 {
+        plan.notes.push(format!(
+            "action {i}: dropped {unknown} result panel item(s) with unknown entity ids"
+        ));
+    }
+    Some(EarthAction::OpenResultPanel { title, items: kept })
 }
 
 /// A text for `summary` or a `missing_data` line: kept when safe, else `None`.

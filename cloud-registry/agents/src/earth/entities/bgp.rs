@@ -28,7 +28,7 @@ use std::path::Path;
 use chrono::{NaiveDateTime, SecondsFormat};
 use serde_json::Value;
 
-use super::filter::IpPrefix;
+use super::prefix::IpPrefix;
 use super::query::Severity;
 use super::record::{read_file, slug, Columns, Common};
 use super::EntityError;

@@ -1,5 +1,5 @@
 //! Submarine cables and landing points from TeleGeography's map files
-//! (seed 000 "Cables": name, landing point, country/region).
+//! (name, landing point, country/region; docs/earth-command.md, "Earth data").
 //!
 //! - `cable-geo.json`: MultiLineString features with `id`, `name`, `color`
 //!   and a label point `coordinates`; one cable id may span several features.

@@ -1,5 +1,5 @@
 //! The compute-center record shared by the TOP500 and Epoch AI loaders
-//! (seed 000 "Compute Centers").
+//! (docs/earth-command.md, "Earth data").
 
 use super::query::{LocationPrecision, SiteType};
 use super::record::Common;

@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// The data shipped with the crate (`cloud-registry/data/earth`), for tests
-/// and development runs from the source tree.
-pub const SHIPPED_DATA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/earth");
+/// The data shipped with the registry (`cloud-registry/data/earth`, beside
+/// this crate's directory), for tests and development runs from the source
+/// tree.
+pub const SHIPPED_DATA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/earth");
 
 /// Default HTTP timeout for remote GeoJSON sources, ms.
 pub const DEFAULT_HTTP_TIMEOUT_MS: u64 = 10_000;

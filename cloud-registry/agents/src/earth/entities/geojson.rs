@@ -1,6 +1,6 @@
 //! News and vessels from a GeoJSON FeatureCollection, read from a file or
-//! fetched over HTTP from the Earth backend (seed 000 "BGP, News, Vessels,
-//! And Cables": news region, source, localized title and summary; vessels
+//! fetched over HTTP from the Earth backend (docs/earth-command.md, "Earth data":
+//! news region, source, localized title and summary; vessels
 //! type, country/area, name, status).
 //!
 //! Property names are looked up in order of preference:
@@ -23,7 +23,7 @@
 //! A bare country "China" cannot be told from Hong Kong, Macau or Taiwan
 //! unless the region field names one of them (or mainland China); for news,
 //! coordinates inside the Hong Kong or Macau boxes also decide. Otherwise the
-//! record is kept as ambiguous (seed 000 "Mainland China matching").
+//! record is kept as ambiguous (docs/earth-command.md, "Earth data").
 
 use std::collections::HashSet;
 use std::time::Duration;

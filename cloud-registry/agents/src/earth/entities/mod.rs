@@ -1,4 +1,4 @@
-//! Entity query over the six Earth domains (seed 000 "Earth Entity Query"),
+//! Entity query over the six Earth domains (docs/earth-command.md, "Earth data"),
 //! shared by the deterministic command resolver and the `earth.find_entities`
 //! tool.
 //!
@@ -29,6 +29,7 @@ mod epoch_gpu;
 mod filter;
 mod geojson;
 mod orbit;
+mod prefix;
 mod query;
 mod record;
 mod region;

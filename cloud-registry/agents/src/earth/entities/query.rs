@@ -1,5 +1,5 @@
-//! The `earth.find_entities` query shape (seed 000 "Agent Tool Protocol"
-//! example, "Earth Entity Query" filters) and its JSON Schema.
+//! The `earth.find_entities` query shape and its JSON Schema
+//! (docs/earth-command.md, "Earth data").
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,7 +12,7 @@ use shared_protocol::{Validate, ValidationError};
 
 use super::EntityError;
 
-/// Default result cap (seed 000 tool-call example `"limit": 500`).
+/// Default result cap.
 pub const DEFAULT_LIMIT: usize = 500;
 /// Largest accepted `limit`.
 pub const MAX_LIMIT: usize = 5000;
@@ -81,7 +81,7 @@ macro_rules! vocabulary {
 }
 
 vocabulary! {
-    /// `constellation` filter values (seed 000 "Satellites"). `geo`, `leo`,
+    /// `constellation` filter values (docs/earth-command.md, "Earth data"). `geo`, `leo`,
     /// `meo` and `heo` select by orbital class rather than by name.
     Constellation, "constellation" {
         Beidou => "beidou" ["bds", "北斗", "北斗卫星", "compass"],
@@ -125,7 +125,7 @@ vocabulary! {
 }
 
 vocabulary! {
-    /// Compute-center kind (seed 000 "Compute Centers").
+    /// Compute-center kind (docs/earth-command.md, "Earth data").
     SiteType, "site_type" {
         Supercomputer => "supercomputer" ["hpc", "超算", "超级计算机"],
         GpuCluster => "gpu_cluster" ["gpu", "ai_cluster", "智算", "智算中心", "gpu集群"],
@@ -190,7 +190,7 @@ where
     }
 }
 
-/// Filters of `earth.find_entities` (seed 000 "Earth Entity Query"). All
+/// Filters of `earth.find_entities` (docs/earth-command.md, "Earth data"). All
 /// given filters must hold (AND). Text filters are case-insensitive. Unknown
 /// keys are refused so that tool arguments from a model validate strictly.
 ///
@@ -305,8 +305,8 @@ impl EntityFilters {
         out
     }
 
-    /// The filters that mean something for `domain` (seed 000 "Earth Entity
-    /// Query" lists per domain).
+    /// The filters that mean something for `domain` (the lists of
+    /// docs/earth-command.md, "Earth data").
     pub fn applicable(domain: EarthDomain) -> &'static [&'static str] {
         match domain {
             EarthDomain::Satellites => &[
@@ -402,7 +402,7 @@ impl EntityFilters {
     }
 }
 
-/// One `earth.find_entities` call (seed 000 "Agent Tool Protocol":
+/// One `earth.find_entities` call (for example
 /// `{"domain": "satellites", "filters": {...}, "limit": 500}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -527,7 +527,7 @@ impl Validate for EntityQuery {
             }
         }
         if let Some(p) = &self.filters.prefix {
-            if super::filter::IpPrefix::parse(p).is_none() {
+            if super::prefix::IpPrefix::parse(p).is_none() {
                 return Err(ValidationError::new(
                     "filters.prefix",
                     format!("`{p}` is not an IPv4/IPv6 prefix or address"),
@@ -541,7 +541,7 @@ impl Validate for EntityQuery {
     }
 }
 
-/// What `find` returns (seed 000 response `matched_entities`, `missing_data`).
+/// What `find` returns (the response's `matched_entities`, `missing_data`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EntityQueryResult {
     /// At most `limit` entities, sorted by lowercase name then id.

@@ -1,15 +1,14 @@
-//! Country and region matching (seed 000 "Earth Entity Query", "Mainland
-//! China matching").
+//! Country and region matching (docs/earth-command.md, "Earth data").
 //!
 //! Every record's country text is classified once at load into a [`Place`]:
 //! an ISO 3166-1 alpha-2 code when the name is in the alias table, plus the
 //! normalized source text for everything else. Queries are parsed once into a
 //! [`CountryQuery`], so matching at query time is a code or string compare.
 //!
-//! China is split four ways, as the seed asks: `CN` means mainland China and
+//! China is split four ways: `CN` means mainland China and
 //! `HK`, `MO` and `TW` are kept apart from it. A record that says only
 //! "China" but whose fields could hide Hong Kong, Macau or Taiwan is marked
-//! [`Place::china_ambiguous`]: it still matches a mainland query (the seed's
+//! [`Place::china_ambiguous`]: it still matches a mainland query (the
 //! conservative rule) and the query result carries a missing-data note.
 
 /// One row of the alias table: ISO code, English/Chinese names (already

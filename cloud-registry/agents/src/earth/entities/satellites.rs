@@ -1,4 +1,4 @@
-//! Satellites from CelesTrak TLE text (seed 000 "Satellites"): 3-line
+//! Satellites from CelesTrak TLE text (docs/earth-command.md, "Earth data"): 3-line
 //! (name + two element lines) or 2-line sets, CRLF or LF, names padded with
 //! spaces. Parsed with `sgp4::Elements::from_tle`, which also verifies the
 //! line checksums.
@@ -76,7 +76,7 @@ impl SatelliteRecord {
     }
 }
 
-/// Constellation from a satellite name (seed 000 "Beidou matching"):
+/// Constellation from a satellite name (docs/earth-command.md, "Earth data"):
 /// BeiDou by `BEIDOU`, `BDS` or `北斗`; GPS by `NAVSTAR…` or a `GPS` word;
 /// Galileo by `GALILEO` or a `GSAT0nnn` name (ISRO's `GSAT-n` are not
 /// Galileo); GLONASS, Starlink, Iridium, OneWeb by name.
