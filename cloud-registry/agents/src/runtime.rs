@@ -22,7 +22,7 @@ use registry_core::auth::Principal;
 use serde_json::{json, Value};
 use shared_protocol::agent::{
     AgentMessage, AgentProposal, AgentRun, FinalAnswer, ProposalStatus, RunStatus, RunType,
-    StepStatus, StepType,
+    StepStatus, StepType, ToolDescriptor,
 };
 use shared_protocol::api::Role;
 use tokio::sync::watch;
@@ -378,213 +378,221 @@ impl Runtime {
                     .is_none_or(|a| a.contains(&d.name.as_str()))
             })
             .collect();
-        let allowed = spec.allowed_tools.as_deref();
-        let limits = &self.config.limits;
-        let mut native = self.model.starts_native();
-        let conversation = |native: bool| -> Vec<Value> {
-            let proto = if native {
-                protocol::native_protocol_instructions().to_string()
-            } else {
-                protocol::json_protocol_instructions(&offered)
-            };
-            vec![
-                message("system", format!("{}\n\n{proto}", spec.system)),
-                message("user", spec.user.clone()),
-            ]
-        };
-        let native_tools = protocol::openai_tools(&offered);
-        let mut messages = conversation(native);
-        let mut bad_replies = 0u32;
-        let mut records: Vec<ToolRecord> = Vec::new();
-        let done = |outcome: LoopOutcome, records: Vec<ToolRecord>| {
-            Ok(LoopResult {
-                outcome,
-                tool_records: records,
-            })
-        };
-
-        for _call in 0..limits.max_llm_calls.max(1) {
+        let mut conv = Conversation::new(spec, offered, self.model.starts_native());
+        let max_calls = self.config.limits.max_llm_calls;
+        let mut outcome = LoopOutcome::LlmCallLimit(max_calls);
+        for _call in 0..max_calls.max(1) {
             if h.is_stopped() {
-                return done(LoopOutcome::Stopped, records);
+                outcome = LoopOutcome::Stopped;
+                break;
             }
-            let input = json!({
-                "protocol": if native { "native" } else { "json" },
-                "model": self.model.model(),
-                "messages": messages.len(),
-                "last_message": clip(messages.last().and_then(|m| m["content"].as_str()).unwrap_or(""), 2000),
-                "tools": offered.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
-            });
-            let step = match self
-                .store
-                .append_step(
-                    h.run.id,
-                    NewStep::running(StepType::Llm, "chat.completions", input),
-                )
-                .await
-            {
-                Ok(s) => s,
-                Err(StoreError::RunFinal { .. }) => return done(LoopOutcome::Stopped, records),
-                Err(e) => return Err(e),
-            };
-            let tools_arg = native.then_some(native_tools.as_slice());
-            let reply: Result<ChatReply, ModelError> = tokio::select! {
-                r = self.model.chat(&messages, tools_arg) => r,
-                _ = h.stopped() => return done(LoopOutcome::Stopped, records),
-            };
-            let reply = match reply {
-                Ok(r) => r,
-                Err(e) if native && e.rejects_native_tools() => {
-                    self.store
-                        .finish_step(
-                            step.id,
-                            Err(format!("{e}; switching to the JSON tool-call protocol")),
-                            Vec::new(),
-                        )
-                        .await?;
-                    self.model.note_native_refused();
-                    native = false;
-                    messages = conversation(false);
-                    continue;
-                }
-                Err(e) => {
-                    self.store
-                        .finish_step(step.id, Err(e.to_string()), Vec::new())
-                        .await?;
-                    return done(LoopOutcome::ModelFailed(e.to_string()), records);
-                }
-            };
-            let masked_calls: Vec<Value> = reply
-                .tool_calls
-                .iter()
-                .map(|c| json!({"id": c.id, "name": c.name, "arguments": mask_secrets(&Value::Object(c.arguments.clone()))}))
-                .collect();
-            let output = json!({
-                "content": reply.content.as_deref().map(|c| clip(&redact_text(c), MAX_STEP_TEXT)),
-                "tool_calls": masked_calls,
-                "finish_reason": reply.finish_reason,
-                "usage": reply.usage,
-                "model": reply.model,
-            });
-
-            // Provider-native tool calls.
-            if native && !reply.tool_calls.is_empty() {
-                self.store
-                    .finish_step(step.id, Ok(output), Vec::new())
-                    .await?;
-                messages.push(reply.message.clone());
-                for call in &reply.tool_calls {
-                    if h.tool_steps >= limits.max_tool_steps {
-                        self.record_step_limit(h, &call.name).await?;
-                        return done(
-                            LoopOutcome::StepLimit {
-                                limit: limits.max_tool_steps,
-                                requested: call.name.clone(),
-                            },
-                            records,
-                        );
-                    }
-                    let r = self
-                        .run_tool_step(
-                            h,
-                            ctx,
-                            &call.name,
-                            Value::Object(call.arguments.clone()),
-                            allowed,
-                        )
-                        .await?;
-                    if h.is_stopped() {
-                        return done(LoopOutcome::Stopped, records);
-                    }
-                    let content = match &r {
-                        Ok(o) => o.value.to_string(),
-                        Err(e) => json!({"error": e}).to_string(),
-                    };
-                    records.push(ToolRecord {
-                        name: call.name.clone(),
-                        output: r.ok().map(|o| o.value),
-                    });
-                    messages
-                        .push(json!({"role": "tool", "tool_call_id": call.id, "content": content}));
-                }
-                continue;
-            }
-
-            // Content: a JSON protocol message.
-            let text = reply.content.clone().unwrap_or_default();
-            match protocol::parse_agent_message(&text) {
-                Ok(AgentMessage::Final(f)) => {
-                    self.store
-                        .finish_step(step.id, Ok(output), Vec::new())
-                        .await?;
-                    return done(LoopOutcome::Final(f), records);
-                }
-                Ok(AgentMessage::ToolCall(call)) => {
-                    self.store
-                        .finish_step(step.id, Ok(output), Vec::new())
-                        .await?;
-                    bad_replies = 0;
-                    if h.tool_steps >= limits.max_tool_steps {
-                        self.record_step_limit(h, &call.tool).await?;
-                        return done(
-                            LoopOutcome::StepLimit {
-                                limit: limits.max_tool_steps,
-                                requested: call.tool.clone(),
-                            },
-                            records,
-                        );
-                    }
-                    let r = self
-                        .run_tool_step(
-                            h,
-                            ctx,
-                            &call.tool,
-                            Value::Object(call.arguments.clone()),
-                            allowed,
-                        )
-                        .await?;
-                    if h.is_stopped() {
-                        return done(LoopOutcome::Stopped, records);
-                    }
-                    messages.push(message("assistant", text.clone()));
-                    messages.push(message(
-                        "user",
-                        match &r {
-                            Ok(o) => format!("TOOL_RESULT {}:\n{}", call.tool, o.value),
-                            Err(e) => format!("TOOL_ERROR {}: {e}", call.tool),
-                        },
-                    ));
-                    records.push(ToolRecord {
-                        name: call.tool.clone(),
-                        output: r.ok().map(|o| o.value),
-                    });
-                }
-                Err(e) => {
-                    bad_replies += 1;
-                    let err = invalid_reply_error(&e);
-                    self.store
-                        .finish_step_with(
-                            step.id,
-                            StepStatus::Failed,
-                            Some(output),
-                            Some(err.clone()),
-                            Vec::new(),
-                        )
-                        .await?;
-                    if bad_replies >= 2 {
-                        return done(LoopOutcome::InvalidOutput(e.to_string()), records);
-                    }
-                    messages.push(message("assistant", text));
-                    messages.push(message(
-                        "user",
-                        format!(
-                            "{err}. No tool was run. Reply again with exactly one JSON object: \
-                             {{\"type\": \"tool_call\", ...}} or {{\"type\": \"final\", ...}}."
-                        ),
-                    ));
-                }
+            if let Some(end) = self.model_turn(h, ctx, &mut conv).await? {
+                outcome = end;
+                break;
             }
         }
-        done(LoopOutcome::LlmCallLimit(limits.max_llm_calls), records)
+        Ok(LoopResult {
+            outcome,
+            tool_records: conv.records,
+        })
+    }
+
+    /// One model call, recorded as an `llm` step, and what its reply asks
+    /// for: `Some` outcome when the loop ends here, `None` to call the model
+    /// again. A native refusal switches the conversation to the JSON
+    /// protocol and starts it over.
+    async fn model_turn(
+        &self,
+        h: &mut RunHandle,
+        ctx: &ToolContext,
+        conv: &mut Conversation<'_>,
+    ) -> Result<Option<LoopOutcome>, StoreError> {
+        let native = conv.native;
+        let input = json!({
+            "protocol": if native { "native" } else { "json" },
+            "model": self.model.model(),
+            "messages": conv.messages.len(),
+            "last_message": clip(conv.messages.last().and_then(|m| m["content"].as_str()).unwrap_or(""), 2000),
+            "tools": conv.offered.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        });
+        let step = match self
+            .store
+            .append_step(
+                h.run.id,
+                NewStep::running(StepType::Llm, "chat.completions", input),
+            )
+            .await
+        {
+            Ok(s) => s,
+            Err(StoreError::RunFinal { .. }) => return Ok(Some(LoopOutcome::Stopped)),
+            Err(e) => return Err(e),
+        };
+        let tools_arg = native.then_some(conv.native_tools.as_slice());
+        let reply: Result<ChatReply, ModelError> = tokio::select! {
+            r = self.model.chat(&conv.messages, tools_arg) => r,
+            _ = h.stopped() => return Ok(Some(LoopOutcome::Stopped)),
+        };
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) if native && e.rejects_native_tools() => {
+                self.store
+                    .finish_step(
+                        step.id,
+                        Err(format!("{e}; switching to the JSON tool-call protocol")),
+                        Vec::new(),
+                    )
+                    .await?;
+                self.model.note_native_refused();
+                conv.restart(false);
+                return Ok(None);
+            }
+            Err(e) => {
+                self.store
+                    .finish_step(step.id, Err(e.to_string()), Vec::new())
+                    .await?;
+                return Ok(Some(LoopOutcome::ModelFailed(e.to_string())));
+            }
+        };
+        let output = reply_output(&reply);
+        if native && !reply.tool_calls.is_empty() {
+            self.store
+                .finish_step(step.id, Ok(output), Vec::new())
+                .await?;
+            conv.messages.push(reply.message.clone());
+            return self.native_tool_calls(h, ctx, conv, &reply).await;
+        }
+        self.json_reply(h, ctx, conv, step.id, output, &reply).await
+    }
+
+    /// Provider-native tool calls: each one a tool step, its result sent
+    /// back as a `tool` message; the step limit ends the loop.
+    async fn native_tool_calls(
+        &self,
+        h: &mut RunHandle,
+        ctx: &ToolContext,
+        conv: &mut Conversation<'_>,
+        reply: &ChatReply,
+    ) -> Result<Option<LoopOutcome>, StoreError> {
+        let limit = self.config.limits.max_tool_steps;
+        for call in &reply.tool_calls {
+            if h.tool_steps >= limit {
+                self.record_step_limit(h, &call.name).await?;
+                return Ok(Some(LoopOutcome::StepLimit {
+                    limit,
+                    requested: call.name.clone(),
+                }));
+            }
+            let r = self
+                .run_tool_step(
+                    h,
+                    ctx,
+                    &call.name,
+                    Value::Object(call.arguments.clone()),
+                    conv.spec.allowed_tools.as_deref(),
+                )
+                .await?;
+            if h.is_stopped() {
+                return Ok(Some(LoopOutcome::Stopped));
+            }
+            let content = match &r {
+                Ok(o) => o.value.to_string(),
+                Err(e) => json!({"error": e}).to_string(),
+            };
+            conv.records.push(ToolRecord {
+                name: call.name.clone(),
+                output: r.ok().map(|o| o.value),
+            });
+            conv.messages
+                .push(json!({"role": "tool", "tool_call_id": call.id, "content": content}));
+        }
+        Ok(None)
+    }
+
+    /// A JSON protocol reply: a final answer ends the loop; a tool call is
+    /// one tool step (the step limit ends the loop); anything else is a
+    /// failed `llm` step, and the second in a row ends the loop.
+    async fn json_reply(
+        &self,
+        h: &mut RunHandle,
+        ctx: &ToolContext,
+        conv: &mut Conversation<'_>,
+        step_id: i64,
+        output: Value,
+        reply: &ChatReply,
+    ) -> Result<Option<LoopOutcome>, StoreError> {
+        let text = reply.content.clone().unwrap_or_default();
+        match protocol::parse_agent_message(&text) {
+            Ok(AgentMessage::Final(f)) => {
+                self.store
+                    .finish_step(step_id, Ok(output), Vec::new())
+                    .await?;
+                Ok(Some(LoopOutcome::Final(f)))
+            }
+            Ok(AgentMessage::ToolCall(call)) => {
+                self.store
+                    .finish_step(step_id, Ok(output), Vec::new())
+                    .await?;
+                conv.bad_replies = 0;
+                let limit = self.config.limits.max_tool_steps;
+                if h.tool_steps >= limit {
+                    self.record_step_limit(h, &call.tool).await?;
+                    return Ok(Some(LoopOutcome::StepLimit {
+                        limit,
+                        requested: call.tool.clone(),
+                    }));
+                }
+                let r = self
+                    .run_tool_step(
+                        h,
+                        ctx,
+                        &call.tool,
+                        Value::Object(call.arguments.clone()),
+                        conv.spec.allowed_tools.as_deref(),
+                    )
+                    .await?;
+                if h.is_stopped() {
+                    return Ok(Some(LoopOutcome::Stopped));
+                }
+                conv.messages.push(message("assistant", text.clone()));
+                conv.messages.push(message(
+                    "user",
+                    match &r {
+                        Ok(o) => format!("TOOL_RESULT {}:\n{}", call.tool, o.value),
+                        Err(e) => format!("TOOL_ERROR {}: {e}", call.tool),
+                    },
+                ));
+                conv.records.push(ToolRecord {
+                    name: call.tool.clone(),
+                    output: r.ok().map(|o| o.value),
+                });
+                Ok(None)
+            }
+            Err(e) => {
+                conv.bad_replies += 1;
+                let err = invalid_reply_error(&e);
+                self.store
+                    .finish_step_with(
+                        step_id,
+                        StepStatus::Failed,
+                        Some(output),
+                        Some(err.clone()),
+                        Vec::new(),
+                    )
+                    .await?;
+                if conv.bad_replies >= 2 {
+                    return Ok(Some(LoopOutcome::InvalidOutput(e.to_string())));
+                }
+                conv.messages.push(message("assistant", text));
+                conv.messages.push(message(
+                    "user",
+                    format!(
+                        "{err}. No tool was run. Reply again with exactly one JSON object: \
+                         {{\"type\": \"tool_call\", ...}} or {{\"type\": \"final\", ...}}."
+                    ),
+                ));
+                Ok(None)
+            }
+        }
     }
 
     async fn record_step_limit(
@@ -695,6 +703,67 @@ impl Runtime {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// A model loop's conversation: the tools offered, the protocol in use, the
+/// messages so far, the bad replies in a row and the tool calls made.
+struct Conversation<'s> {
+    spec: &'s LoopSpec,
+    offered: Vec<ToolDescriptor>,
+    native_tools: Vec<Value>,
+    /// Provider-native tool calls (else the JSON protocol).
+    native: bool,
+    messages: Vec<Value>,
+    bad_replies: u32,
+    records: Vec<ToolRecord>,
+}
+
+impl<'s> Conversation<'s> {
+    fn new(spec: &'s LoopSpec, offered: Vec<ToolDescriptor>, native: bool) -> Self {
+        let native_tools = protocol::openai_tools(&offered);
+        let mut c = Conversation {
+            spec,
+            offered,
+            native_tools,
+            native,
+            messages: Vec::new(),
+            bad_replies: 0,
+            records: Vec::new(),
+        };
+        c.restart(native);
+        c
+    }
+
+    /// Start over: the system message (the spec's prompt and the protocol
+    /// instructions of `native` or the JSON protocol) and the user message.
+    fn restart(&mut self, native: bool) {
+        self.native = native;
+        let proto = if native {
+            protocol::native_protocol_instructions().to_string()
+        } else {
+            protocol::json_protocol_instructions(&self.offered)
+        };
+        self.messages = vec![
+            message("system", format!("{}\n\n{proto}", self.spec.system)),
+            message("user", self.spec.user.clone()),
+        ];
+    }
+}
+
+/// The `llm` step's output: the reply, secrets masked, content clipped.
+fn reply_output(reply: &ChatReply) -> Value {
+    let masked_calls: Vec<Value> = reply
+        .tool_calls
+        .iter()
+        .map(|c| json!({"id": c.id, "name": c.name, "arguments": mask_secrets(&Value::Object(c.arguments.clone()))}))
+        .collect();
+    json!({
+        "content": reply.content.as_deref().map(|c| clip(&redact_text(c), MAX_STEP_TEXT)),
+        "tool_calls": masked_calls,
+        "finish_reason": reply.finish_reason,
+        "usage": reply.usage,
+        "model": reply.model,
+    })
 }
 
 /// Model text with the values of secret fields in its JSON masked, so a
