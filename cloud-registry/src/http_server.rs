@@ -197,16 +197,3 @@ fn is_connection_error(e: &std::io::Error) -> bool {
             | std::io::ErrorKind::ConnectionReset
     )
 }
-
-/// True when `err` (a body read error, through its sources) is the
-/// request-body inactivity timeout.
-pub fn is_body_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if e.is::<tower_http::timeout::TimeoutError>() {
-            return true;
-        }
-        cur = e.source();
-    }
-    false
-}

@@ -1,14 +1,17 @@
 //! Benchlink cloud registry: providers, capabilities, leases with preemption,
-//! the event stream, audit tasks and the agent runtime behind the Earth
-//! command.
+//! the event stream, sessions and audit tasks; it serves the agent runtime
+//! and the Earth command of `registry-agents`.
 //!
 //! Module map (see docs/architecture.md):
-//! - [`db`]: SQLite on dedicated threads; [`events`]: the append-only event
-//!   log and live bus; [`auth`]: bearer tokens and roles; [`error`] /
-//!   [`extract`]: the JSON error body and validated JSON bodies;
-//!   [`fdlimit`]: the file-descriptor limit; [`http_server`]: the HTTP
-//!   listener (timeouts, connection cap).
-//! - [`agents`]: the agent runtime and the Earth command (seed 000).
+//! - From `registry-core`, re-exported under their old paths: [`auth`]
+//!   (bearer tokens and roles), [`db`] (SQLite on dedicated threads),
+//!   [`error`] / [`extract`] (the JSON error body, validated bodies and
+//!   queries), [`ids`], [`storage`] (the store's disk).
+//! - [`agents`]: `registry-agents`, the agent runtime and the Earth command
+//!   (docs/earth-command.md).
+//! - [`events`]: the append-only event log and live bus; [`fdlimit`]: the
+//!   file-descriptor limit; [`http_server`]: the HTTP listener (timeouts,
+//!   connection cap).
 //! - [`app`]: composition ([`app::Registry::start`]); [`config`]: the TOML
 //!   file; [`store`]: providers, capabilities, health history behind the
 //!   [`store::Store`] trait; [`registry`]: registration and liveness shared
@@ -19,27 +22,23 @@
 //! - [`sessions`]: actions on leased capabilities, their sessions and
 //!   artifacts (bytes in a content-addressed blob store).
 
-pub mod agents;
+pub use registry_agents as agents;
+pub use registry_core::{auth, db, error, extract, ids, storage};
+
 pub mod api;
 pub mod app;
 pub mod audit;
-pub mod auth;
 pub mod broker;
 pub mod broker_log;
 pub mod config;
-pub mod db;
-pub mod error;
 pub mod events;
-pub mod extract;
 pub mod fdlimit;
 pub mod follow;
 pub mod hearing;
 pub mod http_server;
-pub mod ids;
 pub mod leases;
 pub mod mqtt;
 pub mod registry;
 pub mod sessions;
-pub mod storage;
 pub mod store;
 pub mod twins;

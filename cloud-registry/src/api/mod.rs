@@ -14,9 +14,7 @@ pub mod tokens;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{FromRequest, FromRequestParts, Query, Request};
-use axum::http::request::Parts;
+use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::Router;
 use serde::de::DeserializeOwned;
@@ -26,6 +24,7 @@ use tokio::sync::watch;
 use crate::auth::Authenticator;
 use crate::error::ApiError;
 use crate::events::EventBus;
+pub use crate::extract::{list_limit, plain_query_problem, ApiQuery};
 use crate::mqtt::MqttStats;
 use crate::registry::CapabilityRegistry;
 
@@ -53,116 +52,6 @@ pub struct ApiState {
     pub mqtt: MqttHealth,
     /// Turns true when the registry shuts down (ends SSE streams).
     pub shutdown: watch::Receiver<bool>,
-}
-
-/// `Query<T>` whose rejection is a JSON 400 `invalid_query` naming the
-/// parameter in `details.param` (when the parameter is known) and saying
-/// in plain words what was expected: "query parameter `limit`: expected a
-/// whole number, got `ten`".
-pub struct ApiQuery<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|Query(v)| ApiQuery(v))
-            .map_err(|e| query_error(&parts.uri, &e))
-    }
-}
-
-/// What axum's `Query` wraps its deserialization error in.
-type QueryPathError = serde_path_to_error::Error<serde::de::value::Error>;
-
-/// The 400 `invalid_query` for a query string that `Query` refused: the
-/// parameter from the deserializer's path (or from a "missing field" /
-/// "duplicate field" message), the problem from [`plain_query_problem`].
-fn query_error(uri: &axum::http::Uri, rejection: &QueryRejection) -> ApiError {
-    let mut source = std::error::Error::source(rejection);
-    let found = loop {
-        match source {
-            None => break None,
-            Some(e) => match e.downcast_ref::<QueryPathError>() {
-                Some(e) => break Some(e),
-                None => source = e.source(),
-            },
-        }
-    };
-    let Some(e) = found else {
-        return ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!("invalid query string: {}", rejection.body_text()),
-        );
-    };
-    let inner = e.inner().to_string();
-    let named = |prefix: &str| {
-        inner
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_prefix('`'))
-            .and_then(|rest| rest.strip_suffix('`'))
-            .map(str::to_string)
-    };
-    let path = e.path().to_string();
-    let param = if !path.is_empty() && !path.starts_with(['.', '?']) {
-        Some(path)
-    } else {
-        named("missing field ").or_else(|| named("duplicate field "))
-    };
-    let Some(param) = param else {
-        return ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!(
-                "invalid query string: {}",
-                plain_query_problem(&inner, None)
-            ),
-        );
-    };
-    let value = Query::<Vec<(String, String)>>::try_from_uri(uri)
-        .ok()
-        .and_then(|Query(pairs)| pairs.into_iter().find(|(k, _)| *k == param))
-        .map(|(_, v)| v);
-    ApiError::invalid_query(&param, plain_query_problem(&inner, value.as_deref()))
-}
-
-/// Say in plain words what is wrong with a query parameter's `value`, from
-/// the query deserializer's `message` (Rust's number parsing and serde's
-/// wording): `invalid digit found in string` becomes "expected a whole
-/// number, got `ten`".
-pub fn plain_query_problem(message: &str, value: Option<&str>) -> String {
-    let got = value.map(|v| format!(", got `{v}`")).unwrap_or_default();
-    let negative = value.is_some_and(|v| {
-        v.strip_prefix('-')
-            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-    });
-    match message {
-        "invalid digit found in string" if negative => {
-            format!("expected a whole number of 0 or more{got}")
-        }
-        "invalid digit found in string" => format!("expected a whole number{got}"),
-        "cannot parse integer from empty string" => {
-            "expected a whole number, got an empty value".to_string()
-        }
-        "number too large to fit in target type" => match value {
-            Some(v) => format!("`{v}` is too large"),
-            None => "the number is too large".to_string(),
-        },
-        "number too small to fit in target type" => match value {
-            Some(v) => format!("`{v}` is too small"),
-            None => "the number is too small".to_string(),
-        },
-        "invalid float literal" | "cannot parse float from empty string" => {
-            format!("expected a number{got}")
-        }
-        "provided string was not `true` or `false`" => {
-            format!("expected `true` or `false`{got}")
-        }
-        m if m.starts_with("missing field ") => "missing; it is required".to_string(),
-        m if m.starts_with("duplicate field ") => "given more than once".to_string(),
-        m => crate::error::plain_json_message(m),
-    }
 }
 
 /// A JSON body that may be absent: an empty body gives `T::default()`;
@@ -211,19 +100,6 @@ where
                 .map_err(|e| ApiError::invalid_query(param, e))
         })
         .collect()
-}
-
-/// A list's `limit` query parameter: `default` when absent, at most `max`
-/// (more is cut to `max`), 0 refused with 400 `invalid_query`.
-pub fn list_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
-    match limit {
-        None => Ok(default.min(max)),
-        Some(0) => Err(ApiError::invalid_query(
-            "limit",
-            format!("0 is out of range 1..={max}"),
-        )),
-        Some(n) => Ok(n.min(max)),
-    }
 }
 
 /// Parse query parameter `param` as a whole number in `min..=max`

@@ -1,0 +1,550 @@
+//! HTTP routes of the agent runtime, relative to `/api/v1/agents`
+//! (docs/earth-command.md, "Endpoints"). Handlers are thin: authenticate, check the
+//! role, call [`AgentService`], map errors to the JSON error body.
+//!
+//! | method | path | body → answer |
+//! |---|---|---|
+//! | POST | `/runs` | `CreateRunRequest` → 201 `AgentRunDetail` |
+//! | GET | `/runs?run_type=&status=&created_by=&before_id=&limit=` | `{"runs": [AgentRun]}` |
+//! | GET | `/runs/{run_id}` | `AgentRunDetail` |
+//! | POST | `/runs/{run_id}/stop` | `AgentRunDetail` (409 `run_already_final`) |
+//! | GET | `/proposals?status=&limit=` | `{"proposals": [AgentProposal]}` |
+//! | POST | `/proposals/{proposal_id}/apply` | `{"confirm": bool}` → `AgentProposal` |
+//! | POST | `/proposals/{proposal_id}/reject` | `{"reason": "..."}` → `AgentProposal` |
+//! | POST | `/earth/command` | `EarthCommandRequest` → `EarthCommandResponse` |
+//! | GET | `/earth/stats` | entity catalog load figures |
+//! | POST | `/speech/transcriptions` | multipart `file`, `language`, `provider`, `source` → `SpeechTranscriptionResponse` |
+//! | GET | `/prompts` | `{"prompts": [PromptEntry]}` |
+//! | GET | `/tools` | `{"tools": [ToolDescriptor]}` |
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Multipart, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::Utc;
+use registry_core::auth::Principal;
+use registry_core::error::{ApiError, ApiResult};
+use registry_core::extract::{list_limit, ApiQuery, ValidJson};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use shared_protocol::agent::{
+    AgentProposal, AgentRun, AgentRunDetail, CreateRunRequest, ProposalStatus, RunStatus, RunType,
+};
+use shared_protocol::api::Role;
+use shared_protocol::earth::{EarthCommandRequest, EarthCommandResponse};
+use shared_protocol::speech::SpeechTranscriptionResponse;
+use shared_protocol::Validate;
+
+use crate::error::AgentError;
+use crate::policy::ApplyRefusal;
+use crate::prompts::PromptEntry;
+use crate::service::AgentService;
+use crate::speech::{AudioUpload, SpeechError};
+use crate::store::{AudioInfo, RunFilter, StoreError, TranscriptionRecord};
+
+/// Roles that may read runs and use the Earth command (every role but
+/// `provider`).
+const READERS: [Role; 4] = [Role::Viewer, Role::Operator, Role::AuditAgent, Role::Admin];
+/// Default and largest page of `GET /runs`.
+const DEFAULT_LIST: usize = 50;
+const MAX_LIST: usize = 500;
+/// Extra multipart overhead allowed over the audio limit, bytes.
+const MULTIPART_SLACK: usize = 1024 * 1024;
+
+/// The agent routes, relative to `/api/v1/agents`. Needs an
+/// `Extension(Arc<Authenticator>)` layer (for [`Principal`]).
+pub fn router(svc: Arc<AgentService>) -> Router {
+    let audio_limit = svc.config().speech.max_audio_bytes() + MULTIPART_SLACK;
+    Router::new()
+        .route("/runs", post(create_run).get(list_runs))
+        .route("/runs/{run_id}", get(get_run))
+        .route("/runs/{run_id}/stop", post(stop_run))
+        .route("/proposals", get(list_proposals))
+        .route("/proposals/{proposal_id}/apply", post(apply_proposal))
+        .route("/proposals/{proposal_id}/reject", post(reject_proposal))
+        .route("/earth/command", post(earth_command))
+        .route("/earth/stats", get(earth_stats))
+        .route(
+            "/speech/transcriptions",
+            post(transcribe).layer(DefaultBodyLimit::max(audio_limit)),
+        )
+        .route("/prompts", get(list_prompts))
+        .route("/tools", get(list_tools))
+        .with_state(svc)
+}
+
+/// The HTTP form of an agent error: one status and code per variant.
+impl From<AgentError> for ApiError {
+    fn from(e: AgentError) -> Self {
+        let msg = e.to_string();
+        match e {
+            AgentError::NotFound { kind, id } => ApiError::not_found(kind, &id),
+            AgentError::Store(StoreError::NotFound { kind, id }) => ApiError::not_found(kind, &id),
+            AgentError::Store(StoreError::RunFinal { run_id, status }) => ApiError::conflict(
+                "run_already_final",
+                format!("run {run_id} is already {status}"),
+            )
+            .with_details(json!({"run_id": run_id, "status": status})),
+            AgentError::Forbidden(m) => ApiError::forbidden(m),
+            AgentError::Invalid { field, message } => ApiError::invalid_field(&field, message),
+            AgentError::ModelNotConfigured(t) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "model_not_configured", msg)
+                    .with_details(json!({"run_type": t}))
+            }
+            AgentError::RunStopped(id) => {
+                ApiError::conflict("run_stopped", msg).with_details(json!({"run_id": id}))
+            }
+            AgentError::ApplyRefused(ApplyRefusal::Forbidden(_)) => ApiError::forbidden(msg),
+            AgentError::ApplyRefused(ApplyRefusal::ConfirmationRequired(_)) => {
+                ApiError::new(StatusCode::FORBIDDEN, "confirmation_required", msg)
+            }
+            AgentError::ProposalNotPending { id, status } => {
+                ApiError::conflict("proposal_not_pending", msg)
+                    .with_details(json!({"proposal_id": id, "status": status}))
+            }
+            AgentError::ProposalRejected(p) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "proposal_rejected", msg)
+                    .with_details(json!({"proposal": p}))
+            }
+            AgentError::ProposalFailed(p) => ApiError::conflict("proposal_apply_failed", msg)
+                .with_details(json!({"proposal": p})),
+            AgentError::Speech(SpeechError::NotConfigured) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "asr_not_configured", msg)
+            }
+            AgentError::Speech(SpeechError::TooLarge { size, limit }) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "audio_too_large", msg)
+                    .with_details(json!({"size_bytes": size, "limit_bytes": limit}))
+            }
+            AgentError::Speech(SpeechError::Timeout(_)) => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "asr_timeout", msg)
+            }
+            AgentError::Speech(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "asr_provider_error", msg)
+            }
+            AgentError::Config(_) | AgentError::Store(_) | AgentError::Internal(_) => {
+                ApiError::internal(msg)
+            }
+        }
+    }
+}
+
+fn request_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.chars().take(128).collect())
+}
+
+async fn create_run(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    headers: HeaderMap,
+    ValidJson(req): ValidJson<CreateRunRequest>,
+) -> ApiResult<(StatusCode, Json<AgentRunDetail>)> {
+    match req.run_type {
+        RunType::EarthCommand => principal.require(&READERS)?,
+        RunType::ConfigProposal => principal.require(&[Role::Admin])?,
+        _ => principal.require(&[Role::Operator, Role::AuditAgent, Role::Admin])?,
+    }
+    let detail = svc
+        .create_run(&principal, req, request_id(&headers))
+        .await?;
+    Ok((StatusCode::CREATED, Json(detail)))
+}
+
+/// `GET /runs` query.
+#[derive(Debug, Default, Deserialize)]
+pub struct RunListQuery {
+    pub run_type: Option<String>,
+    pub status: Option<String>,
+    pub created_by: Option<String>,
+    pub before_id: Option<i64>,
+    pub limit: Option<usize>,
+}
+
+/// `GET /runs` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunList {
+    pub runs: Vec<AgentRun>,
+}
+
+async fn list_runs(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    ApiQuery(q): ApiQuery<RunListQuery>,
+) -> ApiResult<Json<RunList>> {
+    principal.require(&READERS)?;
+    let run_type = q
+        .run_type
+        .as_deref()
+        .map(str::parse::<RunType>)
+        .transpose()
+        .map_err(|e| ApiError::invalid_field("run_type", e.to_string()))?;
+    let status = q
+        .status
+        .as_deref()
+        .map(str::parse::<RunStatus>)
+        .transpose()
+        .map_err(|e| ApiError::invalid_field("status", e.to_string()))?;
+    let runs = svc
+        .store()
+        .list_runs(RunFilter {
+            run_type,
+            status,
+            created_by: q.created_by,
+            before_id: q.before_id,
+            limit: list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?,
+        })
+        .await
+        .map_err(AgentError::from)?;
+    Ok(Json(RunList { runs }))
+}
+
+async fn get_run(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    Path(run_id): Path<String>,
+) -> ApiResult<Json<AgentRunDetail>> {
+    principal.require(&READERS)?;
+    Ok(Json(svc.run_detail(&run_id).await?))
+}
+
+async fn stop_run(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    Path(run_id): Path<String>,
+) -> ApiResult<Json<AgentRunDetail>> {
+    principal.require(&[Role::Viewer, Role::Operator, Role::AuditAgent, Role::Admin])?;
+    Ok(Json(svc.stop_run(&principal, &run_id).await?))
+}
+
+/// `GET /proposals` query.
+#[derive(Debug, Default, Deserialize)]
+pub struct ProposalListQuery {
+    pub status: Option<String>,
+    pub limit: Option<usize>,
+}
+
+async fn list_proposals(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    ApiQuery(q): ApiQuery<ProposalListQuery>,
+) -> ApiResult<Json<Value>> {
+    principal.require(&[Role::Admin])?;
+    let status = q
+        .status
+        .as_deref()
+        .map(str::parse::<ProposalStatus>)
+        .transpose()
+        .map_err(|e| ApiError::invalid_field("status", e.to_string()))?;
+    let proposals = svc
+        .store()
+        .list_proposals(status, list_limit(q.limit, DEFAULT_LIST, MAX_LIST)?)
+        .await
+        .map_err(AgentError::from)?;
+    Ok(Json(json!({"proposals": proposals})))
+}
+
+/// `POST /proposals/{id}/apply` body; an empty body means
+/// `{"confirm": false}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyProposalRequest {
+    /// Explicit manual confirmation (admins must confirm; high risk always
+    /// needs it: docs/earth-command.md, "Proposal policy").
+    #[serde(default)]
+    pub confirm: bool,
+}
+
+impl Validate for ApplyProposalRequest {
+    fn validate(&self) -> Result<(), shared_protocol::ValidationError> {
+        Ok(())
+    }
+}
+
+/// `POST /proposals/{id}/reject` body.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejectProposalRequest {
+    #[serde(default)]
+    pub reason: String,
+}
+
+impl Validate for RejectProposalRequest {
+    fn validate(&self) -> Result<(), shared_protocol::ValidationError> {
+        if self.reason.chars().count() > 2000 {
+            return Err(shared_protocol::ValidationError::new(
+                "reason",
+                "longer than 2000 characters",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn optional_body<T: serde::de::DeserializeOwned + Validate + Default>(
+    body: &Bytes,
+) -> ApiResult<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    Ok(shared_protocol::parse_json(body)?)
+}
+
+/// The `{proposal_id}` of a proposal route, named so that a value that is
+/// not an integer is refused naming it (400 `invalid_path`).
+#[derive(Deserialize)]
+struct ProposalPath {
+    proposal_id: i64,
+}
+
+async fn apply_proposal(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    Path(ProposalPath { proposal_id }): Path<ProposalPath>,
+    body: Bytes,
+) -> ApiResult<Json<AgentProposal>> {
+    let req: ApplyProposalRequest = optional_body(&body)?;
+    Ok(Json(
+        svc.apply_proposal(&principal, proposal_id, req.confirm)
+            .await?,
+    ))
+}
+
+async fn reject_proposal(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    Path(ProposalPath { proposal_id }): Path<ProposalPath>,
+    body: Bytes,
+) -> ApiResult<Json<AgentProposal>> {
+    let req: RejectProposalRequest = optional_body(&body)?;
+    Ok(Json(
+        svc.reject_proposal(&principal, proposal_id, req.reason)
+            .await?,
+    ))
+}
+
+async fn earth_command(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    headers: HeaderMap,
+    ValidJson(req): ValidJson<EarthCommandRequest>,
+) -> ApiResult<Json<EarthCommandResponse>> {
+    principal.require(&READERS)?;
+    Ok(Json(
+        svc.earth_command(&principal, req, request_id(&headers))
+            .await?,
+    ))
+}
+
+async fn earth_stats(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+) -> ApiResult<Json<Value>> {
+    principal.require(&READERS)?;
+    Ok(Json(json!(svc.catalog().stats())))
+}
+
+async fn list_prompts(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+) -> ApiResult<Json<Value>> {
+    principal.require(&READERS)?;
+    let prompts: Vec<PromptEntry> = svc.prompts().list();
+    Ok(Json(json!({"prompts": prompts})))
+}
+
+async fn list_tools(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+) -> ApiResult<Json<Value>> {
+    principal.require(&READERS)?;
+    Ok(Json(json!({"tools": svc.tools().descriptors()})))
+}
+
+fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
+    let status = e.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(status, "audio_too_large", e.body_text())
+    } else {
+        ApiError::bad_request(format!("malformed multipart body: {}", e.body_text()))
+    }
+}
+
+fn check_word(field: &str, v: &str, max: usize) -> ApiResult<()> {
+    if v.is_empty()
+        || v.len() > max
+        || !v
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+    {
+        return Err(ApiError::invalid_field(
+            field,
+            format!("`{v}` must be 1 to {max} letters, digits, _ or -"),
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /speech/transcriptions`: multipart `file` (required), `language`
+/// (default the configured one, `zh`), `provider` (must name the configured
+/// provider), `source` (default `earth_command`). The transcription is
+/// stored; its id is `metadata.transcription_id`, which an Earth command
+/// passes as `transcription_id`.
+async fn transcribe(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    mut multipart: Multipart,
+) -> ApiResult<Json<SpeechTranscriptionResponse>> {
+    principal.require(&READERS)?;
+    if !svc.speech().is_configured() {
+        return Err(AgentError::Speech(SpeechError::NotConfigured).into());
+    }
+    let cfg = svc.speech().config().clone();
+    let limit = cfg.max_audio_bytes();
+    let mut audio: Option<(Vec<u8>, Option<String>, Option<String>)> = None;
+    let mut too_large: Option<usize> = None;
+    let mut language = cfg.language.clone();
+    let mut provider: Option<String> = None;
+    let mut source = "earth_command".to_string();
+    while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
+        let name = field.name().unwrap_or_default().to_string();
+        match name.as_str() {
+            "file" => {
+                let file_name = field.file_name().map(str::to_string);
+                let content_type = field.content_type().map(str::to_string);
+                let mut buf: Vec<u8> = Vec::new();
+                let mut size = 0usize;
+                while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+                    size += chunk.len();
+                    // Keep reading (and discarding) past the limit so the
+                    // client receives the 413 instead of a reset connection.
+                    if size <= limit {
+                        buf.extend_from_slice(&chunk);
+                    }
+                }
+                if size > limit {
+                    too_large = Some(size);
+                }
+                audio = Some((buf, file_name, content_type));
+            }
+            "language" => {
+                let v = field
+                    .text()
+                    .await
+                    .map_err(multipart_error)?
+                    .trim()
+                    .to_string();
+                if !v.is_empty() {
+                    check_word("language", &v, 16)?;
+                    language = v;
+                }
+            }
+            "provider" => {
+                let v = field
+                    .text()
+                    .await
+                    .map_err(multipart_error)?
+                    .trim()
+                    .to_string();
+                if !v.is_empty() {
+                    provider = Some(v);
+                }
+            }
+            "source" => {
+                let v = field
+                    .text()
+                    .await
+                    .map_err(multipart_error)?
+                    .trim()
+                    .to_string();
+                if !v.is_empty() {
+                    check_word("source", &v, 64)?;
+                    source = v;
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(size) = too_large {
+        return Err(AgentError::Speech(SpeechError::TooLarge { size, limit }).into());
+    }
+    let (bytes, file_name, content_type) = audio.ok_or_else(|| {
+        ApiError::invalid_field(
+            "file",
+            "the multipart field `file` with the audio is required",
+        )
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::invalid_field("file", "the audio file is empty"));
+    }
+    if let Some(p) = &provider {
+        if p != cfg.provider.as_str() {
+            return Err(ApiError::invalid_field(
+                "provider",
+                format!(
+                    "provider `{p}` is not configured; the configured provider is `{}`",
+                    cfg.provider.as_str()
+                ),
+            ));
+        }
+    }
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    let size_bytes = bytes.len() as u64;
+    let upload = AudioUpload {
+        bytes: bytes.into(),
+        file_name: file_name.clone(),
+        content_type: content_type.clone(),
+    };
+    let t = svc
+        .speech()
+        .transcribe(upload, &language)
+        .await
+        .map_err(AgentError::from)?;
+    let transcription_id = format!("tr_{}", uuid::Uuid::new_v4().simple());
+    let mut metadata = t.metadata.clone();
+    metadata.insert("transcription_id".into(), json!(transcription_id));
+    metadata.insert(
+        "language".into(),
+        json!(t.language.clone().unwrap_or_else(|| language.clone())),
+    );
+    metadata.insert("requested_language".into(), json!(language));
+    metadata.insert("source".into(), json!(source));
+    metadata.insert("request_ms".into(), json!(t.request_ms));
+    metadata.insert("audio_bytes".into(), json!(size_bytes));
+    let record = TranscriptionRecord {
+        transcription_id: transcription_id.clone(),
+        text: t.text.clone(),
+        language: language.clone(),
+        provider: cfg.provider.as_str().to_string(),
+        model: cfg.model.clone(),
+        source,
+        duration_ms: t.audio_duration_ms,
+        confidence: t.confidence,
+        metadata: Value::Object(metadata.clone()),
+        audio: AudioInfo {
+            file_name,
+            content_type,
+            size_bytes,
+            sha256,
+        },
+        created_by: principal.name.clone(),
+        created_at: Utc::now(),
+    };
+    svc.store()
+        .insert_transcription(record)
+        .await
+        .map_err(AgentError::from)?;
+    Ok(Json(SpeechTranscriptionResponse {
+        text: t.text,
+        provider: cfg.provider.as_str().to_string(),
+        model: cfg.model,
+        duration_ms: t.audio_duration_ms,
+        confidence: t.confidence,
+        metadata,
+    }))
+}

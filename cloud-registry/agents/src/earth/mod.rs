@@ -1,0 +1,10 @@
+//! The Earth natural-language command (docs/earth-command.md, "An Earth command"): the
+//! entity service ([`entities`]), the deterministic [`resolver`] with its
+//! [`regions`], the plan [`validate`]or and the [`command`] service that
+//! records each command as an agent run.
+
+pub mod command;
+pub mod entities;
+pub mod regions;
+pub mod resolver;
+pub mod validate;

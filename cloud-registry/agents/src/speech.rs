@@ -1,0 +1,233 @@
+//! Speech gateway (docs/earth-command.md, "Speech"): forwards one audio upload to an
+//! OpenAI-compatible `POST {base_url}/audio/transcriptions` (multipart:
+//! `file`, `model`, `language`, `response_format`) and normalizes the answer.
+//!
+//! With `verbose_json` the provider returns `duration` (seconds), `language`
+//! and `segments[].avg_logprob`; the confidence is exp(mean avg_logprob)
+//! weighted by segment length, clamped to 0..1. With `json` only `text` comes
+//! back and duration/confidence stay unknown.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use crate::config::SpeechConfig;
+
+/// Why a transcription failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SpeechError {
+    /// Speech is disabled or has no endpoint/key.
+    #[error("语音识别未配置 (speech recognition is not configured)")]
+    NotConfigured,
+    #[error("audio is {size} bytes; the limit is {limit} bytes (agents.speech.max_audio_size_mb)")]
+    TooLarge { size: usize, limit: usize },
+    #[error("transcription timed out after {0} ms")]
+    Timeout(u64),
+    #[error("cannot reach the speech provider at {url}: {message}")]
+    Transport { url: String, message: String },
+    #[error("speech provider answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("speech provider answer is not a transcription: {0}")]
+    Decode(String),
+}
+
+/// A transcription as the provider gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transcript {
+    pub text: String,
+    /// Audio length, ms (0 when unknown).
+    pub audio_duration_ms: u64,
+    /// Language the provider detected or used.
+    pub language: Option<String>,
+    pub confidence: Option<f64>,
+    /// Wall time of the provider call, ms.
+    pub request_ms: u64,
+    /// Provider fields worth keeping (segment count, response format).
+    pub metadata: Map<String, Value>,
+}
+
+/// The uploaded audio.
+#[derive(Debug, Clone)]
+pub struct AudioUpload {
+    pub bytes: bytes::Bytes,
+    pub file_name: Option<String>,
+    pub content_type: Option<String>,
+}
+
+/// The ASR client.
+#[derive(Debug)]
+pub struct SpeechGateway {
+    http: reqwest::Client,
+    cfg: SpeechConfig,
+    base_url: Option<String>,
+    api_key: Option<String>,
+}
+
+impl SpeechGateway {
+    /// A gateway for `cfg` (base URL and key resolved now, with the env
+    /// fallback `ASR_API_KEY`, `OPENAI_API_KEY`).
+    pub fn new(cfg: &SpeechConfig) -> SpeechGateway {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(cfg.timeout_seconds.max(1)))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        SpeechGateway {
+            http,
+            base_url: cfg.effective_base_url(),
+            api_key: cfg.effective_api_key(),
+            cfg: cfg.clone(),
+        }
+    }
+
+    /// True when transcriptions can be requested.
+    pub fn is_configured(&self) -> bool {
+        self.base_url.is_some()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &SpeechConfig {
+        &self.cfg
+    }
+
+    /// Transcribe `audio` in `language` (ISO 639-1, e.g. `zh`).
+    pub async fn transcribe(
+        &self,
+        audio: AudioUpload,
+        language: &str,
+    ) -> Result<Transcript, SpeechError> {
+        let base = self.base_url.as_deref().ok_or(SpeechError::NotConfigured)?;
+        let limit = self.cfg.max_audio_bytes();
+        if audio.bytes.len() > limit {
+            return Err(SpeechError::TooLarge {
+                size: audio.bytes.len(),
+                limit,
+            });
+        }
+        let url = format!("{}/audio/transcriptions", base.trim_end_matches('/'));
+        let file_name = audio
+            .file_name
+            .clone()
+            .unwrap_or_else(|| "audio.webm".into());
+        let mut part = reqwest::multipart::Part::stream(reqwest::Body::from(audio.bytes.clone()))
+            .file_name(file_name);
+        if let Some(ct) = &audio.content_type {
+            part = part
+                .mime_str(ct)
+                .map_err(|e| SpeechError::Decode(format!("content type `{ct}`: {e}")))?;
+        }
+        let format = self.cfg.response_format.as_str();
+        let form = reqwest::multipart::Form::new()
+            .part("file", part)
+            .text("model", self.cfg.model.clone())
+            .text("language", language.to_string())
+            .text("response_format", format.to_string());
+        let mut req = self.http.post(&url).multipart(form);
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let started = Instant::now();
+        let timeout_ms = self.cfg.timeout_seconds.max(1) * 1000;
+        let map_err = |e: reqwest::Error| {
+            if e.is_timeout() {
+                SpeechError::Timeout(timeout_ms)
+            } else {
+                SpeechError::Transport {
+                    url: url.clone(),
+                    message: e.to_string(),
+                }
+            }
+        };
+        let resp = req.send().await.map_err(map_err)?;
+        let status = resp.status();
+        let body = resp.text().await.map_err(map_err)?;
+        let request_ms = started.elapsed().as_millis() as u64;
+        if !status.is_success() {
+            return Err(SpeechError::Status {
+                status: status.as_u16(),
+                body: body.chars().take(2000).collect(),
+            });
+        }
+        let mut t = parse_transcription(&body)?;
+        t.request_ms = request_ms;
+        t.metadata.insert("response_format".into(), json!(format));
+        Ok(t)
+    }
+}
+
+/// Parse a `/audio/transcriptions` JSON body (`json` or `verbose_json`).
+pub fn parse_transcription(body: &str) -> Result<Transcript, SpeechError> {
+    let v: Value = serde_json::from_str(body).map_err(|e| SpeechError::Decode(e.to_string()))?;
+    let text = v
+        .get("text")
+        .and_then(Value::as_str)
+        .ok_or_else(|| SpeechError::Decode("no `text` field".into()))?
+        .trim()
+        .to_string();
+    let duration_ms = v
+        .get("duration")
+        .and_then(Value::as_f64)
+        .filter(|d| d.is_finite() && *d >= 0.0)
+        .map(|d| (d * 1000.0).round() as u64)
+        .unwrap_or(0);
+    let language = v
+        .get("language")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let mut metadata = Map::new();
+    let mut confidence = None;
+    if let Some(segs) = v.get("segments").and_then(Value::as_array) {
+        metadata.insert("segments".into(), json!(segs.len()));
+        let (mut weighted, mut total) = (0.0f64, 0.0f64);
+        for s in segs {
+            let Some(lp) = s.get("avg_logprob").and_then(Value::as_f64) else {
+                continue;
+            };
+            let len = match (
+                s.get("start").and_then(Value::as_f64),
+                s.get("end").and_then(Value::as_f64),
+            ) {
+                (Some(a), Some(b)) if b > a => b - a,
+                _ => 1.0,
+            };
+            weighted += lp * len;
+            total += len;
+        }
+        if total > 0.0 {
+            confidence = Some((weighted / total).exp().clamp(0.0, 1.0));
+        }
+    }
+    Ok(Transcript {
+        text,
+        audio_duration_ms: duration_ms,
+        language,
+        confidence,
+        request_ms: 0,
+        metadata,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbose_json_gives_duration_language_and_a_confidence() {
+        let t = parse_transcription(
+            r#"{"text":" 高亮所有北斗卫星 ","duration":1.234,"language":"chinese",
+                "segments":[{"start":0.0,"end":1.234,"avg_logprob":-0.1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.text, "高亮所有北斗卫星");
+        assert_eq!(t.audio_duration_ms, 1234);
+        let c = t.confidence.unwrap();
+        assert!((c - (-0.1f64).exp()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn plain_json_has_text_only() {
+        let t = parse_transcription(r#"{"text":"hello"}"#).unwrap();
+        assert_eq!((t.audio_duration_ms, t.confidence), (0, None));
+        assert!(parse_transcription("{}").is_err());
+    }
+}
