@@ -62,7 +62,7 @@ use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
 use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, TokenLookup};
 
 /// How often [`run_revocation_watch`] looks for revoked providers.
 pub const REVOCATION_WATCH_EVERY: Duration = Duration::from_secs(1);
@@ -173,9 +173,12 @@ fn digest(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
-/// The connect-time check (see the module docs). The token is looked up
-/// in the store at every connect, so one created or revoked with the CLI
-/// while the registry runs counts at once.
+/// Whether a client may log in to the embedded broker: the registry's own
+/// client with its per-start secret, a provider with its own token and
+/// its provider id as both user name and client id, or an admin. The
+/// token is looked up in the store at every connect, so one created or
+/// revoked with the CLI while the registry runs counts at once. `Err`
+/// says why not, in words for the log (never the secret).
 async fn allow_login(
     auth: &Authenticator,
     registry_user: &str,
@@ -183,15 +186,49 @@ async fn allow_login(
     client_id: &str,
     username: &str,
     password: &str,
-) -> bool {
+) -> Result<(), String> {
     if username == registry_user {
         // Compare digests: equal length, no early exit on the secret.
-        return &digest(password) == registry_password_hash;
+        return if &digest(password) == registry_password_hash {
+            Ok(())
+        } else {
+            Err("wrong secret for the registry's own client".into())
+        };
     }
-    match auth.authenticate_stored(password).await {
-        Some(p) if p.role == Role::Provider => p.name == username && client_id == username,
-        Some(p) if matches!(p.role, Role::Admin | Role::SuperAdmin) => p.name == username,
-        _ => false,
+    match auth.look_up_stored(password).await {
+        TokenLookup::Valid(p) if p.role == Role::Provider => {
+            if p.name != username {
+                Err(format!(
+                    "the token belongs to provider `{}`, not to user name `{username}` (set provider_id to the token's provider)",
+                    p.name
+                ))
+            } else if client_id != username {
+                Err(format!(
+                    "client id `{client_id}` is not the provider id `{username}`"
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        TokenLookup::Valid(p) if matches!(p.role, Role::Admin | Role::SuperAdmin) => {
+            if p.name == username {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the {} token belongs to `{}`, not to user name `{username}`",
+                    p.role, p.name
+                ))
+            }
+        }
+        TokenLookup::Valid(p) => Err(format!(
+            "a {} token (of `{}`) cannot log in to the broker: a bench needs a provider token",
+            p.role, p.name
+        )),
+        TokenLookup::Revoked { principal } => Err(format!(
+            "the token was revoked (it belonged to `{principal}`)"
+        )),
+        TokenLookup::Unknown => Err("unknown token (not created by this registry)".into()),
+        TokenLookup::Unreadable(e) => Err(format!("the token store cannot be read: {e}")),
     }
 }
 
@@ -240,11 +277,13 @@ impl EmbeddedBroker {
             let auth = auth.clone();
             let registry_user = registry_user.clone();
             async move {
-                let ok = allow_login(&auth, &registry_user, &registry_hash, &client_id, &username, &password).await;
-                if !ok {
-                    tracing::warn!(client_id = %client_id, username = %username, "MQTT login refused");
+                match allow_login(&auth, &registry_user, &registry_hash, &client_id, &username, &password).await {
+                    Ok(()) => true,
+                    Err(reason) => {
+                        tracing::warn!(client_id = %client_id, username = %username, %reason, "MQTT login refused: {reason}");
+                        false
+                    }
                 }
-                ok
             }
         });
         let server = ServerSettings {
@@ -387,6 +426,31 @@ mod tests {
             accepted.nodelay().unwrap(),
             "accepted socket inherits TCP_NODELAY"
         );
+    }
+
+    #[tokio::test]
+    async fn a_refused_login_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::app::open_db(&dir.path().join("r.sqlite3")).unwrap();
+        let auth = Authenticator::load(db).await.unwrap();
+        let provider = auth.create_token(Role::Provider, "prov-1").await.unwrap();
+        let viewer = auth.create_token(Role::Viewer, "viewer-1").await.unwrap();
+        let gone = auth.create_token(Role::Provider, "prov-2").await.unwrap();
+        auth.revoke("prov-2").await.unwrap();
+        let hash = digest("registry-secret");
+        let login = |client: &'static str, user: &'static str, token: String| {
+            let auth = auth.clone();
+            async move { allow_login(&auth, "registry", &hash, client, user, &token).await }
+        };
+        assert_eq!(login("prov-1", "prov-1", provider.clone()).await, Ok(()));
+        let why = |r: Result<(), String>| r.unwrap_err();
+        assert!(why(login("x", "x", "blk_nope".into()).await).contains("unknown token"));
+        assert!(why(login("prov-2", "prov-2", gone).await).contains("revoked"));
+        assert!(why(login("viewer-1", "viewer-1", viewer).await).contains("needs a provider token"));
+        assert!(why(login("prov-9", "prov-9", provider.clone()).await)
+            .contains("belongs to provider `prov-1`"));
+        assert!(why(login("other", "prov-1", provider).await).contains("client id `other`"));
+        assert!(why(login("registry", "registry", "wrong".into()).await).contains("wrong secret"));
     }
 
     #[test]

@@ -416,6 +416,16 @@ impl Authenticator {
     /// cache follows what was read (a valid token is added, a revoked one
     /// dropped). `None`: unknown, revoked, or the store cannot be read.
     pub async fn authenticate_stored(&self, token: &str) -> Option<Principal> {
+        match self.look_up_stored(token).await {
+            TokenLookup::Valid(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// What the store says of a token right now, for messages that tell
+    /// why a login was refused ([`TokenLookup`]); updates the cache like
+    /// [`Authenticator::authenticate_stored`].
+    pub async fn look_up_stored(&self, token: &str) -> TokenLookup {
         let hash = hash_token(token);
         let key = hash.clone();
         let row = self
@@ -436,28 +446,41 @@ impl Authenticator {
             Ok(row) => row,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read a token");
-                return None;
+                return TokenLookup::Unreadable(e);
             }
         };
         let Ok(mut map) = self.by_hash.write() else {
-            return None;
+            return TokenLookup::Unreadable("token cache poisoned".into());
         };
         match row {
             Some((name, role, false)) => {
-                let principal = Principal {
-                    name,
-                    role: role.parse().ok()?,
+                let Ok(role) = role.parse() else {
+                    return TokenLookup::Unreadable(format!("unknown role `{role}` stored"));
                 };
+                let principal = Principal { name, role };
                 map.insert(hash, principal.clone());
-                Some(principal)
+                TokenLookup::Valid(principal)
             }
-            Some((_, _, true)) => {
+            Some((name, _, true)) => {
                 map.remove(&hash);
-                None
+                TokenLookup::Revoked { principal: name }
             }
-            None => None,
+            None => TokenLookup::Unknown,
         }
     }
+}
+
+/// A token as the store knows it ([`Authenticator::look_up_stored`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenLookup {
+    /// Live, of this principal and role.
+    Valid(Principal),
+    /// Revoked; it belonged to `principal`.
+    Revoked { principal: String },
+    /// No token with this hash was ever created here.
+    Unknown,
+    /// The store could not be read (why).
+    Unreadable(String),
 }
 
 /// The extractor: handlers take a `Principal` argument. Needs an
