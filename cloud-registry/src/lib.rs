@@ -1,23 +1,27 @@
 //! Benchlink cloud registry: providers, capabilities, leases with preemption,
-//! the event stream, audit tasks and the agent runtime behind the Earth
-//! command.
+//! the event stream, actions and their evidence, audit tasks, and the agent
+//! runtime behind the Earth command.
 //!
-//! Module map (see docs/architecture.md):
-//! - [`db`]: SQLite on dedicated threads; [`events`]: the append-only event
-//!   log and live bus; [`auth`]: bearer tokens and roles; [`error`] /
-//!   [`extract`]: the JSON error body and validated JSON bodies;
-//!   [`fdlimit`]: the file-descriptor limit; [`http_server`]: the HTTP
-//!   listener (timeouts, connection cap).
-//! - [`agents`]: the agent runtime and the Earth command (seed 000).
-//! - [`app`]: composition ([`app::Registry::start`]); [`config`]: the TOML
-//!   file; [`store`]: providers, capabilities, health history behind the
-//!   [`store::Store`] trait; [`registry`]: registration and liveness shared
-//!   by HTTP and MQTT; [`api`]: the HTTP handlers; [`broker`] / [`mqtt`]:
-//!   the embedded broker and the registry's MQTT client; [`broker_log`]:
-//!   the broker's oversized-packet reports in the registry's log; [`follow`]:
-//!   lossless ordered reading of the event log (SSE, command forwarding).
-//! - [`sessions`]: actions on leased capabilities, their sessions and
-//!   artifacts (bytes in a content-addressed blob store).
+//! Module map (docs/architecture.md "Registry internals" says more). Each
+//! feature folder owns its routes and their HTTP error mapping in its
+//! `api.rs`; its domain code knows nothing of HTTP.
+//! - Core: [`db`] (SQLite on dedicated threads), [`auth`] (bearer tokens,
+//!   roles), [`error`] / [`extract`] (the JSON error body, validated
+//!   bodies), [`ids`], [`storage`] (a full disk), [`http_server`],
+//!   [`fdlimit`].
+//! - Features: [`providers`] (registration, heartbeats, liveness, health
+//!   history, behind [`providers::ProviderStore`]); [`leases`] (the lease
+//!   engine); [`sessions`] (actions on leased capabilities, their sessions
+//!   and artifacts); [`events`] (the append-only log, live bus, SSE);
+//!   [`tokens`] (token routes); [`audit`] (audit tasks); [`agents`] (the
+//!   agent runtime and the Earth command).
+//! - MQTT: [`broker`] / [`broker_log`] (the embedded broker and its
+//!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
+//!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
+//!   under one provider id).
+//! - Composition: [`api`] (shared HTTP plumbing, the core router),
+//!   [`app`] ([`app::Registry::start`]: everything wired), [`config`] (the
+//!   TOML file).
 
 pub mod agents;
 pub mod api;
@@ -32,14 +36,13 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod fdlimit;
-pub mod follow;
 pub mod hearing;
 pub mod http_server;
 pub mod ids;
 pub mod leases;
 pub mod mqtt;
-pub mod registry;
+pub mod providers;
 pub mod sessions;
 pub mod storage;
-pub mod store;
+pub mod tokens;
 pub mod twins;

@@ -25,9 +25,11 @@ use axum::{Json, Router};
 use serde_json::json;
 use shared_protocol::api::RegistryTime;
 
-use super::ApiState;
+use crate::api::ApiState;
 
-pub(super) fn routes() -> axum::Router<ApiState> {
+/// `/healthz`, `/metrics` and `/time` (merged at the root and under
+/// `/api/v1`).
+pub fn routes() -> axum::Router<ApiState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -46,7 +48,7 @@ async fn time() -> Response {
 }
 
 async fn healthz(State(st): State<ApiState>) -> Response {
-    let store = st.registry.store().ping().await;
+    let store = st.providers.store().ping().await;
     let connected = (st.mqtt.connected)();
     let disk = crate::storage::snapshot();
     let ok = store.is_ok() && connected && disk.writable;
@@ -134,7 +136,7 @@ async fn metrics(State(st): State<ApiState>) -> Response {
             &[(String::new(), n)],
         );
     }
-    if let Ok(c) = st.registry.store().counts().await {
+    if let Ok(c) = st.providers.store().counts().await {
         metric(
             &mut out,
             "benchlink_providers_online",

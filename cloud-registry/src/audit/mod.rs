@@ -105,7 +105,7 @@ pub mod limits;
 mod model;
 mod queue;
 mod service;
-mod store;
+mod sql;
 mod threads;
 
 use serde::{Deserialize, Serialize};
@@ -115,7 +115,7 @@ pub use api::router;
 pub use error::AuditError;
 pub use model::*;
 pub use service::AuditService;
-pub use store::migrate;
+pub use sql::migrate;
 
 /// Lease `preempt_reason` used for the capability requirements of each
 /// audit type (`[audit.preempt_reasons]`); it must be on the lease

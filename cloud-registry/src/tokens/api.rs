@@ -28,12 +28,13 @@ use serde::{Deserialize, Serialize};
 use shared_protocol::api::Role;
 use shared_protocol::validate::{check_id, Validate, ValidationError};
 
-use super::ApiState;
+use crate::api::ApiState;
 use crate::auth::{Principal, Revoked, TokenError, TokenInfo};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
 
-pub(super) fn routes() -> axum::Router<ApiState> {
+/// The token routes (relative to `/api/v1`).
+pub fn routes() -> axum::Router<ApiState> {
     Router::new()
         .route("/auth/tokens", post(create))
         .route("/tokens", get(list))

@@ -1,14 +1,19 @@
-//! Capabilities (seed 001 §2.2.2, §4.2, §4.3):
-//! - `POST /api/v1/capabilities/register`, `POST /api/v1/capabilities/heartbeat`:
-//!   the provider itself or an admin;
-//! - `GET /api/v1/capabilities[?type=&provider_id=&status=&tag=]`,
+//! The HTTP face of providers and capabilities (seed 001 §2.2.1, §2.2.2,
+//! §4.1-§4.3; docs/http-api.md):
+//! - `POST /api/v1/capability-providers/register`,
+//!   `POST /api/v1/capabilities/register`, `POST /api/v1/capabilities/heartbeat`:
+//!   the provider itself (token role `provider`, principal = `provider_id`)
+//!   or an admin;
+//! - `GET /api/v1/capability-providers[?online_status=online|offline]`,
+//!   `GET /api/v1/capability-providers/{provider_id}`,
+//!   `GET /api/v1/capabilities[?type=&provider_id=&status=&tag=]`,
 //!   `GET /api/v1/capabilities/{capability_id}`,
 //!   `GET /api/v1/capabilities/{capability_id}/health-history[?limit=N]`:
 //!   any role.
 //!
-//! `status` is `leased` while a lease holds the capability (asked of the
+//! A capability's `status` is `leased` while a lease holds it (asked of the
 //! lease engine at read time); otherwise the stored `available`, `offline`
-//! or `maintenance`.
+//! or `maintenance`. Also the HTTP mapping of [`StoreError`].
 
 use std::collections::HashSet;
 
@@ -17,21 +22,28 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use shared_protocol::api::Role;
 use shared_protocol::capability::{
     Capability, CapabilityBatchRegisterRequest, CapabilityBatchRegisterResponse, CapabilityStatus,
     CapabilityType,
 };
-use shared_protocol::provider::{HeartbeatRequest, HeartbeatResponse};
+use shared_protocol::provider::{
+    CapabilityProvider, HeartbeatRequest, HeartbeatResponse, OnlineStatus, ProviderRegisterRequest,
+    ProviderRegisterResponse,
+};
 
-use super::providers::require_provider_or_admin;
-use super::{parse_one, ApiQuery, ApiState};
+use super::store::{CapabilityFilter, ProviderFilter, StoreError};
+use crate::api::{parse_one, ApiQuery, ApiState};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
-use crate::store::CapabilityFilter;
 
-pub(super) fn routes() -> axum::Router<ApiState> {
+/// The provider and capability routes (relative to `/api/v1`).
+pub fn routes() -> Router<ApiState> {
     Router::new()
+        .route("/capability-providers/register", post(register_provider))
+        .route("/capability-providers", get(list_providers))
+        .route("/capability-providers/{provider_id}", get(get_provider))
         .route("/capabilities/register", post(register))
         .route("/capabilities/heartbeat", post(heartbeat))
         .route("/capabilities", get(list))
@@ -42,6 +54,83 @@ pub(super) fn routes() -> axum::Router<ApiState> {
         )
 }
 
+impl From<StoreError> for ApiError {
+    /// 404 `not_found`, 409 with the conflict's code and details, 500 for
+    /// a backend failure.
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { kind, id } => ApiError::not_found(kind, &id),
+            StoreError::Conflict {
+                code,
+                message,
+                details,
+            } => ApiError::conflict(code, message).with_details(details),
+            StoreError::Backend(m) => ApiError::internal(m),
+        }
+    }
+}
+
+/// Ok for an admin, or a `provider` token whose principal is `provider_id`.
+/// Otherwise 403: `provider_mismatch` for another provider's token,
+/// `forbidden` for other roles.
+pub fn require_provider_or_admin(who: &Principal, provider_id: &str) -> ApiResult<()> {
+    if who.is_admin() {
+        return Ok(());
+    }
+    who.require(&[Role::Provider, Role::Admin])?;
+    if who.name != provider_id {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "provider_mismatch",
+            format!(
+                "principal `{}` may only act for its own provider id, not `{provider_id}`",
+                who.name
+            ),
+        )
+        .with_details(json!({ "principal": who.name, "provider_id": provider_id })));
+    }
+    Ok(())
+}
+
+async fn register_provider(
+    State(st): State<ApiState>,
+    who: Principal,
+    ValidJson(req): ValidJson<ProviderRegisterRequest>,
+) -> ApiResult<Json<ProviderRegisterResponse>> {
+    require_provider_or_admin(&who, &req.provider_id)?;
+    Ok(Json(st.providers.register_provider(&who.name, req).await?))
+}
+
+#[derive(Deserialize)]
+struct ProviderListQuery {
+    online_status: Option<String>,
+}
+
+async fn list_providers(
+    State(st): State<ApiState>,
+    _who: Principal,
+    ApiQuery(q): ApiQuery<ProviderListQuery>,
+) -> ApiResult<Json<Value>> {
+    let filter = ProviderFilter {
+        online_status: parse_one::<OnlineStatus>("online_status", q.online_status.as_deref())?,
+    };
+    let providers = st.providers.store().list_providers(filter).await?;
+    Ok(Json(json!({ "providers": providers })))
+}
+
+async fn get_provider(
+    State(st): State<ApiState>,
+    _who: Principal,
+    Path(provider_id): Path<String>,
+) -> ApiResult<Json<CapabilityProvider>> {
+    st.providers
+        .store()
+        .get_provider(&provider_id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("provider", &provider_id))
+}
+
 async fn register(
     State(st): State<ApiState>,
     who: Principal,
@@ -49,7 +138,7 @@ async fn register(
 ) -> ApiResult<Json<CapabilityBatchRegisterResponse>> {
     require_provider_or_admin(&who, &req.provider_id)?;
     Ok(Json(
-        st.registry.register_capabilities(&who.name, req).await?,
+        st.providers.register_capabilities(&who.name, req).await?,
     ))
 }
 
@@ -59,7 +148,7 @@ async fn heartbeat(
     ValidJson(req): ValidJson<HeartbeatRequest>,
 ) -> ApiResult<Json<HeartbeatResponse>> {
     require_provider_or_admin(&who, &req.provider_id)?;
-    Ok(Json(st.registry.heartbeat(&who.name, req).await?))
+    Ok(Json(st.providers.heartbeat(&who.name, req).await?))
 }
 
 /// Show `leased` for held capabilities that are otherwise available.
@@ -100,7 +189,7 @@ async fn list(
             t
         }),
     };
-    let caps = st.registry.store().list_capabilities(filter).await?;
+    let caps = st.providers.store().list_capabilities(filter).await?;
     let held = st.leases.held_capabilities().await;
     let caps: Vec<Capability> = overlay(caps, &held)
         .into_iter()
@@ -115,7 +204,7 @@ async fn get_one(
     Path(capability_id): Path<String>,
 ) -> ApiResult<Json<Capability>> {
     let cap = st
-        .registry
+        .providers
         .store()
         .get_capability(&capability_id)
         .await?
@@ -136,7 +225,7 @@ async fn health_history(
     ApiQuery(q): ApiQuery<HistoryQuery>,
 ) -> ApiResult<Json<Value>> {
     if st
-        .registry
+        .providers
         .store()
         .get_capability(&capability_id)
         .await?
@@ -144,9 +233,9 @@ async fn health_history(
     {
         return Err(ApiError::not_found("capability", &capability_id));
     }
-    let limit = super::list_limit(q.limit, 100, 10_000)?;
+    let limit = crate::api::list_limit(q.limit, 100, 10_000)?;
     let snapshots = st
-        .registry
+        .providers
         .store()
         .health_history(&capability_id, limit)
         .await?;
