@@ -3,13 +3,14 @@
 //! external), the HTTP API, and one shutdown signal for all of it.
 //!
 //! # Adding a feature module
-//! A feature module (leases, agents, audit tasks, sessions) provides
-//! `pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()>`
-//! (idempotent `CREATE TABLE IF NOT EXISTS ...`) and an axum `Router`
-//! built from its own service handle. To plug it in:
+//! A feature module (providers, leases, agents, audit tasks, sessions)
+//! provides `pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()>`
+//! (idempotent `CREATE TABLE IF NOT EXISTS ...`) and, in its `api.rs`, an
+//! axum `Router` built from its own state. To plug it in:
 //! 1. add `("name", module::migrate)` to [`MIGRATIONS`];
-//! 2. start its service in [`Registry::start`] and merge its router in
-//!    [`build_router`] (e.g. `.nest("/api/v1/agents", agents::router(h))`).
+//! 2. start its service in [`Registry::start`] and merge its router there
+//!    (e.g. `.nest("/api/v1/agents", agents::router(h))`) before
+//!    [`build_router`] adds the layers.
 //!
 //! Its handlers take a [`crate::auth::Principal`] argument: the
 //! `Extension(Arc<Authenticator>)` layer is applied to the whole router, as
@@ -31,18 +32,23 @@ use tokio::task::JoinHandle;
 
 use crate::agents::earth::entities::{EntityCatalog, EntityError};
 use crate::agents::{self, AgentError, AgentService};
-use crate::api::{self, ApiState, MqttHealth};
+use crate::api;
 use crate::audit::{self, AuditService};
 use crate::auth::{self, Authenticator};
 use crate::broker::{BrokerError, EmbeddedBroker};
 use crate::config::{Config, MqttMode};
 use crate::db::{Db, DbError};
+use crate::events::api::EventsApi;
 use crate::events::{self, EventBus};
+use crate::health::{HealthState, MqttHealth};
+use crate::leases::api::LeasesApi;
 use crate::leases::{self, CapabilityInfo, LeaseEngine, LeaseError};
 use crate::mqtt::{MqttLink, MqttSettings};
+use crate::providers::api::ProvidersApi;
 use crate::providers::sqlite::{self, SqliteProviderStore};
 use crate::providers::{LeaseSync, ProviderSettings, Providers};
 use crate::sessions::{self, FsBlobStore, Sessions};
+use crate::tokens::api::TokensApi;
 
 /// Smallest MQTT packet limit of the embedded broker and the registry's
 /// client, bytes: an edge's session update may take 256 KiB.
@@ -230,13 +236,11 @@ impl LeaseSync for EngineSync {
     }
 }
 
-/// Build the whole HTTP router: core API, feature routers (`features`,
-/// already with their state; full paths), the authenticator extension,
-/// body limit and JSON fallbacks.
-pub fn build_router(state: ApiState, features: Router, body_limit_bytes: usize) -> Router {
-    let auth = state.auth.clone();
-    let router = api::router(state).merge(features);
-    api::with_fallbacks(router)
+/// Build the whole HTTP router from `routes` (every feature's router,
+/// already with its state; full paths): the authenticator extension, body
+/// limit and JSON fallbacks.
+pub fn build_router(routes: Router, auth: Arc<Authenticator>, body_limit_bytes: usize) -> Router {
+    api::with_fallbacks(routes)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .layer(Extension(crate::extract::BodyLimit(body_limit_bytes)))
         .layer(Extension(auth))
@@ -504,12 +508,10 @@ impl Registry {
             tracing::warn!(%mqtt_addr, "MQTT broker not reachable yet; retrying in the background");
         }
 
-        let state = ApiState {
+        let health = crate::health::routes(HealthState {
             providers: providers.clone(),
-            bus: bus.clone(),
             leases: engine.clone(),
             db: db.clone(),
-            auth: auth.clone(),
             mqtt: MqttHealth {
                 mode: match config.mqtt.mode {
                     MqttMode::Embedded => "embedded",
@@ -522,12 +524,31 @@ impl Registry {
                 },
                 stats: mqtt.stats(),
             },
-            shutdown: shutdown_rx.clone(),
-        };
-        let features = sessions::api::router(sessions.clone())
-            .merge(Router::new().nest("/api/v1", audit::router(audit.clone())))
+        });
+        let v1 = Router::new()
+            .merge(crate::providers::api::routes(ProvidersApi {
+                providers: providers.clone(),
+                leases: engine.clone(),
+            }))
+            .merge(crate::leases::api::routes(LeasesApi {
+                leases: engine.clone(),
+                shutdown: shutdown_rx.clone(),
+            }))
+            .merge(crate::events::api::routes(EventsApi {
+                auth: auth.clone(),
+                bus: bus.clone(),
+                db: db.clone(),
+                shutdown: shutdown_rx.clone(),
+            }))
+            .merge(crate::tokens::api::routes(TokensApi { auth: auth.clone() }))
+            .merge(audit::router(audit.clone()))
+            .merge(health.clone());
+        let routes = Router::new()
+            .nest("/api/v1", v1)
+            .merge(health)
+            .merge(sessions::api::router(sessions.clone()))
             .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())));
-        let app = build_router(state, features, config.http.body_limit_bytes);
+        let app = build_router(routes, auth.clone(), config.http.body_limit_bytes);
         let limits = http_limits(&config);
         let http = tokio::spawn(crate::http_server::serve(
             listener,

@@ -19,9 +19,9 @@
 //!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
 //!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
 //!   under one provider id).
-//! - Composition: [`api`] (shared HTTP plumbing, the core router),
-//!   [`app`] ([`app::Registry::start`]: everything wired), [`config`] (the
-//!   TOML file).
+//! - Composition: [`api`] (what the features' routes share), [`health`]
+//!   (`/healthz`, `/metrics`, `/time`), [`app`] ([`app::Registry::start`]:
+//!   everything wired, every router merged), [`config`] (the TOML file).
 
 pub mod agents;
 pub mod api;
@@ -36,6 +36,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod fdlimit;
+pub mod health;
 pub mod hearing;
 pub mod http_server;
 pub mod ids;

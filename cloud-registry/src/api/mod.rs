@@ -1,62 +1,26 @@
-//! What every feature's HTTP routes share, and the composition of the core
-//! router (docs/http-api.md, docs/architecture.md "Registry internals").
-//! Each feature folder owns its handlers and the HTTP mapping of its errors
+//! What every feature's HTTP routes share (docs/http-api.md,
+//! docs/architecture.md "Registry internals"). Each feature folder owns its
+//! handlers, their state and the HTTP mapping of its errors
 //! (`providers/api.rs`, `leases/api.rs`, `events/api.rs`, `tokens/api.rs`,
-//! `sessions/api.rs`, `audit/api.rs`); this module only merges them.
-//! - [`ApiState`]: the core handlers' state; [`query`]: query strings and
-//!   optional bodies; [`health`]: `/healthz`, `/metrics`, `/time`;
-//! - [`router`] / [`with_fallbacks`]: the core routes, and the JSON answers
-//!   for unknown routes, wrong methods and axum's own rejections.
+//! `sessions/api.rs`, `audit/api.rs`); `app.rs` merges their routers.
+//! - [`query`]: query strings and optional bodies;
+//! - [`with_fallbacks`]: the JSON answers for unknown routes, wrong
+//!   methods and axum's own rejections.
 //!
 //! Handlers authenticate with the [`crate::auth::Principal`] extractor,
 //! parse bodies with [`crate::extract::ValidJson`] and answer JSON; every
 //! error is `{"error": {"code", "message", "details"}}`.
 
-pub mod health;
 pub mod query;
-
-use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::Router;
-use tokio::sync::watch;
 
 pub use query::{
     list_limit, parse_in_range, parse_list, parse_one, plain_query_problem, ApiQuery, OptionalJson,
 };
 
-use crate::auth::Authenticator;
 use crate::error::ApiError;
-use crate::events::EventBus;
-use crate::mqtt::MqttStats;
-use crate::providers::Providers;
-
-/// What `/healthz` reports about MQTT.
-#[derive(Clone)]
-pub struct MqttHealth {
-    /// `embedded` or `external`.
-    pub mode: &'static str,
-    /// The broker's address.
-    pub addr: String,
-    /// True while the registry's client is connected.
-    pub connected: Arc<dyn Fn() -> bool + Send + Sync>,
-    pub stats: Arc<MqttStats>,
-}
-
-/// Shared state of the core handlers. Cheap to clone.
-#[derive(Clone)]
-pub struct ApiState {
-    /// Providers and capabilities (registration, liveness, reads).
-    pub providers: Arc<Providers>,
-    /// The lease engine (leases, and `status: leased` of capabilities).
-    pub leases: Arc<crate::leases::LeaseEngine>,
-    pub bus: EventBus,
-    pub db: crate::db::Db,
-    pub auth: Arc<Authenticator>,
-    pub mqtt: MqttHealth,
-    /// Turns true when the registry shuts down (ends SSE streams).
-    pub shutdown: watch::Receiver<bool>,
-}
 
 async fn no_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such endpoint")
@@ -68,22 +32,6 @@ async fn wrong_method() -> ApiError {
         "method_not_allowed",
         "this endpoint does not accept that method",
     )
-}
-
-/// Every core route: `/api/v1/...` plus `/healthz` and `/metrics` at the
-/// root (also under `/api/v1`). The caller adds the authenticator and body
-/// limit layers (see `app.rs`).
-pub fn router(state: ApiState) -> Router {
-    let v1 = Router::new()
-        .merge(crate::providers::api::routes())
-        .merge(crate::leases::api::routes())
-        .merge(crate::events::api::routes())
-        .merge(crate::tokens::api::routes())
-        .merge(health::routes());
-    Router::new()
-        .nest("/api/v1", v1)
-        .merge(health::routes())
-        .with_state(state)
 }
 
 /// JSON fallbacks for unknown routes and methods, and JSON for axum's
@@ -183,18 +131,5 @@ mod tests {
         let e = path_rejection_error("Failed to buffer the request body");
         assert_eq!(e.code, "invalid_request");
         assert_eq!(e.message, "Failed to buffer the request body");
-    }
-
-    #[test]
-    fn an_extend_of_the_wrong_type_names_the_range_in_force() {
-        let err = shared_protocol::parse_json::<crate::audit::ExtendRequest>(
-            br#"{"extend_seconds": "long"}"#,
-        )
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid field `extend_seconds`: invalid type: string \"long\", \
-             expected an integer from 1 to 86400"
-        );
     }
 }

@@ -325,4 +325,16 @@ mod tests {
         assert_eq!(fixed.visibility_timeout_factor, 1.5);
         assert_eq!(fixed.max_attempts, 3);
     }
+
+    #[test]
+    fn an_extend_of_the_wrong_type_names_the_range_in_force() {
+        let err =
+            shared_protocol::parse_json::<super::ExtendRequest>(br#"{"extend_seconds": "long"}"#)
+                .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid field `extend_seconds`: invalid type: string \"long\", \
+             expected an integer from 1 to 86400"
+        );
+    }
 }

@@ -48,7 +48,7 @@ use shared_protocol::event::{CapabilityEvent, EventType, StreamGap};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::api::{parse_list, ApiQuery, ApiState};
+use crate::api::{parse_list, ApiQuery};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::events::follow::{EventFollower, Followed};
@@ -57,9 +57,21 @@ use shared_protocol::api::Role;
 /// How often an open stream re-checks its token.
 pub const TOKEN_RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// What the event stream uses.
+#[derive(Clone)]
+pub struct EventsApi {
+    pub auth: std::sync::Arc<crate::auth::Authenticator>,
+    pub bus: super::EventBus,
+    pub db: crate::db::Db,
+    /// Turns true when the registry shuts down (ends the streams).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
 /// The event stream route (relative to `/api/v1`).
-pub fn routes() -> axum::Router<ApiState> {
-    Router::new().route("/capability-events/stream", get(stream))
+pub fn routes(state: EventsApi) -> Router {
+    Router::new()
+        .route("/capability-events/stream", get(stream))
+        .with_state(state)
 }
 
 /// Which events a client wants.
@@ -108,7 +120,7 @@ fn sse_event(ev: &CapabilityEvent) -> Event {
 }
 
 async fn stream(
-    State(st): State<ApiState>,
+    State(st): State<EventsApi>,
     who: Principal,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<StreamQuery>,

@@ -57,7 +57,7 @@ use shared_protocol::lease::{
 };
 use shared_protocol::validate::{Validate, ValidationError};
 
-use crate::api::{parse_in_range, parse_one, ApiQuery, ApiState, OptionalJson};
+use crate::api::{parse_in_range, parse_one, ApiQuery, OptionalJson};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
@@ -76,8 +76,16 @@ pub const LEASE_READ_ROLES: &[Role] =
 /// `invalid_query`.
 pub const MAX_WAIT_SECONDS: u64 = 300;
 
+/// What the lease handlers use.
+#[derive(Clone)]
+pub struct LeasesApi {
+    pub leases: std::sync::Arc<super::LeaseEngine>,
+    /// Turns true when the registry shuts down (ends waits for a grant).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
 /// The lease routes (relative to `/api/v1`).
-pub fn routes() -> axum::Router<ApiState> {
+pub fn routes(state: LeasesApi) -> Router {
     Router::new()
         .route("/capability-leases/request", post(request))
         .route("/capability-leases/request-group", post(request_group))
@@ -85,6 +93,7 @@ pub fn routes() -> axum::Router<ApiState> {
         .route("/capability-leases/{lease_id}/release", post(release))
         .route("/capability-leases", get(list))
         .route("/capability-leases/{lease_id}", get(get_one))
+        .with_state(state)
 }
 
 #[derive(Deserialize)]
@@ -347,7 +356,7 @@ fn answer<T: Serialize>(
 ///
 /// Errors: `NotFound`.
 async fn wait_granted(
-    st: &ApiState,
+    st: &LeasesApi,
     lease_id: &str,
     wait: Duration,
 ) -> Result<CapabilityLease, LeaseError> {
@@ -381,7 +390,7 @@ fn created_or_accepted(status: LeaseStatus) -> StatusCode {
 }
 
 async fn request(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<WaitQuery>,
@@ -415,7 +424,7 @@ async fn request(
 }
 
 async fn request_group(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<WaitQuery>,
@@ -462,7 +471,7 @@ async fn request_group(
 }
 
 async fn renew(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     Path(lease_id): Path<String>,
     OptionalJson(body): OptionalJson<LeaseBody>,
@@ -473,7 +482,7 @@ async fn renew(
 }
 
 async fn release(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     Path(lease_id): Path<String>,
     OptionalJson(req): OptionalJson<LeaseReleaseRequest>,
@@ -493,7 +502,7 @@ struct ListQuery {
 }
 
 async fn list(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -511,7 +520,7 @@ async fn list(
 }
 
 async fn get_one(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     Path(lease_id): Path<String>,
 ) -> ApiResult<Json<CapabilityLease>> {

@@ -16,6 +16,7 @@
 //! or `maintenance`. Also the HTTP mapping of [`StoreError`].
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::routing::{get, post};
@@ -33,13 +34,22 @@ use shared_protocol::provider::{
 };
 
 use super::store::{CapabilityFilter, ProviderFilter, StoreError};
-use crate::api::{parse_one, ApiQuery, ApiState};
+use super::Providers;
+use crate::api::{parse_one, ApiQuery};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
 
+/// What the provider and capability handlers read.
+#[derive(Clone)]
+pub struct ProvidersApi {
+    pub providers: Arc<Providers>,
+    /// For `status: leased` of capabilities.
+    pub leases: Arc<crate::leases::LeaseEngine>,
+}
+
 /// The provider and capability routes (relative to `/api/v1`).
-pub fn routes() -> Router<ApiState> {
+pub fn routes(state: ProvidersApi) -> Router {
     Router::new()
         .route("/capability-providers/register", post(register_provider))
         .route("/capability-providers", get(list_providers))
@@ -52,6 +62,7 @@ pub fn routes() -> Router<ApiState> {
             "/capabilities/{capability_id}/health-history",
             get(health_history),
         )
+        .with_state(state)
 }
 
 impl From<StoreError> for ApiError {
@@ -93,7 +104,7 @@ pub fn require_provider_or_admin(who: &Principal, provider_id: &str) -> ApiResul
 }
 
 async fn register_provider(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     who: Principal,
     ValidJson(req): ValidJson<ProviderRegisterRequest>,
 ) -> ApiResult<Json<ProviderRegisterResponse>> {
@@ -107,7 +118,7 @@ struct ProviderListQuery {
 }
 
 async fn list_providers(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     _who: Principal,
     ApiQuery(q): ApiQuery<ProviderListQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -119,7 +130,7 @@ async fn list_providers(
 }
 
 async fn get_provider(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     _who: Principal,
     Path(provider_id): Path<String>,
 ) -> ApiResult<Json<CapabilityProvider>> {
@@ -132,7 +143,7 @@ async fn get_provider(
 }
 
 async fn register(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     who: Principal,
     ValidJson(req): ValidJson<CapabilityBatchRegisterRequest>,
 ) -> ApiResult<Json<CapabilityBatchRegisterResponse>> {
@@ -143,7 +154,7 @@ async fn register(
 }
 
 async fn heartbeat(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     who: Principal,
     ValidJson(req): ValidJson<HeartbeatRequest>,
 ) -> ApiResult<Json<HeartbeatResponse>> {
@@ -171,7 +182,7 @@ struct ListQuery {
 }
 
 async fn list(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     _who: Principal,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -199,7 +210,7 @@ async fn list(
 }
 
 async fn get_one(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     _who: Principal,
     Path(capability_id): Path<String>,
 ) -> ApiResult<Json<Capability>> {
@@ -219,7 +230,7 @@ struct HistoryQuery {
 }
 
 async fn health_history(
-    State(st): State<ApiState>,
+    State(st): State<ProvidersApi>,
     _who: Principal,
     Path(capability_id): Path<String>,
     ApiQuery(q): ApiQuery<HistoryQuery>,
