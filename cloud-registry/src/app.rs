@@ -1,15 +1,16 @@
 //! Composition of the registry: database and migrations, token store, event
-//! bus, lease engine, capability registry, MQTT (embedded broker or
+//! bus, lease engine, providers, sessions, MQTT (embedded broker or
 //! external), the HTTP API, and one shutdown signal for all of it.
 //!
 //! # Adding a feature module
-//! A feature module (leases, agents, audit tasks, sessions) provides
-//! `pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()>`
-//! (idempotent `CREATE TABLE IF NOT EXISTS ...`) and an axum `Router`
-//! built from its own service handle. To plug it in:
+//! A feature module (providers, leases, agents, audit tasks, sessions)
+//! provides `pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()>`
+//! (idempotent `CREATE TABLE IF NOT EXISTS ...`) and, in its `api.rs`, an
+//! axum `Router` built from its own state. To plug it in:
 //! 1. add `("name", module::migrate)` to [`MIGRATIONS`];
-//! 2. start its service in [`Registry::start`] and merge its router in
-//!    [`build_router`] (e.g. `.nest("/api/v1/agents", agents::router(h))`).
+//! 2. start its service in [`Registry::start`] and merge its router there
+//!    (e.g. `.nest("/api/v1/agents", agents::router(h))`) before
+//!    [`build_router`] adds the layers.
 //!
 //! Its handlers take a [`crate::auth::Principal`] argument: the
 //! `Extension(Arc<Authenticator>)` layer is applied to the whole router, as
@@ -31,18 +32,23 @@ use tokio::task::JoinHandle;
 
 use crate::agents::earth::entities::{EntityCatalog, EntityError};
 use crate::agents::{self, AgentError, AgentService};
-use crate::api::{self, ApiState, MqttHealth};
+use crate::api;
 use crate::audit::{self, AuditService};
 use crate::auth::{self, Authenticator};
 use crate::broker::{BrokerError, EmbeddedBroker};
 use crate::config::{Config, MqttMode};
 use crate::db::{Db, DbError};
+use crate::events::api::EventsApi;
 use crate::events::{self, EventBus};
+use crate::health::{HealthState, MqttHealth};
+use crate::leases::api::LeasesApi;
 use crate::leases::{self, CapabilityInfo, LeaseEngine, LeaseError};
 use crate::mqtt::{MqttLink, MqttSettings};
-use crate::registry::{CapabilityRegistry, LeaseSync, RegistrySettings};
+use crate::providers::api::ProvidersApi;
+use crate::providers::sqlite::{self, SqliteProviderStore};
+use crate::providers::{LeaseSync, ProviderSettings, Providers};
 use crate::sessions::{self, FsBlobStore, Sessions};
-use crate::store::sqlite::{self, SqliteStore};
+use crate::tokens::api::TokensApi;
 
 /// Smallest MQTT packet limit of the embedded broker and the registry's
 /// client, bytes: an edge's session update may take 256 KiB.
@@ -55,7 +61,7 @@ pub type MigrateFn = fn(&Connection) -> rusqlite::Result<()>;
 pub const MIGRATIONS: &[(&str, MigrateFn)] = &[
     ("events", events::migrate),
     ("auth", auth::migrate),
-    ("store", sqlite::migrate),
+    ("providers", sqlite::migrate),
     ("leases", leases::migrate),
     ("sessions", sessions::migrate),
     ("audit", audit::migrate),
@@ -99,7 +105,7 @@ pub enum AppError {
     #[error("the registry's MQTT client could not connect to the embedded broker at {0}")]
     MqttConnect(SocketAddr),
     #[error("store: {0}")]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] crate::providers::StoreError),
     #[error("lease engine: {0}")]
     Lease(#[from] LeaseError),
     #[error("artifact store: {0}")]
@@ -230,13 +236,11 @@ impl LeaseSync for EngineSync {
     }
 }
 
-/// Build the whole HTTP router: core API, feature routers (`features`,
-/// already with their state; full paths), the authenticator extension,
-/// body limit and JSON fallbacks.
-pub fn build_router(state: ApiState, features: Router, body_limit_bytes: usize) -> Router {
-    let auth = state.auth.clone();
-    let router = api::router(state).merge(features);
-    api::with_fallbacks(router)
+/// Build the whole HTTP router from `routes` (every feature's router,
+/// already with its state; full paths): the authenticator extension, body
+/// limit and JSON fallbacks.
+pub fn build_router(routes: Router, auth: Arc<Authenticator>, body_limit_bytes: usize) -> Router {
+    api::with_fallbacks(routes)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .layer(Extension(crate::extract::BodyLimit(body_limit_bytes)))
         .layer(Extension(auth))
@@ -294,7 +298,8 @@ pub struct RunningRegistry {
     /// The `super_admin` token of `auth.bootstrap_admin_token_file`, when
     /// configured.
     pub admin_token: Option<String>,
-    pub registry: Arc<CapabilityRegistry>,
+    /// Providers and capabilities (registration, liveness).
+    pub providers: Arc<Providers>,
     pub auth: Arc<Authenticator>,
     pub leases: Arc<LeaseEngine>,
     /// Actions, sessions and artifacts.
@@ -348,13 +353,13 @@ impl Registry {
             None => None,
         };
         let bus = EventBus::new(db.clone());
-        let store = Arc::new(SqliteStore::new(db.clone()));
+        let store = Arc::new(SqliteProviderStore::new(db.clone()));
         let engine = LeaseEngine::start(db.clone(), bus.clone(), config.leases.clone()).await?;
-        let registry = CapabilityRegistry::new(
+        let providers = Providers::new(
             store,
             bus.clone(),
             Arc::new(EngineSync(engine.clone())),
-            RegistrySettings {
+            ProviderSettings {
                 heartbeat_interval_seconds: config.heartbeat.interval_seconds,
                 offline_after: config.heartbeat.offline_after(),
                 snapshot_min_interval: Duration::from_secs(u64::from(
@@ -381,7 +386,7 @@ impl Registry {
             db.clone(),
             bus.clone(),
             engine.clone(),
-            registry.store().clone(),
+            providers.store().clone(),
             Arc::new(blobs),
             config.sessions.clone(),
         );
@@ -397,14 +402,14 @@ impl Registry {
         tracing::info!(load_ms = stats.load_ms, counts = ?stats.counts, "Earth entity data loaded");
         let agents = Arc::new(AgentService::new(db.clone(), catalog, config.agents.clone()).await?);
         // Before MQTT starts, so no session update is missed.
-        registry.add_hooks(sessions.clone());
+        providers.add_hooks(sessions.clone());
         // The embedded broker starts with us: nobody can be connected yet,
         // so a provider the store holds as online (from before a restart)
         // is offline until it is heard again. Before the API answers. An
         // external broker may still hold the providers' connections: the
         // liveness monitor's full window applies to them instead.
         if config.mqtt.mode == MqttMode::Embedded {
-            let marked = registry.mark_unheard_providers_offline().await?;
+            let marked = providers.mark_unheard_providers_offline().await?;
             if !marked.is_empty() {
                 tracing::info!(
                     providers = marked.len(),
@@ -412,7 +417,7 @@ impl Registry {
                 );
             }
         }
-        let synced = registry.sync_lease_engine().await?;
+        let synced = providers.sync_lease_engine().await?;
         tracing::info!(
             capabilities = synced,
             "lease engine told about stored capabilities"
@@ -482,9 +487,15 @@ impl Registry {
             }
         };
         let forward_after = last_event_id(&db).await?;
-        let mqtt = MqttLink::start(settings, registry.clone(), bus.clone(), forward_after);
+        let mqtt = MqttLink::start(
+            settings,
+            providers.clone(),
+            bus.clone(),
+            forward_after,
+            sessions.clone(),
+        );
         sessions.attach_commands(mqtt.command_sender());
-        sessions.attach_twins(registry.twins().clone());
+        sessions.attach_twins(providers.twins().clone());
         sessions.set_hearing(mqtt.hearing(), config.heartbeat.offline_after());
         sessions.set_max_command_bytes(max_packet);
         let connected = mqtt.wait_connected(Duration::from_secs(5)).await;
@@ -497,12 +508,10 @@ impl Registry {
             tracing::warn!(%mqtt_addr, "MQTT broker not reachable yet; retrying in the background");
         }
 
-        let state = ApiState {
-            registry: registry.clone(),
-            bus: bus.clone(),
+        let health = crate::health::routes(HealthState {
+            providers: providers.clone(),
             leases: engine.clone(),
             db: db.clone(),
-            auth: auth.clone(),
             mqtt: MqttHealth {
                 mode: match config.mqtt.mode {
                     MqttMode::Embedded => "embedded",
@@ -515,12 +524,31 @@ impl Registry {
                 },
                 stats: mqtt.stats(),
             },
-            shutdown: shutdown_rx.clone(),
-        };
-        let features = sessions::api::router(sessions.clone())
-            .merge(Router::new().nest("/api/v1", audit::router(audit.clone())))
+        });
+        let v1 = Router::new()
+            .merge(crate::providers::api::routes(ProvidersApi {
+                providers: providers.clone(),
+                leases: engine.clone(),
+            }))
+            .merge(crate::leases::api::routes(LeasesApi {
+                leases: engine.clone(),
+                shutdown: shutdown_rx.clone(),
+            }))
+            .merge(crate::events::api::routes(EventsApi {
+                auth: auth.clone(),
+                bus: bus.clone(),
+                db: db.clone(),
+                shutdown: shutdown_rx.clone(),
+            }))
+            .merge(crate::tokens::api::routes(TokensApi { auth: auth.clone() }))
+            .merge(audit::router(audit.clone()))
+            .merge(health.clone());
+        let routes = Router::new()
+            .nest("/api/v1", v1)
+            .merge(health)
+            .merge(sessions::api::router(sessions.clone()))
             .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())));
-        let app = build_router(state, features, config.http.body_limit_bytes);
+        let app = build_router(routes, auth.clone(), config.http.body_limit_bytes);
         let limits = http_limits(&config);
         let http = tokio::spawn(crate::http_server::serve(
             listener,
@@ -529,11 +557,11 @@ impl Registry {
             shutdown_rx.clone(),
         ));
         let mut background = vec![tokio::spawn(
-            registry
+            providers
                 .clone()
                 .run_liveness_monitor(mqtt.hearing(), shutdown_rx.clone()),
         )];
-        background.extend(sessions.spawn_background(shutdown_rx.clone(), forward_after));
+        background.push(sessions.spawn_background(shutdown_rx.clone()));
         background.push(audit.spawn_sweeper(shutdown_rx.clone()));
         background.push(tokio::spawn(crate::broker::run_revocation_watch(
             db.clone(),
@@ -546,7 +574,7 @@ impl Registry {
             mqtt_addr,
             mqtt_mode: config.mqtt.mode,
             admin_token,
-            registry,
+            providers,
             auth,
             leases: engine,
             sessions,

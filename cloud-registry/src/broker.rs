@@ -431,7 +431,8 @@ mod tests {
     #[tokio::test]
     async fn a_refused_login_says_why() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::app::open_db(&dir.path().join("r.sqlite3")).unwrap();
+        let db = crate::db::Db::open(&dir.path().join("r.sqlite3"), |c| crate::auth::migrate(c))
+            .unwrap();
         let auth = Authenticator::load(db).await.unwrap();
         let provider = auth.create_token(Role::Provider, "prov-1").await.unwrap();
         let viewer = auth.create_token(Role::Viewer, "viewer-1").await.unwrap();

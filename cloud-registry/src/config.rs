@@ -426,7 +426,16 @@ impl Config {
     pub fn problems(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
         let mut bad = |key: &str, message: String| out.push((key.to_string(), message));
+        self.http_problems(&mut bad);
+        self.mqtt_problems(&mut bad);
+        self.lease_problems(&mut bad);
+        self.session_problems(&mut bad);
+        self.heartbeat_problems(&mut bad);
+        out
+    }
 
+    /// The problems of `[http]`, `[store]` and `[auth]` (see [`Config::problems`]).
+    fn http_problems(&self, bad: &mut impl FnMut(&str, String)) {
         // [http]
         if self.http.body_limit_bytes < 1024 {
             bad("http.body_limit_bytes", "must be at least 1024".into());
@@ -456,19 +465,18 @@ impl Config {
             );
         }
         // [store]
-        check_path(
-            &mut bad,
-            "store.path",
-            Some(&self.store.path),
-            PathKind::File,
-        );
+        check_path(bad, "store.path", Some(&self.store.path), PathKind::File);
         // [auth]
         check_path(
-            &mut bad,
+            bad,
             "auth.bootstrap_admin_token_file",
             self.auth.bootstrap_admin_token_file.as_deref(),
             PathKind::File,
         );
+    }
+
+    /// The problems of `[mqtt]` (see [`Config::problems`]).
+    fn mqtt_problems(&self, bad: &mut impl FnMut(&str, String)) {
         // [mqtt]
         let m = &self.mqtt;
         if m.mode == MqttMode::Embedded
@@ -521,6 +529,10 @@ impl Config {
         if m.keep_alive_seconds < 2 {
             bad("mqtt.keep_alive_seconds", "must be at least 2".into());
         }
+    }
+
+    /// The problems of `[leases]` (see [`Config::problems`]).
+    fn lease_problems(&self, bad: &mut impl FnMut(&str, String)) {
         // [leases]
         let l = &self.leases;
         if !(1..=PROTOCOL_MAX_LEASE_SECONDS).contains(&l.max_duration_seconds) {
@@ -562,10 +574,14 @@ impl Config {
         if l.max_queue_len == 0 {
             bad("leases.max_queue_len", "must be at least 1".into());
         }
+    }
+
+    /// The problems of `[sessions]` and `[audit]` (see [`Config::problems`]).
+    fn session_problems(&self, bad: &mut impl FnMut(&str, String)) {
         // [sessions]
         let se = &self.sessions;
         check_path(
-            &mut bad,
+            bad,
             "sessions.artifact_dir",
             se.artifact_dir.as_deref(),
             PathKind::Dir,
@@ -612,7 +628,7 @@ impl Config {
             ("chief", &reasons.chief),
         ] {
             if let Some(r) = reason.as_deref().filter(|r| !r.is_empty()) {
-                if !l.preempt_reason_whitelist.iter().any(|w| w == r) {
+                if !self.leases.preempt_reason_whitelist.iter().any(|w| w == r) {
                     bad(
                         &format!("audit.preempt_reasons.{name}"),
                         format!(
@@ -622,6 +638,10 @@ impl Config {
                 }
             }
         }
+    }
+
+    /// The problems of `[heartbeat]` (see [`Config::problems`]).
+    fn heartbeat_problems(&self, bad: &mut impl FnMut(&str, String)) {
         // [heartbeat]
         let h = &self.heartbeat;
         if h.interval_seconds == 0 {
@@ -648,7 +668,6 @@ impl Config {
                 ),
             );
         }
-        out
     }
 }
 

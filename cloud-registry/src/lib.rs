@@ -1,26 +1,28 @@
 //! Benchlink cloud registry: providers, capabilities, leases with preemption,
-//! the event stream, sessions and audit tasks; it serves the agent runtime
-//! and the Earth command of `registry-agents`.
+//! the event stream, actions and their evidence, audit tasks, and the agent
+//! runtime behind the Earth command.
 //!
-//! Module map (see docs/architecture.md):
-//! - From `registry-core`, re-exported under their old paths: [`auth`]
-//!   (bearer tokens and roles), [`db`] (SQLite on dedicated threads),
-//!   [`error`] / [`extract`] (the JSON error body, validated bodies and
-//!   queries), [`ids`], [`storage`] (the store's disk).
-//! - [`agents`]: `registry-agents`, the agent runtime and the Earth command
-//!   (docs/earth-command.md).
-//! - [`events`]: the append-only event log and live bus; [`fdlimit`]: the
-//!   file-descriptor limit; [`http_server`]: the HTTP listener (timeouts,
-//!   connection cap).
-//! - [`app`]: composition ([`app::Registry::start`]); [`config`]: the TOML
-//!   file; [`store`]: providers, capabilities, health history behind the
-//!   [`store::Store`] trait; [`registry`]: registration and liveness shared
-//!   by HTTP and MQTT; [`api`]: the HTTP handlers; [`broker`] / [`mqtt`]:
-//!   the embedded broker and the registry's MQTT client; [`broker_log`]:
-//!   the broker's oversized-packet reports in the registry's log; [`follow`]:
-//!   lossless ordered reading of the event log (SSE, command forwarding).
-//! - [`sessions`]: actions on leased capabilities, their sessions and
-//!   artifacts (bytes in a content-addressed blob store).
+//! Module map (docs/architecture.md "Registry internals" says more). Each
+//! feature folder owns its routes and their HTTP error mapping in its
+//! `api.rs`; its domain code knows nothing of HTTP.
+//! - Core, from `registry-core` under their old paths: [`db`] (SQLite on
+//!   dedicated threads), [`auth`] (bearer tokens, roles), [`error`] /
+//!   [`extract`] (the JSON error body, validated bodies and queries),
+//!   [`ids`], [`storage`] (a full disk); here: [`http_server`], [`fdlimit`].
+//! - Features: [`providers`] (registration, heartbeats, liveness, health
+//!   history, behind [`providers::ProviderStore`]); [`leases`] (the lease
+//!   engine); [`sessions`] (actions on leased capabilities, their sessions
+//!   and artifacts); [`events`] (the append-only log, live bus, SSE);
+//!   [`tokens`] (token routes); [`audit`] (audit tasks); [`agents`]
+//!   (`registry-agents`: the agent runtime and the Earth command,
+//!   docs/earth-command.md).
+//! - MQTT: [`broker`] / [`broker_log`] (the embedded broker and its
+//!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
+//!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
+//!   under one provider id).
+//! - Composition: [`api`] (what the features' routes share), [`health`]
+//!   (`/healthz`, `/metrics`, `/time`), [`app`] ([`app::Registry::start`]:
+//!   everything wired, every router merged), [`config`] (the TOML file).
 
 pub use registry_agents as agents;
 pub use registry_core::{auth, db, error, extract, ids, storage};
@@ -33,12 +35,12 @@ pub mod broker_log;
 pub mod config;
 pub mod events;
 pub mod fdlimit;
-pub mod follow;
+pub mod health;
 pub mod hearing;
 pub mod http_server;
 pub mod leases;
 pub mod mqtt;
-pub mod registry;
+pub mod providers;
 pub mod sessions;
-pub mod store;
+pub mod tokens;
 pub mod twins;

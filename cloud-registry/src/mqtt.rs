@@ -12,8 +12,11 @@
 //! - the *publisher* task owns the `AsyncClient` and sends what is queued;
 //!   while the broker connection is down it holds commands itself and
 //!   sends them when it returns, revocations first (`Held`);
-//! - the *forwarder* follows the event log and queues `preempt_requested`
-//!   and `lease_revoked` commands for the capability's provider.
+//! - the *forwarder* follows the event log and queues `lease_granted`,
+//!   `preempt_requested` and `lease_revoked` commands for the capability's
+//!   provider; it is the one owner of "the lease ended: tell the bench":
+//!   after the `lease_revoked` it sends what the [`LeaseEndHook`] (the
+//!   sessions) adds, an `action_cancel` per session running under it.
 //!
 //! # Trust
 //! A message on `{prefix}/providers/{p}/{kind}` is accepted only when it
@@ -54,19 +57,18 @@ use shared_protocol::capability::CapabilityBatchRegisterRequest;
 use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, PreemptNotice};
 use shared_protocol::mqtt::{
-    parse_topic, topic, topic_filter_all, Envelope, LeaseGranted, LeaseRevoked, MessageType,
-    ProviderConflict, RegisterAck, RegisterBody, SessionUpdate, StatusBody, TopicKind,
+    parse_topic, topic, topic_filter_all, ActionCancel, Envelope, LeaseGranted, LeaseRevoked,
+    MessageType, ProviderConflict, RegisterAck, RegisterBody, SessionUpdate, StatusBody, TopicKind,
 };
 use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
 use shared_protocol::Validate;
 use tokio::sync::{mpsc, watch, Mutex};
 use tokio::task::JoinHandle;
 
+use crate::events::follow::{EventFollower, Followed};
 use crate::events::EventBus;
-use crate::follow::{EventFollower, Followed};
 use crate::hearing::Hearing;
-use crate::registry::CapabilityRegistry;
-use crate::store::StoreError;
+use crate::providers::{Providers, StoreError};
 use crate::twins::Heard as TwinHeard;
 
 /// Where and how the registry's client connects.
@@ -373,12 +375,14 @@ impl MqttLink {
     /// Connect to the broker and start the four tasks. Returns at once; the
     /// connection is made (and remade after a loss) in the background.
     /// Lease events with `event_id > forward_after` are forwarded as
-    /// commands (pass the log's current end).
+    /// commands (pass the log's current end); `lease_end` adds the commands
+    /// of a lease that ended.
     pub fn start(
         settings: MqttSettings,
-        registry: Arc<CapabilityRegistry>,
+        providers: Arc<Providers>,
         bus: EventBus,
         forward_after: u64,
+        lease_end: Arc<dyn LeaseEndHook>,
     ) -> Self {
         let mut opts = MqttOptions::new(&settings.client_id, &settings.host, settings.port);
         opts.set_keep_alive(settings.keep_alive)
@@ -424,7 +428,7 @@ impl MqttLink {
                 in_rx,
                 out_tx.clone(),
                 OfflineConfirm {
-                    registry: registry.clone(),
+                    providers: providers.clone(),
                     heard: Arc::new(Mutex::new(HashMap::new())),
                     link_up_since: hearing.subscribe(),
                 },
@@ -432,14 +436,17 @@ impl MqttLink {
                 prefix.clone(),
             )),
             tokio::spawn(run_twin_notices(
-                registry.clone(),
+                providers.clone(),
                 out_tx.clone(),
                 prefix.clone(),
                 stop_rx.clone(),
             )),
             tokio::spawn(run_forwarder(
                 bus,
-                registry,
+                Recipients {
+                    providers,
+                    lease_end,
+                },
                 out_tx.clone(),
                 stats.clone(),
                 prefix.clone(),
@@ -473,7 +480,7 @@ impl MqttLink {
     /// [`Hearing`]): `None` while the client has no broker connection, else
     /// the monotonic instant of its latest (re)connection or of the end of
     /// the registry's latest stall, whichever is later (for the liveness
-    /// monitor, [`CapabilityRegistry::run_liveness_monitor`], and the
+    /// monitor, [`Providers::run_liveness_monitor`], and the
     /// sessions' deadline watchdog).
     pub fn hearing(&self) -> Hearing {
         self.hearing.clone()
@@ -748,7 +755,7 @@ type Heard = HashMap<String, u64>;
 /// What a pending `offline` status needs to be confirmed or dropped.
 #[derive(Clone)]
 struct OfflineConfirm {
-    registry: Arc<CapabilityRegistry>,
+    providers: Arc<Providers>,
     heard: Arc<Mutex<Heard>>,
     link_up_since: watch::Receiver<Option<Instant>>,
 }
@@ -808,7 +815,7 @@ impl OfflineConfirm {
                 );
                 return;
             }
-            store_status(&this.registry, &provider_id, body).await;
+            store_status(&this.providers, &provider_id, body).await;
             drop(heard);
         });
     }
@@ -845,7 +852,7 @@ async fn ingest_one(
     stats: &MqttStats,
     prefix: &str,
 ) -> Result<(), Refused> {
-    let registry = &*confirm.registry;
+    let providers = &*confirm.providers;
     let (provider_id, kind) = match parse_topic(prefix, &p.topic) {
         Ok(t) => t,
         Err(e) => {
@@ -885,7 +892,7 @@ async fn ingest_one(
             // broker that lost or overflowed its queue), so ask anyway.
             let body: StatusBody = env.body_as(MessageType::Status)?;
             if body.online_status == OnlineStatus::Online && body.provider_id == provider_id {
-                registry.provider_announced_online(provider_id).await;
+                providers.provider_announced_online(provider_id).await;
             }
         }
         return Ok(());
@@ -900,7 +907,7 @@ async fn ingest_one(
                 return Ok(());
             }
             if twin_conflict(
-                registry,
+                providers,
                 outbound,
                 prefix,
                 provider_id,
@@ -910,13 +917,13 @@ async fn ingest_one(
                 return Ok(());
             }
             *heard.entry(provider_id.to_string()).or_default() += 1;
-            store_status(registry, provider_id, body).await
+            store_status(providers, provider_id, body).await
         }
         TopicKind::Register => {
             let body: RegisterBody = env.body_as(MessageType::Register)?;
             same_provider(provider_id, &body.provider.provider_id)?;
             if twin_conflict(
-                registry,
+                providers,
                 outbound,
                 prefix,
                 provider_id,
@@ -926,7 +933,7 @@ async fn ingest_one(
                 return Ok(());
             }
             *heard.entry(provider_id.to_string()).or_default() += 1;
-            let ack = register(registry, provider_id, body).await;
+            let ack = register(providers, provider_id, body).await;
             let stored = !ack.error.as_deref().is_some_and(crate::storage::is_full);
             if let Some(command) = command_to(prefix, provider_id, MessageType::RegisterAck, &ack) {
                 let _ = outbound.send(Outbound::Publish(command));
@@ -937,7 +944,7 @@ async fn ingest_one(
             let body: HeartbeatRequest = env.body_as(MessageType::Heartbeat)?;
             same_provider(provider_id, &body.provider_id)?;
             if twin_conflict(
-                registry,
+                providers,
                 outbound,
                 prefix,
                 provider_id,
@@ -947,7 +954,7 @@ async fn ingest_one(
                 return Ok(());
             }
             *heard.entry(provider_id.to_string()).or_default() += 1;
-            match registry.heartbeat(provider_id, body).await {
+            match providers.heartbeat(provider_id, body).await {
                 Ok(_) => true,
                 Err(StoreError::NotFound { .. }) => {
                     tracing::warn!(provider_id, "heartbeat before registration; ignored");
@@ -961,7 +968,7 @@ async fn ingest_one(
         }
         TopicKind::Results => {
             let body: SessionUpdate = env.body_as(MessageType::SessionUpdate)?;
-            let owner = registry
+            let owner = providers
                 .store()
                 .get_capability(&body.capability_id)
                 .await
@@ -974,7 +981,7 @@ async fn ingest_one(
                     capability_id: body.capability_id,
                 });
             }
-            registry.session_update(provider_id, body).await
+            providers.session_update(provider_id, body).await
         }
         TopicKind::Commands => true,
     };
@@ -1000,7 +1007,7 @@ fn note_store_error(what: &str, provider_id: &str, e: &StoreError) {
 /// nothing: the provider is heard from two instances at once (both are
 /// told, once when it starts and then every [`TWIN_NOTICE_PERIOD`]).
 fn twin_conflict(
-    registry: &CapabilityRegistry,
+    providers: &Providers,
     outbound: &mpsc::UnboundedSender<Outbound>,
     prefix: &str,
     provider_id: &str,
@@ -1010,11 +1017,11 @@ fn twin_conflict(
     let Some(boot_id) = boot_id else {
         return false;
     };
-    match registry.twins().heard(provider_id, boot_id, host) {
+    match providers.twins().heard(provider_id, boot_id, host) {
         TwinHeard::Alone => false,
         TwinHeard::InConflict { notify } => {
             if notify {
-                if let Some(instances) = registry.twins().conflict(provider_id) {
+                if let Some(instances) = providers.twins().conflict(provider_id) {
                     send_conflict(outbound, prefix, provider_id, instances, false);
                 }
             }
@@ -1060,7 +1067,7 @@ const TWIN_NOTICE_PERIOD: Duration = Duration::from_secs(5);
 /// End conflicts whose twin is gone (each second) and tell the instances
 /// of those still in conflict again.
 async fn run_twin_notices(
-    registry: Arc<CapabilityRegistry>,
+    providers: Arc<Providers>,
     outbound: mpsc::UnboundedSender<Outbound>,
     prefix: String,
     mut stop: watch::Receiver<bool>,
@@ -1072,7 +1079,7 @@ async fn run_twin_notices(
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        for (provider_id, left) in registry.twins().settle() {
+        for (provider_id, left) in providers.twins().settle() {
             tracing::warn!(
                 provider_id,
                 hostname = %left.hostname,
@@ -1084,7 +1091,7 @@ async fn run_twin_notices(
         }
         if last_notice.elapsed() >= TWIN_NOTICE_PERIOD {
             last_notice = Instant::now();
-            for (provider_id, instances) in registry.twins().conflicted() {
+            for (provider_id, instances) in providers.twins().conflicted() {
                 send_conflict(&outbound, &prefix, &provider_id, instances, false);
             }
         }
@@ -1093,12 +1100,8 @@ async fn run_twin_notices(
 
 /// Register a provider and its capabilities from one MQTT message; the
 /// answer goes back as `register_ack`.
-async fn register(
-    registry: &CapabilityRegistry,
-    provider_id: &str,
-    body: RegisterBody,
-) -> RegisterAck {
-    let interval = registry.settings().heartbeat_interval_seconds;
+async fn register(providers: &Providers, provider_id: &str, body: RegisterBody) -> RegisterAck {
+    let interval = providers.settings().heartbeat_interval_seconds;
     let refuse = |error: String| RegisterAck {
         provider_id: provider_id.to_string(),
         accepted: false,
@@ -1114,10 +1117,13 @@ async fn register(
     if let Err(e) = batch.validate() {
         return refuse(e.to_string());
     }
-    if let Err(e) = registry.register_provider(provider_id, body.provider).await {
+    if let Err(e) = providers
+        .register_provider(provider_id, body.provider)
+        .await
+    {
         return refuse(e.to_string());
     }
-    match registry.register_capabilities(provider_id, batch).await {
+    match providers.register_capabilities(provider_id, batch).await {
         Ok(done) => RegisterAck {
             provider_id: provider_id.to_string(),
             accepted: true,
@@ -1143,6 +1149,32 @@ fn lease_of(ev: &CapabilityEvent) -> Option<CapabilityLease> {
 
 fn data_str(ev: &CapabilityEvent, key: &str) -> Option<String> {
     ev.data.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// What else the bench is told when a granted lease ends (preempted,
+/// expired, released): called by the forwarder after it queued the
+/// `lease_revoked`, in event order. Implemented by the sessions, which
+/// record why on the sessions running under the lease.
+#[async_trait::async_trait]
+pub trait LeaseEndHook: Send + Sync + 'static {
+    /// The `action_cancel`s (with their provider ids) for lease event
+    /// `ev`; empty when it ends no lease or nothing runs under it.
+    async fn on_lease_ended(&self, ev: &CapabilityEvent) -> Vec<(String, ActionCancel)>;
+}
+
+/// Who the forwarder asks about a lease event: the providers (whose
+/// capability it is) and the [`LeaseEndHook`].
+struct Recipients {
+    providers: Arc<Providers>,
+    lease_end: Arc<dyn LeaseEndHook>,
+}
+
+/// Whether `ev` ends a lease.
+fn ends_lease(ev: &CapabilityEvent) -> bool {
+    matches!(
+        ev.event_type,
+        EventType::LeasePreempted | EventType::LeaseExpired | EventType::LeaseReleased
+    )
 }
 
 /// The command (type and body) to send for a lease event, if any.
@@ -1237,7 +1269,10 @@ fn command_for(ev: &CapabilityEvent) -> Option<(MessageType, Value)> {
 /// the providers that hold the capabilities.
 async fn run_forwarder(
     bus: EventBus,
-    registry: Arc<CapabilityRegistry>,
+    Recipients {
+        providers,
+        lease_end,
+    }: Recipients,
     outbound: mpsc::UnboundedSender<Outbound>,
     stats: Arc<MqttStats>,
     prefix: String,
@@ -1260,38 +1295,49 @@ async fn run_forwarder(
                 continue;
             }
         };
-        let Some((message_type, body)) = command_for(&ev) else {
-            continue;
-        };
-        let provider_id = match &ev.provider_id {
-            Some(p) => Some(p.clone()),
-            None => match &ev.capability_id {
-                Some(c) => registry
-                    .store()
-                    .get_capability(c)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|c| c.provider_id),
-                None => None,
-            },
-        };
-        let Some(provider_id) = provider_id else {
-            continue;
-        };
-        if let Some(command) = command_to(&prefix, &provider_id, message_type, &body) {
-            stats.commands_out.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(provider_id, event_id = ev.event_id, command = %message_type, "forwarding lease command to provider");
-            let _ = outbound.send(Outbound::Publish(command));
+        if let Some((message_type, body)) = command_for(&ev) {
+            if let Some(provider_id) = provider_of(&providers, &ev).await {
+                if let Some(command) = command_to(&prefix, &provider_id, message_type, &body) {
+                    stats.commands_out.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(provider_id, event_id = ev.event_id, command = %message_type, "forwarding lease command to provider");
+                    let _ = outbound.send(Outbound::Publish(command));
+                }
+            }
         }
+        if ends_lease(&ev) {
+            for (provider_id, cancel) in lease_end.on_lease_ended(&ev).await {
+                if let Some(command) =
+                    command_to(&prefix, &provider_id, MessageType::ActionCancel, &cancel)
+                {
+                    stats.commands_out.fetch_add(1, Ordering::Relaxed);
+                    let _ = outbound.send(Outbound::Publish(command));
+                }
+            }
+        }
+    }
+}
+
+/// The provider a lease event's command goes to: the event's, or the
+/// owner of its capability.
+async fn provider_of(providers: &Providers, ev: &CapabilityEvent) -> Option<String> {
+    match (&ev.provider_id, &ev.capability_id) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(c)) => providers
+            .store()
+            .get_capability(c)
+            .await
+            .ok()
+            .flatten()
+            .map(|c| c.provider_id),
+        (None, None) => None,
     }
 }
 
 /// Store a provider's status message; a provider that never registered
 /// is ignored, a store failure logged.
 /// Store a status; false when the store failed (see [`Dedup::remember`]).
-async fn store_status(registry: &CapabilityRegistry, provider_id: &str, body: StatusBody) -> bool {
-    match registry.provider_status(provider_id, body).await {
+async fn store_status(providers: &Providers, provider_id: &str, body: StatusBody) -> bool {
+    match providers.provider_status(provider_id, body).await {
         Ok(()) => true,
         Err(StoreError::NotFound { .. }) => {
             tracing::debug!(

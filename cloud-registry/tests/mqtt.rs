@@ -581,18 +581,18 @@ async fn a_message_naming_another_provider_or_repeated_is_not_applied() {
 #[derive(Default)]
 struct Recorder {
     restarted: Mutex<Vec<String>>,
-    offline: Mutex<Vec<(String, cloud_registry::registry::OfflineReason)>>,
+    offline: Mutex<Vec<(String, cloud_registry::providers::OfflineReason)>>,
 }
 
 #[async_trait::async_trait]
-impl cloud_registry::registry::ProviderHooks for Recorder {
+impl cloud_registry::providers::ProviderHooks for Recorder {
     async fn on_provider_restarted(&self, provider_id: &str) {
         self.restarted.lock().unwrap().push(provider_id.to_string());
     }
     async fn on_provider_offline(
         &self,
         provider_id: &str,
-        reason: cloud_registry::registry::OfflineReason,
+        reason: cloud_registry::providers::OfflineReason,
     ) {
         self.offline
             .lock()
@@ -609,7 +609,7 @@ async fn a_new_boot_id_and_missed_heartbeats_reach_the_provider_hooks() {
     cfg.heartbeat.offline_after_missed = 2;
     let reg = start(cfg).await;
     let rec = Arc::new(Recorder::default());
-    reg.registry.add_hooks(rec.clone());
+    reg.providers.add_hooks(rec.clone());
     let api = Api::new(&reg.base_url());
     let admin = reg.admin_token.clone().unwrap();
     let token = reg
@@ -656,7 +656,7 @@ async fn a_new_boot_id_and_missed_heartbeats_reach_the_provider_hooks() {
         *rec.offline.lock().unwrap(),
         [(
             "p-boot".to_string(),
-            cloud_registry::registry::OfflineReason::MissedHeartbeats
+            cloud_registry::providers::OfflineReason::MissedHeartbeats
         )]
     );
     let (_, cam) = api

@@ -1,154 +1,26 @@
-//! The HTTP API under `/api/v1` (seed 001 §4, §5, §7): thin axum handlers,
-//! one file per resource. Handlers authenticate with the
-//! [`crate::auth::Principal`] extractor, parse bodies with
-//! [`crate::extract::ValidJson`], call the registry or the lease engine, and
-//! answer JSON; every error is `{"error": {"code", "message", "details"}}`.
+//! What every feature's HTTP routes share (docs/http-api.md,
+//! docs/architecture.md "Registry internals"). Each feature folder owns its
+//! handlers, their state and the HTTP mapping of its errors
+//! (`providers/api.rs`, `leases/api.rs`, `events/api.rs`, `tokens/api.rs`,
+//! `sessions/api.rs`, `audit/api.rs`); `app.rs` merges their routers.
+//! - [`query`]: query strings and optional bodies;
+//! - [`with_fallbacks`]: the JSON answers for unknown routes, wrong
+//!   methods and axum's own rejections.
+//!
+//! Handlers authenticate with the [`crate::auth::Principal`] extractor,
+//! parse bodies with [`crate::extract::ValidJson`] and answer JSON; every
+//! error is `{"error": {"code", "message", "details"}}`.
 
-pub mod capabilities;
-pub mod events;
-pub mod health;
-pub mod leases;
-pub mod providers;
-pub mod tokens;
+pub mod query;
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::Router;
-use serde::de::DeserializeOwned;
-use shared_protocol::Validate;
-use tokio::sync::watch;
 
-use crate::auth::Authenticator;
+pub use query::{
+    list_limit, parse_in_range, parse_list, parse_one, plain_query_problem, ApiQuery, OptionalJson,
+};
+
 use crate::error::ApiError;
-use crate::events::EventBus;
-pub use crate::extract::{list_limit, plain_query_problem, ApiQuery};
-use crate::mqtt::MqttStats;
-use crate::registry::CapabilityRegistry;
-
-/// What `/healthz` reports about MQTT.
-#[derive(Clone)]
-pub struct MqttHealth {
-    /// `embedded` or `external`.
-    pub mode: &'static str,
-    /// The broker's address.
-    pub addr: String,
-    /// True while the registry's client is connected.
-    pub connected: Arc<dyn Fn() -> bool + Send + Sync>,
-    pub stats: Arc<MqttStats>,
-}
-
-/// Shared state of the core handlers. Cheap to clone.
-#[derive(Clone)]
-pub struct ApiState {
-    pub registry: Arc<CapabilityRegistry>,
-    /// The lease engine (leases, and `status: leased` of capabilities).
-    pub leases: Arc<crate::leases::LeaseEngine>,
-    pub bus: EventBus,
-    pub db: crate::db::Db,
-    pub auth: Arc<Authenticator>,
-    pub mqtt: MqttHealth,
-    /// Turns true when the registry shuts down (ends SSE streams).
-    pub shutdown: watch::Receiver<bool>,
-}
-
-/// A JSON body that may be absent: an empty body gives `T::default()`;
-/// otherwise as [`crate::extract::ValidJson`] (400 `malformed_json`, 422
-/// `invalid_field`, 413 `body_too_large`, 415 without a JSON content type).
-pub struct OptionalJson<T>(pub T);
-
-impl<S, T> FromRequest<S> for OptionalJson<T>
-where
-    S: Send + Sync,
-    T: DeserializeOwned + Validate + Default,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let is_json = crate::extract::is_json_content_type(req.headers());
-        let limit = req.extensions().get::<crate::extract::BodyLimit>().copied();
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| crate::extract::body_read_error(e, limit))?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(OptionalJson(T::default()));
-        }
-        if !is_json {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "expected `Content-Type: application/json`",
-            ));
-        }
-        Ok(OptionalJson(crate::extract::parse_object(&bytes)?))
-    }
-}
-
-/// Parse a comma-separated list of wire names (`?types=a,b`); a bad one is
-/// 400 `invalid_query` "query parameter `types`: ..." with `details.param`.
-pub fn parse_list<T: std::str::FromStr>(param: &str, raw: &str) -> Result<Vec<T>, ApiError>
-where
-    T::Err: std::fmt::Display,
-{
-    raw.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<T>()
-                .map_err(|e| ApiError::invalid_query(param, e))
-        })
-        .collect()
-}
-
-/// Parse query parameter `param` as a whole number in `min..=max`
-/// (absent or empty: `None`). Anything else is 400 `invalid_query` naming
-/// the parameter and the range: "query parameter `wait_seconds`: 301 is
-/// out of range 0..=300", also for negative numbers and numbers too large
-/// for any integer type.
-pub fn parse_in_range(
-    param: &str,
-    raw: Option<&str>,
-    min: u64,
-    max: u64,
-) -> Result<Option<u64>, ApiError> {
-    let Some(s) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok(None);
-    };
-    let digits = s.strip_prefix('-').unwrap_or(s);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ApiError::invalid_query(
-            param,
-            format!("expected a whole number from {min} to {max}, got `{s}`"),
-        ));
-    }
-    match s.parse::<u64>() {
-        Ok(v) if (min..=max).contains(&v) => Ok(Some(v)),
-        _ => Err(ApiError::invalid_query(
-            param,
-            format!("{s} is out of range {min}..={max}"),
-        )),
-    }
-}
-
-/// Parse one wire name of a query parameter (absent or empty: `None`); a
-/// bad one is 400 `invalid_query` as for [`parse_list`].
-pub fn parse_one<T: std::str::FromStr>(
-    param: &str,
-    raw: Option<&str>,
-) -> Result<Option<T>, ApiError>
-where
-    T::Err: std::fmt::Display,
-{
-    match raw {
-        None | Some("") => Ok(None),
-        Some(s) => s
-            .parse::<T>()
-            .map(Some)
-            .map_err(|e| ApiError::invalid_query(param, e)),
-    }
-}
 
 async fn no_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such endpoint")
@@ -160,23 +32,6 @@ async fn wrong_method() -> ApiError {
         "method_not_allowed",
         "this endpoint does not accept that method",
     )
-}
-
-/// Every core route: `/api/v1/...` plus `/healthz` and `/metrics` at the
-/// root (also under `/api/v1`). The caller adds the authenticator and body
-/// limit layers (see `app.rs`).
-pub fn router(state: ApiState) -> Router {
-    let v1 = Router::new()
-        .merge(providers::routes())
-        .merge(capabilities::routes())
-        .merge(leases::routes())
-        .merge(events::routes())
-        .merge(tokens::routes())
-        .merge(health::routes());
-    Router::new()
-        .nest("/api/v1", v1)
-        .merge(health::routes())
-        .with_state(state)
 }
 
 /// JSON fallbacks for unknown routes and methods, and JSON for axum's
@@ -276,18 +131,5 @@ mod tests {
         let e = path_rejection_error("Failed to buffer the request body");
         assert_eq!(e.code, "invalid_request");
         assert_eq!(e.message, "Failed to buffer the request body");
-    }
-
-    #[test]
-    fn an_extend_of_the_wrong_type_names_the_range_in_force() {
-        let err = shared_protocol::parse_json::<crate::audit::ExtendRequest>(
-            br#"{"extend_seconds": "long"}"#,
-        )
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid field `extend_seconds`: invalid type: string \"long\", \
-             expected an integer from 1 to 86400"
-        );
     }
 }

@@ -7,7 +7,7 @@ use shared_protocol::audit::{AuditRequestStatus, AuditTaskRequest, AuditType};
 
 use super::error::AuditError;
 use super::model::SubResult;
-use super::store;
+use super::sql;
 
 /// Check a new request's `depends_on`: only chief requests name
 /// dependencies; each must be an existing request other than itself,
@@ -72,11 +72,11 @@ pub(crate) fn sub_results(conn: &Connection, id: &str) -> rusqlite::Result<Vec<S
     };
     let mut out = Vec::with_capacity(deps.len());
     for dep in deps {
-        let Some(row) = store::load_request(conn, &dep)? else {
+        let Some(row) = sql::load_request(conn, &dep)? else {
             continue;
         };
         out.push(SubResult {
-            result: store::latest_result(conn, &dep)?,
+            result: sql::latest_result(conn, &dep)?,
             audit_request_id: dep,
             audit_type: row.audit_type,
             request_status: row.status,

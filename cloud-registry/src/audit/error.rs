@@ -1,15 +1,12 @@
-//! What can go wrong with an audit-task operation, and how each failure is
-//! told to an HTTP client.
+//! What can go wrong with an audit-task operation; its HTTP answers are
+//! mapped in `api.rs`.
 
-use axum::http::StatusCode;
-use serde_json::json;
 use shared_protocol::api::Role;
 use shared_protocol::audit::AuditRequestStatus;
 use shared_protocol::ValidationError;
 
 use super::model::ClaimEndReason;
 use crate::db::DbError;
-use crate::error::ApiError;
 use crate::leases::LeaseError;
 
 /// Why an audit-task operation was refused or failed. Every variant names
@@ -112,65 +109,6 @@ impl From<ValidationError> for AuditError {
         AuditError::Invalid {
             field: e.field,
             message: e.message,
-        }
-    }
-}
-
-impl From<AuditError> for ApiError {
-    /// 403 `forbidden` / `not_claim_holder`, 404 `not_found` / `no_result`,
-    /// 409 `duplicate_audit_request` / `claim_expired` / `claim_ended` /
-    /// `not_claimed`, 422 `invalid_field` with `details.field`, the lease
-    /// engine's own codes, 500 for the store.
-    fn from(e: AuditError) -> Self {
-        let message = e.to_string();
-        match e {
-            AuditError::Forbidden { role, allowed, .. } => ApiError::forbidden(message)
-                .with_details(json!({ "role": role, "allowed_roles": allowed })),
-            AuditError::NotFound { kind, id } => ApiError::not_found(kind, &id),
-            AuditError::NoResult {
-                audit_request_id,
-                status,
-            } => ApiError::new(StatusCode::NOT_FOUND, "no_result", message)
-                .with_details(json!({ "audit_request_id": audit_request_id, "status": status })),
-            AuditError::Duplicate { audit_request_id } => {
-                ApiError::conflict("duplicate_audit_request", message)
-                    .with_details(json!({ "audit_request_id": audit_request_id }))
-            }
-            AuditError::Invalid { field, message } => {
-                ApiError::invalid_field(&field, format!("{field}: {message}"))
-            }
-            AuditError::NotClaimHolder {
-                audit_request_id,
-                principal,
-            } => ApiError::new(StatusCode::FORBIDDEN, "not_claim_holder", message).with_details(
-                json!({ "audit_request_id": audit_request_id, "principal": principal }),
-            ),
-            AuditError::ClaimExpired {
-                audit_request_id,
-                claim_id,
-                expired_at,
-            } => ApiError::conflict("claim_expired", message).with_details(json!({
-                "audit_request_id": audit_request_id,
-                "claim_id": claim_id,
-                "expired_at": expired_at,
-            })),
-            AuditError::ClaimEnded {
-                audit_request_id,
-                claim_id,
-                reason,
-            } => ApiError::conflict("claim_ended", message).with_details(json!({
-                "audit_request_id": audit_request_id,
-                "claim_id": claim_id,
-                "end_reason": reason,
-            })),
-            AuditError::NotClaimed {
-                audit_request_id,
-                status,
-            } => ApiError::conflict("not_claimed", message)
-                .with_details(json!({ "audit_request_id": audit_request_id, "status": status })),
-            AuditError::Lease(e) => e.into(),
-            AuditError::Db(e) => ApiError::internal(e),
-            AuditError::Sqlite(e) => ApiError::internal(e),
         }
     }
 }

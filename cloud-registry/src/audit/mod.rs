@@ -105,7 +105,7 @@ pub mod limits;
 mod model;
 mod queue;
 mod service;
-mod store;
+mod sql;
 mod threads;
 
 use serde::{Deserialize, Serialize};
@@ -115,7 +115,7 @@ pub use api::router;
 pub use error::AuditError;
 pub use model::*;
 pub use service::AuditService;
-pub use store::migrate;
+pub use sql::migrate;
 
 /// Lease `preempt_reason` used for the capability requirements of each
 /// audit type (`[audit.preempt_reasons]`); it must be on the lease
@@ -324,5 +324,17 @@ mod tests {
         let fixed = cfg.sanitized();
         assert_eq!(fixed.visibility_timeout_factor, 1.5);
         assert_eq!(fixed.max_attempts, 3);
+    }
+
+    #[test]
+    fn an_extend_of_the_wrong_type_names_the_range_in_force() {
+        let err =
+            shared_protocol::parse_json::<super::ExtendRequest>(br#"{"extend_seconds": "long"}"#)
+                .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid field `extend_seconds`: invalid type: string \"long\", \
+             expected an integer from 1 to 86400"
+        );
     }
 }

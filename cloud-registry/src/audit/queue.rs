@@ -17,7 +17,7 @@ use shared_protocol::Timestamp;
 
 use super::chief;
 use super::model::{ClaimEndReason, ClaimInfo, ClaimedTask, LeaseAssignment};
-use super::store::{self, RequestRow, REQUEST_COLUMNS};
+use super::sql::{self, RequestRow, REQUEST_COLUMNS};
 use super::AuditConfig;
 use crate::events::{self, NewEvent};
 
@@ -64,7 +64,7 @@ pub(crate) fn pick(
     cfg: &AuditConfig,
 ) -> rusqlite::Result<Picked> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let now_ms = store::now_ms();
+    let now_ms = sql::now_ms();
     let chosen = {
         let marks = vec!["?"; p.types.len()].join(", ");
         let mut args: Vec<SqlValue> = p
@@ -98,7 +98,7 @@ pub(crate) fn pick(
                     continue;
                 }
             }
-            chosen = Some(store::request_row(r)?);
+            chosen = Some(sql::request_row(r)?);
             break;
         }
         chosen
@@ -135,7 +135,7 @@ pub(crate) fn finalize(
     leases: Vec<CapabilityLease>,
 ) -> rusqlite::Result<Option<(ClaimedTask, Vec<CapabilityEvent>)>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let Some(row) = store::load_request(&tx, audit_request_id)? else {
+    let Some(row) = sql::load_request(&tx, audit_request_id)? else {
         return Ok(None);
     };
     if row.status != AuditRequestStatus::Queued
@@ -184,14 +184,14 @@ fn claim_row(
         agent_ref: p.agent_ref.clone(),
         claimed_at: now,
         // On the steady clock, as every comparison with it.
-        expires_at: store::steady_now() + TimeDelta::seconds(i64::from(visibility)),
+        expires_at: sql::steady_now() + TimeDelta::seconds(i64::from(visibility)),
         visibility_timeout_seconds: visibility,
         lease_group_id,
         lease_ids: leases.iter().map(|l| l.lease_id.clone()).collect(),
         ended_at: None,
         end_reason: None,
     };
-    store::start_claim(tx, &claim)?;
+    sql::start_claim(tx, &claim)?;
     let event = events::append(
         tx,
         NewEvent::new(
@@ -272,7 +272,7 @@ pub(crate) fn give_back(
         note,
         actor,
     } = ending;
-    store::end_claim(tx, &claim.claim_id, reason, now)?;
+    sql::end_claim(tx, &claim.claim_id, reason, now)?;
     let (status, failure) = if row.attempts >= max_attempts {
         (
             AuditRequestStatus::Failed,
@@ -284,7 +284,7 @@ pub(crate) fn give_back(
     } else {
         (AuditRequestStatus::Queued, None)
     };
-    store::set_request_status(tx, &row.audit_request_id, status, failure.as_deref(), now)?;
+    sql::set_request_status(tx, &row.audit_request_id, status, failure.as_deref(), now)?;
     let event = events::append(
         tx,
         NewEvent::new(
@@ -316,7 +316,7 @@ pub(crate) fn give_back(
 }
 
 /// Take back every claim whose visibility deadline is at or before now
-/// on the steady clock ([`store::now_ms`]), in one transaction.
+/// on the steady clock ([`sql::now_ms`]), in one transaction.
 pub(crate) fn expire_due(
     conn: &mut Connection,
     actor: &str,
@@ -329,7 +329,7 @@ pub(crate) fn expire_due(
             "SELECT {REQUEST_COLUMNS} FROM audit_requests
              WHERE status = 'claimed' AND claim_expires_ms <= ?1"
         ))?;
-        let rows = stmt.query_map(params![store::now_ms()], store::request_row)?;
+        let rows = stmt.query_map(params![sql::now_ms()], sql::request_row)?;
         rows.collect::<rusqlite::Result<_>>()?
     };
     let mut out = Vec::with_capacity(due.len());
@@ -337,12 +337,12 @@ pub(crate) fn expire_due(
         let Some(claim) = row
             .claim_id
             .as_deref()
-            .map(|c| store::load_claim(&tx, c))
+            .map(|c| sql::load_claim(&tx, c))
             .transpose()?
             .flatten()
         else {
             tracing::error!(audit_request_id = %row.audit_request_id, "claimed request without its claim row; returning it to the queue");
-            store::set_request_status(
+            sql::set_request_status(
                 &tx,
                 &row.audit_request_id,
                 AuditRequestStatus::Queued,

@@ -31,7 +31,7 @@ use super::model::{
     ThreadFilter, ThreadMessage, ThreadRecord, ThreadRegistration,
 };
 use super::queue::{self, Ending, PickParams, Picked};
-use super::store::{self, RequestRow};
+use super::sql::{self, RequestRow};
 use super::threads;
 use super::AuditConfig;
 use crate::auth::Principal;
@@ -162,7 +162,7 @@ impl AuditService {
             .write(move |c| -> Result<_, AuditError> {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let id = req.audit_request_id.clone();
-                if store::load_request(&tx, &id)?.is_some() {
+                if sql::load_request(&tx, &id)?.is_some() {
                     return Err(AuditError::Duplicate {
                         audit_request_id: id,
                     });
@@ -171,7 +171,7 @@ impl AuditService {
                     threads::require_registered(&tx, "source_thread_ref", t)?;
                 }
                 chief::check_dependencies(&tx, &req)?;
-                store::insert_request(&tx, &req, sig.as_deref(), &by, now)?;
+                sql::insert_request(&tx, &req, sig.as_deref(), &by, now)?;
                 let event = events::append(
                     &tx,
                     NewEvent::new(
@@ -192,7 +192,7 @@ impl AuditService {
                     )
                     .audit_request(id.clone()),
                 )?;
-                let record = store::load_record(&tx, &id, max_attempts)?
+                let record = sql::load_record(&tx, &id, max_attempts)?
                     .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 tx.commit()?;
                 Ok((record, event))
@@ -211,7 +211,7 @@ impl AuditService {
         let key = id.to_string();
         let max = self.cfg.max_attempts;
         self.db
-            .read(move |c| store::load_record(c, &key, max))
+            .read(move |c| sql::load_record(c, &key, max))
             .await??
             .ok_or_else(|| AuditError::not_found("audit_request", id))
     }
@@ -244,7 +244,7 @@ impl AuditService {
         let f = filter.clone();
         let (audit_requests, total) = self
             .db
-            .read(move |c| store::list_records(c, &f, max))
+            .read(move |c| sql::list_records(c, &f, max))
             .await??;
         Ok(AuditRequestPage {
             audit_requests,
@@ -563,7 +563,7 @@ impl AuditService {
             .db
             .write(move |c| -> Result<ClaimInfo, AuditError> {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let row = store::load_request(&tx, &key)?
+                let row = sql::load_request(&tx, &key)?
                     .ok_or_else(|| AuditError::not_found("audit_request", &key))?;
                 let mut claim = live_claim_of(&tx, &row, &by)?;
                 let seconds = req
@@ -571,8 +571,8 @@ impl AuditService {
                     .unwrap_or(claim.visibility_timeout_seconds);
                 let now = Utc::now();
                 // On the steady clock, as every comparison with it.
-                claim.expires_at = store::steady_now() + TimeDelta::seconds(i64::from(seconds));
-                store::set_claim_deadline(&tx, &claim, claim.expires_at.timestamp_millis(), now)?;
+                claim.expires_at = sql::steady_now() + TimeDelta::seconds(i64::from(seconds));
+                sql::set_claim_deadline(&tx, &claim, claim.expires_at.timestamp_millis(), now)?;
                 tx.commit()?;
                 Ok(claim)
             })
@@ -623,16 +623,14 @@ impl AuditService {
             .db
             .write(move |c| -> Result<_, AuditError> {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let row = store::load_request(&tx, &key)?
+                let row = sql::load_request(&tx, &key)?
                     .ok_or_else(|| AuditError::not_found("audit_request", &key))?;
-                let own = store::latest_claim_of(&tx, &key, &by)?;
+                let own = sql::latest_claim_of(&tx, &key, &by)?;
                 let (claim, reason) = match own {
                     Some(c) if c.ended_at.is_none() => (c, ClaimEndReason::ReleasedByAgent),
                     _ if admin => {
                         let live = match (&row.claim_id, row.status) {
-                            (Some(cid), AuditRequestStatus::Claimed) => {
-                                store::load_claim(&tx, cid)?
-                            }
+                            (Some(cid), AuditRequestStatus::Claimed) => sql::load_claim(&tx, cid)?,
                             _ => None,
                         };
                         let Some(c) = live else {
@@ -657,7 +655,7 @@ impl AuditService {
                     actor: &by,
                 };
                 let given = queue::give_back(&tx, &row, &claim, ending, max, Utc::now())?;
-                let record = store::load_record(&tx, &key, max)?
+                let record = sql::load_record(&tx, &key, max)?
                     .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 tx.commit()?;
                 Ok((record, given))
@@ -698,7 +696,7 @@ impl AuditService {
             .db
             .write(move |c| -> Result<_, AuditError> {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let row = store::load_request(&tx, &key)?
+                let row = sql::load_request(&tx, &key)?
                     .ok_or_else(|| AuditError::not_found("audit_request", &key))?;
                 let claim = live_claim_of(&tx, &row, &by)?;
                 if result.audit_request_id != key {
@@ -724,7 +722,7 @@ impl AuditService {
                     threads::require_registered(&tx, "handoff_target", target)?;
                 }
                 let now = Utc::now();
-                store::insert_result(&tx, &result, &claim.claim_id, &by, now)?;
+                sql::insert_result(&tx, &result, &claim.claim_id, &by, now)?;
                 let events = if result.status == AuditResultStatus::NeedsRetry {
                     let ending = Ending {
                         reason: ClaimEndReason::NeedsRetry,
@@ -735,7 +733,7 @@ impl AuditService {
                 } else {
                     complete(&tx, &row, &claim, &result, &by, now)?
                 };
-                let record = store::load_record(&tx, &key, max)?
+                let record = sql::load_record(&tx, &key, max)?
                     .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 tx.commit()?;
                 Ok((record, events, claim.lease_ids))
@@ -758,10 +756,7 @@ impl AuditService {
         let (row, result) = self
             .db
             .read(move |c| -> rusqlite::Result<_> {
-                Ok((
-                    store::load_request(c, &key)?,
-                    store::latest_result(c, &key)?,
-                ))
+                Ok((sql::load_request(c, &key)?, sql::latest_result(c, &key)?))
             })
             .await??;
         let row = row.ok_or_else(|| AuditError::not_found("audit_request", id))?;
@@ -995,11 +990,11 @@ fn live_claim_of(
         principal: principal.to_string(),
     };
     let claim =
-        store::latest_claim_of(conn, &row.audit_request_id, principal)?.ok_or_else(not_holder)?;
+        sql::latest_claim_of(conn, &row.audit_request_id, principal)?.ok_or_else(not_holder)?;
     if claim.ended_at.is_some() {
         return Err(ended(&claim));
     }
-    if claim.expires_at.timestamp_millis() <= store::now_ms() {
+    if claim.expires_at.timestamp_millis() <= sql::now_ms() {
         return Err(AuditError::ClaimExpired {
             audit_request_id: claim.audit_request_id.clone(),
             claim_id: claim.claim_id.clone(),
@@ -1023,8 +1018,8 @@ fn complete(
     by: &str,
     now: shared_protocol::Timestamp,
 ) -> rusqlite::Result<Vec<CapabilityEvent>> {
-    store::end_claim(tx, &claim.claim_id, ClaimEndReason::Completed, now)?;
-    store::set_request_status(
+    sql::end_claim(tx, &claim.claim_id, ClaimEndReason::Completed, now)?;
+    sql::set_request_status(
         tx,
         &row.audit_request_id,
         AuditRequestStatus::Completed,

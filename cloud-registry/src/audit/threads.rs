@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::error::AuditError;
 use super::model::{MessagePost, ThreadFilter, ThreadMessage, ThreadRecord, ThreadRegistration};
-use super::store::{get_json, get_ts, to_json, ts_text};
+use super::sql::{get_json, get_ts, to_json, ts_text};
 
 const THREAD_COLUMNS: &str =
     "thread_ref, node_id, role, labels, display_name, project_id, registered_by, created_at, updated_at";

@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::idempotency::KeyChange;
 use super::model::{Piece, Row};
-use super::{lock, store, LeaseEngine};
+use super::{lock, sql, LeaseEngine};
 use crate::db::Db;
 use crate::events::{EventBus, NewEvent};
 
@@ -261,7 +261,7 @@ async fn write(
                 }
                 let started = std::time::Instant::now();
                 let n_events = events.len() as u64;
-                let result = store::commit(conn, &rows, events, &keys);
+                let result = sql::commit(conn, &rows, events, &keys);
                 let busy = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 counters.writer_busy_us.fetch_add(busy, Ordering::Relaxed);
                 match result {

@@ -1,12 +1,9 @@
-//! What can go wrong with a lease operation, and how each failure is told
-//! to an HTTP client.
+//! What can go wrong with a lease operation; its HTTP answers are
+//! mapped in `api.rs`.
 
-use axum::http::StatusCode;
-use serde_json::json;
 use shared_protocol::lease::LeaseStatus;
 
 use crate::db::DbError;
-use crate::error::ApiError;
 
 /// Why the lease engine refused or could not do an operation. Every variant
 /// names the lease, capability or field it is about; variants about an
@@ -158,81 +155,6 @@ impl From<shared_protocol::ValidationError> for LeaseError {
         LeaseError::InvalidRequest {
             field: e.field,
             message: e.message,
-        }
-    }
-}
-
-impl From<LeaseError> for ApiError {
-    /// 404 `not_found` (lease, capability) / `no_matching_capability`,
-    /// 403 `not_lease_holder`, 409 `lease_not_usable` / `lease_expired`
-    /// with `details.lease_status`, 422 `invalid_field` naming the field,
-    /// 422 `idempotency_key_reused`,
-    /// 503 `capability_offline` / `queue_full` / `unavailable`, 507
-    /// `storage_full` when the store's disk is full, 500 for another store
-    /// failure.
-    fn from(e: LeaseError) -> Self {
-        let message = e.to_string();
-        match e {
-            LeaseError::NotFound { lease_id } => ApiError::not_found("lease", &lease_id),
-            LeaseError::NotHolder {
-                lease_id,
-                principal,
-                holder: _,
-            } => ApiError::new(StatusCode::FORBIDDEN, "not_lease_holder", message)
-                .with_details(json!({ "lease_id": lease_id, "principal": principal })),
-            LeaseError::NotUsable {
-                lease_id,
-                status,
-                operation,
-            } => ApiError::conflict("lease_not_usable", message).with_details(json!({
-                "lease_id": lease_id,
-                "lease_status": status,
-                "operation": operation,
-            })),
-            LeaseError::Expired { lease_id } => ApiError::conflict("lease_expired", message)
-                .with_details(json!({
-                    "lease_id": lease_id,
-                    "lease_status": LeaseStatus::Expired,
-                })),
-            LeaseError::UnknownCapability { capability_id } => {
-                ApiError::not_found("capability", &capability_id)
-            }
-            LeaseError::CapabilityOffline { capability_ids } => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "capability_offline",
-                message,
-            )
-            .with_details(json!({ "capability_ids": capability_ids })),
-            LeaseError::NoMatchingCapability { field, selector } => {
-                let selector = serde_json::from_str::<serde_json::Value>(&selector)
-                    .unwrap_or(serde_json::Value::String(selector));
-                ApiError::new(StatusCode::NOT_FOUND, "no_matching_capability", message)
-                    .with_details(json!({ "field": field, "selector": selector }))
-            }
-            LeaseError::QueueFull { limit } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message)
-                    .with_details(json!({ "limit": limit }))
-            }
-            LeaseError::InvalidRequest { field, message } => {
-                ApiError::invalid_field(&field, format!("{field}: {message}"))
-            }
-            LeaseError::IdempotencyKeyReused { key } => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
-                message,
-            )
-            .with_details(json!({ "header": "Idempotency-Key", "key": key })),
-            // A commit refused for lack of space, or the recovery after
-            // it while the disk is still full: the same answer as every
-            // other write path.
-            LeaseError::Unavailable { message }
-                if crate::storage::is_full(&message)
-                    || (crate::storage::is_store_full() && message.contains("recovering")) =>
-            {
-                ApiError::storage_full(&message)
-            }
-            LeaseError::Unavailable { .. } => ApiError::unavailable(message),
-            LeaseError::Store(e) => ApiError::internal(e),
         }
     }
 }

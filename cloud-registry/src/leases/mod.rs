@@ -79,7 +79,7 @@
 //!   (see `idempotency.rs`).
 //! - Queue timeout: the lease becomes `failed` with event `lease_expired`
 //!   and `reason: "queue_timeout"` (seed 001 §7 has no `lease_failed`).
-//! - `granted` → `active` (first action, [`LeaseEngine::authorize_action`])
+//! - `granted` → `active` (first action, [`LeaseEngine::begin_action`])
 //!   is persisted without an event (§7 has none; the session records it).
 //!
 //! # Events
@@ -90,6 +90,7 @@
 //! `lease_release_requested` / `lease_released` when the holder gave one.
 //! Events caused by the engine itself carry actor `system`.
 
+pub mod api;
 mod clock;
 mod commit;
 mod error;
@@ -98,7 +99,7 @@ mod lifecycle;
 mod model;
 mod preemption;
 mod queue;
-mod store;
+mod sql;
 mod unanswered;
 
 use std::collections::HashSet;
@@ -121,7 +122,7 @@ pub use idempotency::{IdempotencyKey, KEY_TTL as IDEMPOTENCY_KEY_TTL};
 /// Create the lease engine's tables (leases, idempotency keys);
 /// idempotent. [`LeaseEngine::start`] runs it too.
 pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    store::migrate(conn)?;
+    sql::migrate(conn)?;
     idempotency::migrate(conn)
 }
 pub use unanswered::{AnswerStats, Stage, Unanswered};
@@ -134,8 +135,8 @@ use commit::{Counters, View};
 use model::{unavailable, State, Tx, Want, SYSTEM_ACTOR};
 use queue::{Admission, NewMember};
 
-/// Most leases one group request may ask for.
-pub const MAX_GROUP_MEMBERS: usize = 32;
+/// Most leases one group request may ask for (the protocol's limit).
+pub use shared_protocol::validate::limits::MAX_GROUP_MEMBERS;
 
 /// `reason` of the `lease_released` event of a lease given up by
 /// [`LeaseEngine::abandon`]: its requester went away before it was told
@@ -399,7 +400,7 @@ impl LeaseEngine {
             ));
         }
         db.write(|c| migrate(c)).await??;
-        let (rows, next_seq, next_generation, counts) = db.read(|c| store::load_live(c)).await??;
+        let (rows, next_seq, next_generation, counts) = db.read(|c| sql::load_live(c)).await??;
         let now = Now::read(&*clock);
         let cutoff = now.wall - idempotency::KEY_TTL;
         let stored_keys = db.write(move |c| idempotency::load(c, cutoff)).await??;
@@ -907,7 +908,7 @@ impl LeaseEngine {
     /// `operation` on it.
     async fn not_live(
         &self,
-        holder: &Principal,
+        holder: Option<&Principal>,
         lease_id: &str,
         operation: &'static str,
         admin_may: bool,
@@ -921,14 +922,16 @@ impl LeaseEngine {
             None => {
                 let id = lease_id.to_string();
                 self.db
-                    .read(move |c| store::load_one(c, &id))
+                    .read(move |c| sql::load_one(c, &id))
                     .await??
                     .ok_or_else(|| LeaseError::NotFound {
                         lease_id: lease_id.to_string(),
                     })?
             }
         };
-        check_holder(holder, &lease, admin_may)?;
+        if let Some(holder) = holder {
+            check_holder(holder, &lease, admin_may)?;
+        }
         if operation == "release" && lease.status == LeaseStatus::Released {
             return Ok(lease);
         }
@@ -936,10 +939,11 @@ impl LeaseEngine {
     }
 
     /// Run `op` on live lease `lease_id` after checking the caller holds it
-    /// and settling a passed deadline; `None` when the lease is not live.
+    /// (unless `holder` is `None`: checked already) and settling a passed
+    /// deadline; `None` when the lease is not live.
     async fn on_live<T: Send>(
         &self,
-        holder: &Principal,
+        holder: Option<&Principal>,
         lease_id: &str,
         operation: &'static str,
         admin_may: bool,
@@ -951,7 +955,7 @@ impl LeaseEngine {
                 return Some(Err(e));
             }
             let lease = st.leases.get(lease_id)?;
-            if let Err(e) = check_holder(holder, &lease.lease, admin_may) {
+            if let Some(Err(e)) = holder.map(|h| check_holder(h, &lease.lease, admin_may)) {
                 return Some(Err(e));
             }
             let now = self.now();
@@ -999,7 +1003,7 @@ impl LeaseEngine {
         let cfg = self.cfg.clone();
         let actor = holder.name.clone();
         let done = self
-            .on_live(holder, lease_id, "renew", false, |st, tx, now| {
+            .on_live(Some(holder), lease_id, "renew", false, |st, tx, now| {
                 st.renew(
                     tx,
                     now,
@@ -1012,7 +1016,7 @@ impl LeaseEngine {
             .await;
         match done {
             Some(r) => r,
-            None => self.not_live(holder, lease_id, "renew", false).await,
+            None => self.not_live(Some(holder), lease_id, "renew", false).await,
         }
     }
 
@@ -1034,7 +1038,7 @@ impl LeaseEngine {
         let cfg = self.cfg.clone();
         let actor = holder.name.clone();
         let done = self
-            .on_live(holder, lease_id, "release", true, |st, tx, now| {
+            .on_live(Some(holder), lease_id, "release", true, |st, tx, now| {
                 st.release(tx, now, &cfg, lease_id, &actor, reason.as_deref())
                     .ok_or_else(|| LeaseError::NotFound {
                         lease_id: lease_id.to_string(),
@@ -1043,22 +1047,66 @@ impl LeaseEngine {
             .await;
         match done {
             Some(r) => r,
-            None => self.not_live(holder, lease_id, "release", true).await,
+            None => self.not_live(Some(holder), lease_id, "release", true).await,
         }
     }
 
-    /// Check that `holder` may run an action on `capability_id` under
-    /// `lease_id` now: the caller holds the lease, it covers that
-    /// capability, and it is in a holding status (`granted`, `active`,
-    /// `renew_pending`, or finishing up in `preempt_requested` /
-    /// `grace_period`). The first action moves `granted` to `active`.
+    /// The lease check of an action, made once and first: lease
+    /// `lease_id` exists and `holder` holds it. Reads only; the lease's
+    /// status is judged when the action commits its use
+    /// ([`LeaseEngine::begin_action`]), after the action's other checks, so
+    /// that a refused action never activates a lease.
     ///
-    /// Errors: `NotFound`, `NotHolder`, `Expired`, `NotUsable` (`requested`
-    /// or final), `InvalidRequest` (field `capability_id`) when the lease
-    /// covers another capability.
+    /// Errors: `NotFound` (also when the store cannot be read), `NotHolder`.
+    pub async fn check_action(
+        &self,
+        holder: &Principal,
+        lease_id: &str,
+    ) -> Result<CapabilityLease, LeaseError> {
+        let lease = self
+            .get(lease_id)
+            .await
+            .ok_or_else(|| LeaseError::NotFound {
+                lease_id: lease_id.to_string(),
+            })?;
+        check_holder(holder, &lease, false)?;
+        Ok(lease)
+    }
+
+    /// Commit the use of lease `lease_id` by an action on `capability_id`
+    /// whose holder [`LeaseEngine::check_action`] checked: the lease covers
+    /// that capability and is in a holding status (`granted`, `active`,
+    /// `renew_pending`, or finishing up in `preempt_requested` /
+    /// `grace_period`), also after a deadline that passed meanwhile is
+    /// settled. The first action moves `granted` to `active`.
+    ///
+    /// Errors: `NotFound`, `Expired`, `NotUsable` (`requested` or final),
+    /// `InvalidRequest` (field `capability_id`) when the lease covers
+    /// another capability.
+    pub async fn begin_action(
+        &self,
+        lease_id: &str,
+        capability_id: &str,
+    ) -> Result<CapabilityLease, LeaseError> {
+        self.act(None, lease_id, capability_id).await
+    }
+
+    /// [`LeaseEngine::check_action`]'s holder check and
+    /// [`LeaseEngine::begin_action`] in one call.
+    ///
+    /// Errors: as both.
     pub async fn authorize_action(
         &self,
         holder: &Principal,
+        lease_id: &str,
+        capability_id: &str,
+    ) -> Result<CapabilityLease, LeaseError> {
+        self.act(Some(holder), lease_id, capability_id).await
+    }
+
+    async fn act(
+        &self,
+        holder: Option<&Principal>,
         lease_id: &str,
         capability_id: &str,
     ) -> Result<CapabilityLease, LeaseError> {
@@ -1080,7 +1128,7 @@ impl LeaseEngine {
             return Some(l.clone());
         }
         let id = lease_id.to_string();
-        match self.db.read(move |c| store::load_one(c, &id)).await {
+        match self.db.read(move |c| sql::load_one(c, &id)).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
                 tracing::error!(lease_id, error = %e, "cannot read lease");
@@ -1107,7 +1155,7 @@ impl LeaseEngine {
 
     /// [`list`](Self::list) that reports a store failure.
     pub async fn try_list(&self, filter: LeaseFilter) -> Result<Vec<CapabilityLease>, LeaseError> {
-        Ok(self.db.read(move |c| store::list(c, &filter)).await??)
+        Ok(self.db.read(move |c| sql::list(c, &filter)).await??)
     }
 
     /// Ids of capabilities with at least one committed lease in a holding
@@ -1241,7 +1289,7 @@ impl LeaseEngine {
     /// directory, and accept operations again.
     async fn reload(&self) -> Result<(), LeaseError> {
         let (rows, next_seq, next_generation, counts) =
-            self.db.read(|c| store::load_live(c)).await??;
+            self.db.read(|c| sql::load_live(c)).await??;
         lock(&self.view).load(&rows, &counts);
         let mut st = lock(&self.state);
         let now = self.now();

@@ -53,12 +53,12 @@ use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionSt
 use shared_protocol::validate::check_id;
 
 use super::partial::ContentRange;
-use super::{ArtifactFilter, SessionError, SessionFilter, Sessions};
-use crate::api::leases::{LEASE_READ_ROLES, LEASE_ROLES};
+use super::{ArtifactFilter, SessionError, SessionFilter, Sessions, UploadReceipt};
 use crate::api::{parse_one, ApiQuery};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
+use crate::leases::api::{LEASE_READ_ROLES, LEASE_ROLES};
 
 /// The header carrying the body's sha256 (lowercase hex).
 pub const CHECKSUM_HEADER: &str = "x-checksum-sha256";
@@ -327,12 +327,18 @@ async fn upload(
         .finish_upload(&who, &artifact_id, &permit.sha256, staged)
         .await?;
     drop(permit);
+    Ok(uploaded(receipt))
+}
+
+/// The answer to an upload that completed: 201 with the record when this
+/// PUT stored or bound the bytes, 200 for a repeat.
+fn uploaded(receipt: UploadReceipt) -> Response {
     let status = if receipt.first {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(receipt.record)).into_response())
+    (status, Json(receipt.record)).into_response()
 }
 
 /// One piece of a resumable upload (see the module doc): appended to the
@@ -408,10 +414,182 @@ async fn upload_range(
         .finish_upload(&who, &artifact_id, &permit.sha256, staged)
         .await?;
     drop(permit);
-    let status = if receipt.first {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(receipt.record)).into_response())
+    Ok(uploaded(receipt))
+}
+
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> Self {
+        let message = e.to_string();
+        match e {
+            SessionError::Lease(l) => l.into(),
+            SessionError::UnsupportedAction {
+                capability_id,
+                action,
+                supported,
+            } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unsupported_action",
+                message,
+            )
+            .with_details(json!({
+                "field": "action",
+                "action": action,
+                "capability_id": capability_id,
+                "supported_actions": supported,
+            })),
+            SessionError::CapabilityNotLeased {
+                lease_id,
+                leased,
+                requested,
+            } => ApiError::invalid_field("capability_id", message).with_details(json!({
+                "field": "capability_id",
+                "lease_id": lease_id,
+                "leased_capability_id": leased,
+                "capability_id": requested,
+            })),
+            SessionError::UnknownCapability { capability_id } => {
+                ApiError::not_found("capability", &capability_id)
+            }
+            SessionError::ProviderOffline {
+                provider_id,
+                capability_id,
+            } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "provider_offline", message)
+                .with_details(json!({
+                    "provider_id": provider_id,
+                    "capability_id": capability_id,
+                })),
+            SessionError::ProviderCredentialsRevoked {
+                provider_id,
+                capability_id,
+            } => ApiError::new(
+                StatusCode::FORBIDDEN,
+                "provider_credentials_revoked",
+                message,
+            )
+            .with_details(json!({
+                "provider_id": provider_id,
+                "capability_id": capability_id,
+            })),
+            SessionError::ProviderConflict {
+                provider_id,
+                capability_id,
+                instances,
+            } => ApiError::new(StatusCode::CONFLICT, "provider_conflict", message).with_details(
+                json!({
+                    "provider_id": provider_id,
+                    "capability_id": capability_id,
+                    "instances": instances,
+                }),
+            ),
+            SessionError::ControlPlaneDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "control_plane_unavailable",
+                message,
+            ),
+            SessionError::CommandTooLarge {
+                capability_id,
+                size,
+                limit,
+            } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "command_too_large", message)
+                .with_details(json!({
+                    "capability_id": capability_id,
+                    "encoded_bytes": size,
+                    "limit_bytes": limit,
+                })),
+            SessionError::SessionNotFound { session_id } => {
+                ApiError::not_found("session", &session_id)
+            }
+            SessionError::ArtifactNotFound { artifact_id } => {
+                ApiError::not_found("artifact", &artifact_id)
+            }
+            SessionError::ArtifactNotUploaded { artifact_id } => {
+                ApiError::conflict("artifact_not_uploaded", message)
+                    .with_details(json!({ "artifact_id": artifact_id, "uploaded": false }))
+            }
+            SessionError::NotArtifactOwner {
+                artifact_id,
+                owner: _,
+                caller,
+            } => ApiError::new(StatusCode::FORBIDDEN, "not_artifact_owner", message)
+                .with_details(json!({ "artifact_id": artifact_id, "principal": caller })),
+            SessionError::ChecksumMismatch {
+                artifact_id,
+                what,
+                expected,
+                actual,
+            } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "checksum_mismatch",
+                message,
+            )
+            .with_details(json!({
+                "artifact_id": artifact_id,
+                "expected": expected,
+                "expected_from": what,
+                "actual": actual,
+            })),
+            SessionError::BadChecksumHeader => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_checksum_header", message)
+                    .with_details(json!({ "header": "X-Checksum-Sha256" }))
+            }
+            SessionError::TooLarge { artifact_id, limit } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+                    .with_details(json!({ "artifact_id": artifact_id, "limit_bytes": limit }))
+            }
+            SessionError::UnboundLimit {
+                provider_id,
+                artifact_id,
+                held,
+                in_flight,
+                incoming,
+                limit,
+                ..
+            } => ApiError::conflict("unbound_upload_limit", message).with_details(json!({
+                "provider_id": provider_id,
+                "artifact_id": artifact_id,
+                "unbound_bytes": held,
+                "in_flight_bytes": in_flight,
+                "incoming_bytes": incoming,
+                "limit_bytes": limit,
+            })),
+            SessionError::Interrupted {
+                artifact_id,
+                received,
+                ..
+            } => ApiError::new(StatusCode::BAD_REQUEST, "upload_interrupted", message)
+                .with_details(json!({ "artifact_id": artifact_id, "received_bytes": received })),
+            SessionError::BadContentRange(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_content_range", message)
+            }
+            SessionError::OffsetMismatch {
+                artifact_id,
+                held,
+                start,
+            } => ApiError::new(StatusCode::CONFLICT, "upload_offset_mismatch", message)
+                .with_details(json!({
+                    "artifact_id": artifact_id,
+                    "received_bytes": held,
+                    "start": start,
+                })),
+            SessionError::UploadBusy { artifact_id } => {
+                ApiError::new(StatusCode::CONFLICT, "upload_in_progress", message)
+                    .with_details(json!({ "artifact_id": artifact_id }))
+            }
+            SessionError::PartialLimit {
+                artifact_id,
+                held,
+                incoming,
+                limit,
+            } => ApiError::new(StatusCode::CONFLICT, "partial_upload_limit", message).with_details(
+                json!({
+                    "artifact_id": artifact_id,
+                    "held_bytes": held,
+                    "incoming_bytes": incoming,
+                    "limit_bytes": limit,
+                }),
+            ),
+            SessionError::Blob(e) => ApiError::internal(e),
+            SessionError::Store(e) => ApiError::internal(e),
+        }
+    }
 }

@@ -10,6 +10,9 @@
 //! of the sessions still open ("now + (deadline_at − wall now)", as leases
 //! do, see `leases` "Time"): time the registry was down counts against
 //! them, and a wall-clock step while it was down shifts them by the step.
+//!
+//! Beside its deadline, a session sent by this run keeps its command's
+//! [`Fence`], so a report is judged against it without reading the store.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,10 +31,20 @@ pub(crate) enum Sent {
     BeforeStart,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// The authority a session's command carried (docs/architecture.md
+/// "Fencing"): its lease and its `not_after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fence {
+    pub lease_id: String,
+    pub not_after: Timestamp,
+}
+
+#[derive(Debug, Clone)]
 struct Deadline {
     at: Instant,
     sent: Sent,
+    /// Known for sessions sent by this run.
+    fence: Option<Fence>,
 }
 
 /// The deadlines of the open sessions, by session id. A session leaves
@@ -63,15 +76,21 @@ pub(crate) fn instant_of(now: Instant, wall_now: Timestamp, wall: Timestamp) -> 
 }
 
 impl Deadlines {
-    /// A session sent at `sent` must end by `at`.
-    pub fn insert(&mut self, session_id: &str, sent: Instant, at: Instant) {
+    /// A session sent at `sent` under `fence` must end by `at`.
+    pub fn insert(&mut self, session_id: &str, sent: Instant, at: Instant, fence: Option<Fence>) {
         self.open.insert(
             session_id.to_string(),
             Deadline {
                 at,
                 sent: Sent::At(sent),
+                fence,
             },
         );
+    }
+
+    /// The fence of open session `session_id`, when this run sent it.
+    pub fn fence(&self, session_id: &str) -> Option<Fence> {
+        self.open.get(session_id).and_then(|d| d.fence.clone())
     }
 
     /// A session found open in the store at start, whose deadline is `at`;
@@ -80,6 +99,7 @@ impl Deadlines {
         self.open.entry(session_id.to_string()).or_insert(Deadline {
             at,
             sent: Sent::BeforeStart,
+            fence: None,
         });
     }
 
@@ -89,6 +109,7 @@ impl Deadlines {
         let d = self.open.entry(session_id.to_string()).or_insert(Deadline {
             at,
             sent: Sent::BeforeStart,
+            fence: None,
         });
         d.at = d.at.min(at);
     }
@@ -128,7 +149,7 @@ mod tests {
     fn a_session_is_overdue_only_once_its_monotonic_deadline_has_passed() {
         let t0 = Instant::now();
         let mut d = Deadlines::default();
-        d.insert("s1", t0, t0 + Duration::from_secs(45));
+        d.insert("s1", t0, t0 + Duration::from_secs(45), None);
         assert!(d.overdue(t0 + Duration::from_secs(44), None).is_empty());
         assert_eq!(d.overdue(t0 + Duration::from_secs(45), None), ["s1"]);
         d.remove("s1");
@@ -140,7 +161,7 @@ mod tests {
     fn a_lease_end_only_brings_a_deadline_closer() {
         let t0 = Instant::now();
         let mut d = Deadlines::default();
-        d.insert("s1", t0, t0 + Duration::from_secs(45));
+        d.insert("s1", t0, t0 + Duration::from_secs(45), None);
         d.shorten("s1", t0 + Duration::from_secs(15));
         assert_eq!(d.overdue(t0 + Duration::from_secs(15), None), ["s1"]);
         d.shorten("s1", t0 + Duration::from_secs(60));
@@ -152,11 +173,12 @@ mod tests {
         let t0 = Instant::now();
         let reconnected = t0 + Duration::from_secs(10);
         let mut d = Deadlines::default();
-        d.insert("before", t0, t0 + Duration::from_secs(1));
+        d.insert("before", t0, t0 + Duration::from_secs(1), None);
         d.insert(
             "since",
             reconnected + Duration::from_secs(1),
             reconnected + Duration::from_secs(2),
+            None,
         );
         d.restore("restored", t0);
         // A restored id does not replace the deadline of one sent by this run.

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 use shared_protocol::Timestamp;
 
-use super::store::ts;
+use super::sql::ts;
 
 /// Create the table and the indexes the sweep and the per-provider limit
 /// look through (idempotent). Held uploads from before the table existed
@@ -340,7 +340,7 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sessions::store::{self, UploadRecorded};
+    use crate::sessions::sql::{self, UploadRecorded};
     use chrono::{Duration, TimeZone, Utc};
 
     fn at(minute: u32) -> Timestamp {
@@ -356,7 +356,7 @@ mod tests {
         let mut conn = Connection::open(dir.path().join("registry.sqlite3")).unwrap();
         let tx = conn.transaction().unwrap();
         crate::events::migrate(&tx).unwrap();
-        store::migrate(&tx).unwrap();
+        sql::migrate(&tx).unwrap();
         migrate(&tx).unwrap();
         tx.commit().unwrap();
         conn
@@ -365,7 +365,7 @@ mod tests {
     /// What the upload path does for bytes no artifact row binds: the
     /// held row, and this table's row.
     fn upload(conn: &mut Connection, provider: &str, artifact: &str, sum: &str, when: Timestamp) {
-        let r = store::record_upload(conn, artifact, provider, sum, 100, when).unwrap();
+        let r = sql::record_upload(conn, artifact, provider, sum, 100, when).unwrap();
         assert!(matches!(r, UploadRecorded::Held { .. }), "{r:?}");
         note_unbound(conn, provider, sum, artifact, 100, when).unwrap();
     }

@@ -57,7 +57,7 @@ use shared_protocol::lease::{
 };
 use shared_protocol::validate::{Validate, ValidationError};
 
-use super::{parse_in_range, parse_one, ApiQuery, ApiState, OptionalJson};
+use crate::api::{parse_in_range, parse_one, ApiQuery, OptionalJson};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
@@ -76,7 +76,16 @@ pub const LEASE_READ_ROLES: &[Role] =
 /// `invalid_query`.
 pub const MAX_WAIT_SECONDS: u64 = 300;
 
-pub(super) fn routes() -> axum::Router<ApiState> {
+/// What the lease handlers use.
+#[derive(Clone)]
+pub struct LeasesApi {
+    pub leases: std::sync::Arc<super::LeaseEngine>,
+    /// Turns true when the registry shuts down (ends waits for a grant).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The lease routes (relative to `/api/v1`).
+pub fn routes(state: LeasesApi) -> Router {
     Router::new()
         .route("/capability-leases/request", post(request))
         .route("/capability-leases/request-group", post(request_group))
@@ -84,6 +93,7 @@ pub(super) fn routes() -> axum::Router<ApiState> {
         .route("/capability-leases/{lease_id}/release", post(release))
         .route("/capability-leases", get(list))
         .route("/capability-leases/{lease_id}", get(get_one))
+        .with_state(state)
 }
 
 #[derive(Deserialize)]
@@ -346,7 +356,7 @@ fn answer<T: Serialize>(
 ///
 /// Errors: `NotFound`.
 async fn wait_granted(
-    st: &ApiState,
+    st: &LeasesApi,
     lease_id: &str,
     wait: Duration,
 ) -> Result<CapabilityLease, LeaseError> {
@@ -380,7 +390,7 @@ fn created_or_accepted(status: LeaseStatus) -> StatusCode {
 }
 
 async fn request(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<WaitQuery>,
@@ -414,7 +424,7 @@ async fn request(
 }
 
 async fn request_group(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<WaitQuery>,
@@ -461,7 +471,7 @@ async fn request_group(
 }
 
 async fn renew(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     Path(lease_id): Path<String>,
     OptionalJson(body): OptionalJson<LeaseBody>,
@@ -472,7 +482,7 @@ async fn renew(
 }
 
 async fn release(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     Path(lease_id): Path<String>,
     OptionalJson(req): OptionalJson<LeaseReleaseRequest>,
@@ -492,7 +502,7 @@ struct ListQuery {
 }
 
 async fn list(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -503,14 +513,14 @@ async fn list(
         status: parse_one::<LeaseStatus>("status", q.status.as_deref())?,
         lease_group_id: q.lease_group_id.filter(|s| !s.is_empty()),
         active_only: q.active_only.unwrap_or(false),
-        limit: Some(super::list_limit(q.limit, 500, 10_000)?),
+        limit: Some(crate::api::list_limit(q.limit, 500, 10_000)?),
     };
     let leases = st.leases.try_list(filter).await?;
     Ok(Json(json!({ "leases": leases })))
 }
 
 async fn get_one(
-    State(st): State<ApiState>,
+    State(st): State<LeasesApi>,
     who: Principal,
     Path(lease_id): Path<String>,
 ) -> ApiResult<Json<CapabilityLease>> {
@@ -520,4 +530,79 @@ async fn get_one(
         .await
         .map(Json)
         .ok_or_else(|| ApiError::not_found("lease", &lease_id))
+}
+
+impl From<LeaseError> for ApiError {
+    /// 404 `not_found` (lease, capability) / `no_matching_capability`,
+    /// 403 `not_lease_holder`, 409 `lease_not_usable` / `lease_expired`
+    /// with `details.lease_status`, 422 `invalid_field` naming the field,
+    /// 422 `idempotency_key_reused`,
+    /// 503 `capability_offline` / `queue_full` / `unavailable`, 507
+    /// `storage_full` when the store's disk is full, 500 for another store
+    /// failure.
+    fn from(e: LeaseError) -> Self {
+        let message = e.to_string();
+        match e {
+            LeaseError::NotFound { lease_id } => ApiError::not_found("lease", &lease_id),
+            LeaseError::NotHolder {
+                lease_id,
+                principal,
+                holder: _,
+            } => ApiError::new(StatusCode::FORBIDDEN, "not_lease_holder", message)
+                .with_details(json!({ "lease_id": lease_id, "principal": principal })),
+            LeaseError::NotUsable {
+                lease_id,
+                status,
+                operation,
+            } => ApiError::conflict("lease_not_usable", message).with_details(json!({
+                "lease_id": lease_id,
+                "lease_status": status,
+                "operation": operation,
+            })),
+            LeaseError::Expired { lease_id } => ApiError::conflict("lease_expired", message)
+                .with_details(json!({
+                    "lease_id": lease_id,
+                    "lease_status": LeaseStatus::Expired,
+                })),
+            LeaseError::UnknownCapability { capability_id } => {
+                ApiError::not_found("capability", &capability_id)
+            }
+            LeaseError::CapabilityOffline { capability_ids } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capability_offline",
+                message,
+            )
+            .with_details(json!({ "capability_ids": capability_ids })),
+            LeaseError::NoMatchingCapability { field, selector } => {
+                let selector = serde_json::from_str::<serde_json::Value>(&selector)
+                    .unwrap_or(serde_json::Value::String(selector));
+                ApiError::new(StatusCode::NOT_FOUND, "no_matching_capability", message)
+                    .with_details(json!({ "field": field, "selector": selector }))
+            }
+            LeaseError::QueueFull { limit } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message)
+                    .with_details(json!({ "limit": limit }))
+            }
+            LeaseError::InvalidRequest { field, message } => {
+                ApiError::invalid_field(&field, format!("{field}: {message}"))
+            }
+            LeaseError::IdempotencyKeyReused { key } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                message,
+            )
+            .with_details(json!({ "header": "Idempotency-Key", "key": key })),
+            // A commit refused for lack of space, or the recovery after
+            // it while the disk is still full: the same answer as every
+            // other write path.
+            LeaseError::Unavailable { message }
+                if crate::storage::is_full(&message)
+                    || (crate::storage::is_store_full() && message.contains("recovering")) =>
+            {
+                ApiError::storage_full(&message)
+            }
+            LeaseError::Unavailable { .. } => ApiError::unavailable(message),
+            LeaseError::Store(e) => ApiError::internal(e),
+        }
+    }
 }

@@ -23,9 +23,9 @@ use shared_protocol::provider::{
 };
 use tokio::sync::watch;
 
+use super::store::{boot_changed, ProviderFilter, ProviderStore, StoreError, StoreResult};
 use crate::events::EventBus;
 use crate::hearing::Hearing;
-use crate::store::{boot_changed, ProviderFilter, Store, StoreError, StoreResult};
 use crate::twins::{TwinSettings, TwinWatch};
 
 /// What the registry tells the lease engine. Implemented for
@@ -103,7 +103,7 @@ pub enum OfflineReason {
     MissedHeartbeats,
     /// Stored as `online` when a registry with the embedded broker
     /// started, so not connected now (see
-    /// [`CapabilityRegistry::mark_unheard_providers_offline`]). Says nothing
+    /// [`Providers::mark_unheard_providers_offline`]). Says nothing
     /// about the bench itself: a planned restart leaves it running.
     RegistryRestarted,
 }
@@ -127,7 +127,7 @@ impl std::fmt::Display for OfflineReason {
     }
 }
 
-/// A provider's presence as [`CapabilityRegistry`] records it.
+/// A provider's presence as [`Providers`] records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Presence {
     /// Its `online` status arrived.
@@ -137,7 +137,7 @@ enum Presence {
 
 /// Timing the registry needs from the configuration.
 #[derive(Debug, Clone)]
-pub struct RegistrySettings {
+pub struct ProviderSettings {
     /// Told to providers in register/heartbeat answers, seconds.
     pub heartbeat_interval_seconds: u32,
     /// Silence after which a provider is marked offline.
@@ -148,13 +148,13 @@ pub struct RegistrySettings {
     pub twins: TwinSettings,
 }
 
-/// The registry service. Share it as `Arc<CapabilityRegistry>`.
-pub struct CapabilityRegistry {
-    store: Arc<dyn Store>,
+/// The registry service. Share it as `Arc<Providers>`.
+pub struct Providers {
+    store: Arc<dyn ProviderStore>,
     bus: EventBus,
     leases: Arc<dyn LeaseSync>,
     hooks: RwLock<Vec<Arc<dyn ProviderHooks>>>,
-    settings: RegistrySettings,
+    settings: ProviderSettings,
     /// Capabilities in a non-interruptible window, per provider, as last
     /// reported (so the engine hears only of changes).
     windows: Mutex<HashMap<String, HashSet<String>>>,
@@ -170,13 +170,13 @@ pub struct CapabilityRegistry {
     started: Instant,
 }
 
-impl CapabilityRegistry {
+impl Providers {
     /// A registry over `store`, publishing on `bus`, telling `leases`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn ProviderStore>,
         bus: EventBus,
         leases: Arc<dyn LeaseSync>,
-        settings: RegistrySettings,
+        settings: ProviderSettings,
     ) -> Arc<Self> {
         let twins = Arc::new(TwinWatch::new(settings.twins));
         Arc::new(Self {
@@ -199,7 +199,7 @@ impl CapabilityRegistry {
     }
 
     /// The store (reads for the API).
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub fn store(&self) -> &Arc<dyn ProviderStore> {
         &self.store
     }
 
@@ -215,7 +215,7 @@ impl CapabilityRegistry {
     }
 
     /// The timing settings.
-    pub fn settings(&self) -> &RegistrySettings {
+    pub fn settings(&self) -> &ProviderSettings {
         &self.settings
     }
 

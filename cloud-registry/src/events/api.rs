@@ -9,7 +9,7 @@
 //! replays events with `event_id > N` from the append-only `events` table,
 //! then continues live, with no gap and no duplicate: the live subscription
 //! is taken before the replay, and live events at or below the last id
-//! sent are skipped (see [`crate::follow`]). Without either, the stream
+//! sent are skipped (see [`crate::events::follow`]). Without either, the stream
 //! starts at the current end of the log (live only).
 //!
 //! # Slow clients
@@ -48,17 +48,30 @@ use shared_protocol::event::{CapabilityEvent, EventType, StreamGap};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{parse_list, ApiQuery, ApiState};
+use crate::api::{parse_list, ApiQuery};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::follow::{EventFollower, Followed};
+use crate::events::follow::{EventFollower, Followed};
 use shared_protocol::api::Role;
 
 /// How often an open stream re-checks its token.
 pub const TOKEN_RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-pub(super) fn routes() -> axum::Router<ApiState> {
-    Router::new().route("/capability-events/stream", get(stream))
+/// What the event stream uses.
+#[derive(Clone)]
+pub struct EventsApi {
+    pub auth: std::sync::Arc<crate::auth::Authenticator>,
+    pub bus: super::EventBus,
+    pub db: crate::db::Db,
+    /// Turns true when the registry shuts down (ends the streams).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The event stream route (relative to `/api/v1`).
+pub fn routes(state: EventsApi) -> Router {
+    Router::new()
+        .route("/capability-events/stream", get(stream))
+        .with_state(state)
 }
 
 /// Which events a client wants.
@@ -107,7 +120,7 @@ fn sse_event(ev: &CapabilityEvent) -> Event {
 }
 
 async fn stream(
-    State(st): State<ApiState>,
+    State(st): State<EventsApi>,
     who: Principal,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<StreamQuery>,

@@ -2,16 +2,13 @@
 //! (seed 001 §14 tables `capability_providers`, `capabilities`,
 //! `capability_health_snapshots`).
 //!
-//! [`Store`] is the interface the HTTP handlers and the MQTT ingest use; no
-//! SQL lives outside its implementations. [`sqlite::SqliteStore`] is the
+//! [`ProviderStore`] is the interface the HTTP handlers and the MQTT ingest use; no
+//! SQL lives outside its implementations. [`sqlite::SqliteProviderStore`] is the
 //! default; the trait is shaped so a PostgreSQL implementation can follow:
 //! every operation is one call that owns its transaction, takes owned
 //! values, and returns the events it appended in that same transaction (the
 //! caller publishes them on the live bus after the call returns, i.e. after
 //! commit).
-
-pub mod cache;
-pub mod sqlite;
 
 use std::time::Duration;
 
@@ -25,8 +22,6 @@ use shared_protocol::provider::{
     CapabilityProvider, HeartbeatRequest, OnlineStatus, ProviderRegisterRequest,
 };
 use shared_protocol::Timestamp;
-
-use crate::error::ApiError;
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -56,20 +51,6 @@ impl From<crate::db::DbError> for StoreError {
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         StoreError::Backend(e.to_string())
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::NotFound { kind, id } => ApiError::not_found(kind, &id),
-            StoreError::Conflict {
-                code,
-                message,
-                details,
-            } => ApiError::conflict(code, message).with_details(details),
-            StoreError::Backend(m) => ApiError::internal(m),
-        }
     }
 }
 
@@ -105,7 +86,7 @@ pub struct HealthChange {
     pub status: CapabilityStatus,
 }
 
-/// What [`Store::register_provider`] did.
+/// What [`ProviderStore::register_provider`] did.
 #[derive(Debug, Clone)]
 pub struct ProviderRegistered {
     pub provider: CapabilityProvider,
@@ -137,7 +118,7 @@ pub fn boot_changed(previous: Option<&str>, now: Option<&str>) -> bool {
     matches!((previous, now), (Some(a), Some(b)) if a != b)
 }
 
-/// What [`Store::register_capabilities`] did.
+/// What [`ProviderStore::register_capabilities`] did.
 #[derive(Debug, Clone)]
 pub struct CapabilitiesRegistered {
     /// The stored capabilities, in request order.
@@ -148,7 +129,7 @@ pub struct CapabilitiesRegistered {
     pub events: Vec<CapabilityEvent>,
 }
 
-/// What [`Store::record_heartbeat`] did.
+/// What [`ProviderStore::record_heartbeat`] did.
 #[derive(Debug, Clone)]
 pub struct HeartbeatRecorded {
     pub provider_id: String,
@@ -171,7 +152,7 @@ pub struct HeartbeatRecorded {
     pub events: Vec<CapabilityEvent>,
 }
 
-/// What [`Store::set_provider_online`] did.
+/// What [`ProviderStore::set_provider_online`] did.
 #[derive(Debug, Clone)]
 pub struct OnlineTransition {
     pub provider_id: String,
@@ -217,7 +198,7 @@ pub struct StoreCounts {
 /// append the events of a change in the same transaction as the change and
 /// return them; they never publish.
 #[async_trait::async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait ProviderStore: Send + Sync + 'static {
     /// Cheap round trip to the backend (`/healthz`).
     async fn ping(&self) -> StoreResult<()>;
 

@@ -1,4 +1,4 @@
-//! [`Store`] on SQLite through [`crate::db::Db`]: writes run on the writer
+//! [`ProviderStore`] on SQLite through [`crate::db::Db`]: writes run on the writer
 //! thread inside one transaction each, reads on the reader thread.
 //!
 //! Times are stored as RFC 3339 UTC with microseconds and a `Z`, so text
@@ -24,9 +24,9 @@ use shared_protocol::provider::{
 use shared_protocol::Timestamp;
 
 use super::cache::RowCache;
-use super::{
+use super::store::{
     CapabilitiesRegistered, CapabilityFilter, HealthChange, HealthSnapshot, HeartbeatRecorded,
-    OnlineTransition, ProviderFilter, ProviderRegistered, Store, StoreCounts, StoreError,
+    OnlineTransition, ProviderFilter, ProviderRegistered, ProviderStore, StoreCounts, StoreError,
     StoreResult,
 };
 use crate::db::Db;
@@ -102,12 +102,12 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
 /// committed rows; each write forgets the provider it touched on the
 /// writer thread, right after its commit.
 #[derive(Clone)]
-pub struct SqliteStore {
+pub struct SqliteProviderStore {
     db: Db,
     cache: RowCache,
 }
 
-impl SqliteStore {
+impl SqliteProviderStore {
     /// A store over `db`, whose tables [`migrate`] has created.
     pub fn new(db: Db) -> Self {
         Self {
@@ -421,7 +421,8 @@ fn register_provider_tx(
     )?;
     let provider =
         load_provider(&tx, &req.provider_id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-    let restarted = super::boot_changed(previous_boot_id.as_deref(), provider.boot_id.as_deref());
+    let restarted =
+        super::store::boot_changed(previous_boot_id.as_deref(), provider.boot_id.as_deref());
     let mut evs = vec![events::append(
         &tx,
         NewEvent::new(
@@ -701,7 +702,7 @@ fn set_online_tx(
 }
 
 #[async_trait::async_trait]
-impl Store for SqliteStore {
+impl ProviderStore for SqliteProviderStore {
     async fn ping(&self) -> StoreResult<()> {
         self.db
             .read(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))

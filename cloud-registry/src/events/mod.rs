@@ -6,6 +6,13 @@
 //! together; after the commit they hand the events to [`EventBus::publish`].
 //! `event_id` is SQLite's rowid: it only grows, which is what
 //! `Last-Event-ID` resumption needs.
+//!
+//! - [`follow`]: lossless, ordered reading of the log (SSE, the MQTT
+//!   command forwarder, the sessions' lease follower);
+//! - [`api`]: `GET /api/v1/capability-events/stream` (SSE).
+
+pub mod api;
+pub mod follow;
 
 use std::sync::Arc;
 

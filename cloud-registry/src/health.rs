@@ -25,13 +25,39 @@ use axum::{Json, Router};
 use serde_json::json;
 use shared_protocol::api::RegistryTime;
 
-use super::ApiState;
+use std::sync::Arc;
 
-pub(super) fn routes() -> axum::Router<ApiState> {
+use crate::mqtt::MqttStats;
+
+/// What `/healthz` reports about MQTT.
+#[derive(Clone)]
+pub struct MqttHealth {
+    /// `embedded` or `external`.
+    pub mode: &'static str,
+    /// The broker's address.
+    pub addr: String,
+    /// True while the registry's client is connected.
+    pub connected: Arc<dyn Fn() -> bool + Send + Sync>,
+    pub stats: Arc<MqttStats>,
+}
+
+/// What the health and metrics handlers read.
+#[derive(Clone)]
+pub struct HealthState {
+    pub providers: Arc<crate::providers::Providers>,
+    pub leases: Arc<crate::leases::LeaseEngine>,
+    pub db: crate::db::Db,
+    pub mqtt: MqttHealth,
+}
+
+/// `/healthz`, `/metrics` and `/time` (merged at the root and under
+/// `/api/v1`).
+pub fn routes(state: HealthState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/time", get(time))
+        .with_state(state)
 }
 
 /// The registry's wall clock, read as late as possible so that the
@@ -45,8 +71,8 @@ async fn time() -> Response {
     ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
 }
 
-async fn healthz(State(st): State<ApiState>) -> Response {
-    let store = st.registry.store().ping().await;
+async fn healthz(State(st): State<HealthState>) -> Response {
+    let store = st.providers.store().ping().await;
     let connected = (st.mqtt.connected)();
     let disk = crate::storage::snapshot();
     let ok = store.is_ok() && connected && disk.writable;
@@ -85,7 +111,7 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
     }
 }
 
-async fn metrics(State(st): State<ApiState>) -> Response {
+async fn metrics(State(st): State<HealthState>) -> Response {
     let mut out = String::new();
     let leases = st.leases.counts_by_status().await.unwrap_or_default();
     metric(
@@ -134,7 +160,7 @@ async fn metrics(State(st): State<ApiState>) -> Response {
             &[(String::new(), n)],
         );
     }
-    if let Ok(c) = st.registry.store().counts().await {
+    if let Ok(c) = st.providers.store().counts().await {
         metric(
             &mut out,
             "benchlink_providers_online",

@@ -28,16 +28,23 @@ use serde::{Deserialize, Serialize};
 use shared_protocol::api::Role;
 use shared_protocol::validate::{check_id, Validate, ValidationError};
 
-use super::ApiState;
 use crate::auth::{Principal, Revoked, TokenError, TokenInfo};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
 
-pub(super) fn routes() -> axum::Router<ApiState> {
+/// What the token handlers use.
+#[derive(Clone)]
+pub struct TokensApi {
+    pub auth: std::sync::Arc<crate::auth::Authenticator>,
+}
+
+/// The token routes (relative to `/api/v1`).
+pub fn routes(state: TokensApi) -> Router {
     Router::new()
         .route("/auth/tokens", post(create))
         .route("/tokens", get(list))
         .route("/tokens/{name}", delete(revoke))
+        .with_state(state)
 }
 
 /// Answer of `GET /api/v1/tokens`.
@@ -56,7 +63,7 @@ pub struct TokensRevoked {
     pub revoked_tokens: usize,
 }
 
-async fn list(State(st): State<ApiState>, who: Principal) -> ApiResult<Json<TokenList>> {
+async fn list(State(st): State<TokensApi>, who: Principal) -> ApiResult<Json<TokenList>> {
     who.require(&[Role::Admin])?;
     Ok(Json(TokenList {
         tokens: st.auth.list().await?,
@@ -64,7 +71,7 @@ async fn list(State(st): State<ApiState>, who: Principal) -> ApiResult<Json<Toke
 }
 
 async fn revoke(
-    State(st): State<ApiState>,
+    State(st): State<TokensApi>,
     who: Principal,
     Path(name): Path<String>,
 ) -> ApiResult<Json<TokensRevoked>> {
@@ -131,7 +138,7 @@ pub struct TokenCreated {
 }
 
 async fn create(
-    State(st): State<ApiState>,
+    State(st): State<TokensApi>,
     who: Principal,
     ValidJson(req): ValidJson<TokenCreateRequest>,
 ) -> ApiResult<(StatusCode, Json<TokenCreated>)> {

@@ -1,0 +1,93 @@
+//! Reads: sessions and artifacts by id or filter, and an uploaded
+//! artifact's bytes.
+
+use shared_protocol::artifact::CapabilityArtifact;
+use shared_protocol::session::CapabilitySession;
+
+use super::blobs::BlobContent;
+use super::error::SessionError;
+use super::sql::{self, ArtifactFilter, SessionFilter};
+
+use super::{Sessions, MAX_LIST};
+
+impl Sessions {
+    /// One session.
+    ///
+    /// Errors: `SessionNotFound`, `Store`.
+    pub async fn get_session(&self, session_id: &str) -> Result<CapabilitySession, SessionError> {
+        let id = session_id.to_string();
+        self.db
+            .read(move |c| sql::load_session(c, &id))
+            .await??
+            .map(|r| r.session)
+            .ok_or_else(|| SessionError::SessionNotFound {
+                session_id: session_id.to_string(),
+            })
+    }
+
+    /// Sessions matching `filter`, newest first.
+    pub async fn list_sessions(
+        &self,
+        mut filter: SessionFilter,
+    ) -> Result<Vec<CapabilitySession>, SessionError> {
+        filter.limit = filter.limit.clamp(1, MAX_LIST);
+        let rows = self
+            .db
+            .read(move |c| sql::list_sessions(c, &filter))
+            .await??;
+        Ok(rows.into_iter().map(|r| r.session).collect())
+    }
+
+    /// One artifact's metadata and the provider that produced it.
+    ///
+    /// Errors: `ArtifactNotFound`, `Store`.
+    pub async fn get_artifact(
+        &self,
+        artifact_id: &str,
+    ) -> Result<(CapabilityArtifact, String), SessionError> {
+        let id = artifact_id.to_string();
+        self.db
+            .read(move |c| sql::load_artifact(c, &id))
+            .await??
+            .map(|r| (r.artifact, r.provider_id))
+            .ok_or_else(|| SessionError::ArtifactNotFound {
+                artifact_id: artifact_id.to_string(),
+            })
+    }
+
+    /// Artifacts matching `filter`, oldest capture first.
+    pub async fn list_artifacts(
+        &self,
+        mut filter: ArtifactFilter,
+    ) -> Result<Vec<CapabilityArtifact>, SessionError> {
+        filter.limit = filter.limit.clamp(1, MAX_LIST);
+        let rows = self
+            .db
+            .read(move |c| sql::list_artifacts(c, &filter))
+            .await??;
+        Ok(rows.into_iter().map(|r| r.artifact).collect())
+    }
+
+    /// An uploaded artifact's metadata and bytes.
+    ///
+    /// Errors: `ArtifactNotFound`, `ArtifactNotUploaded` (only metadata),
+    /// `Blob`, `Store`.
+    pub async fn open_artifact(
+        &self,
+        artifact_id: &str,
+    ) -> Result<(CapabilityArtifact, String, BlobContent), SessionError> {
+        let (artifact, provider) = self.get_artifact(artifact_id).await?;
+        if !artifact.uploaded {
+            return Err(SessionError::ArtifactNotUploaded {
+                artifact_id: artifact_id.to_string(),
+            });
+        }
+        let content = self.blobs.open(&artifact.checksum).await?.ok_or_else(|| {
+            tracing::error!(artifact_id, checksum = %artifact.checksum, "artifact marked uploaded but its blob is missing");
+            SessionError::ArtifactNotUploaded {
+                artifact_id: artifact_id.to_string(),
+            }
+        })?;
+        Ok((artifact, provider, content))
+    }
+}
