@@ -8,6 +8,7 @@ mod agents_support;
 use std::time::{Duration, Instant};
 
 use agents_support::*;
+use benchlink_testkit::{find, strs};
 use cloud_registry::agents::config::{AgentsConfig, NativeTools};
 use cloud_registry::agents::prompts::{default_text, PROMPT_KEYS};
 use reqwest::multipart::{Form, Part};
@@ -74,12 +75,7 @@ async fn creating_a_run_persists_it_with_ordered_steps_and_lists_it() {
         .map(|s| s["step_index"].as_u64().unwrap())
         .collect();
     assert_eq!(indexes, (0..indexes.len() as u64).collect::<Vec<_>>());
-    let times: Vec<&str> = body["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["started_at"].as_str().unwrap())
-        .collect();
+    let times = strs(&body["steps"], "started_at");
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
     let run_id = body["run"]["public_id"].as_str().unwrap();
 
@@ -447,12 +443,7 @@ async fn web_search_not_configured_is_missing_data_and_the_command_still_works()
         "{missing:?}"
     );
     let d = h.run(resp["run_id"].as_str().unwrap()).await;
-    let ws = d["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "web.search")
-        .unwrap();
+    let ws = find(&d["steps"], "name", "web.search");
     assert_eq!(ws["status"], "completed");
     assert_eq!(d["run"]["status"], "completed");
 }
@@ -544,12 +535,7 @@ async fn a_transcription_is_returned_stored_and_shown_in_the_earth_command_run()
     assert_eq!(d["steps"][0]["step_type"], "transcription");
     assert_eq!(d["steps"][0]["output"]["text"], "高亮所有北斗卫星");
     assert_eq!(d["run"]["input"]["transcription_id"], tid);
-    let ev = d["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["evidence_type"] == "transcription")
-        .unwrap();
+    let ev = find(&d["evidence"], "evidence_type", "transcription");
     assert_eq!(ev["content"], "高亮所有北斗卫星");
     assert_eq!(ev["metadata"]["audio"]["size_bytes"], 48_000);
 }
@@ -646,9 +632,7 @@ async fn a_normal_admin_cannot_auto_apply_and_must_confirm() {
     );
     let id = p["id"].as_i64().unwrap();
 
-    let (status, err) = h
-        .post(Role::Admin, &format!("/proposals/{id}/apply"), json!({}))
-        .await;
+    let (status, err) = h.proposal(Role::Admin, id, "apply", json!({})).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
     assert_eq!(err["error"]["code"], "confirmation_required");
     let (_, list) = h.get(Role::Admin, "/proposals?status=pending").await;
@@ -659,20 +643,12 @@ async fn a_normal_admin_cannot_auto_apply_and_must_confirm() {
     assert_eq!(prompt_text(&h, "agents.roles.bgp").await.1, "default");
 
     let (status, _) = h
-        .post(
-            Role::Operator,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
+        .proposal(Role::Operator, id, "apply", json!({"confirm": true}))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 
     let (status, applied) = h
-        .post(
-            Role::Admin,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
+        .proposal(Role::Admin, id, "apply", json!({"confirm": true}))
         .await;
     assert_eq!(status, StatusCode::OK, "{applied}");
     assert_eq!(applied["status"], "applied");
@@ -716,13 +692,7 @@ async fn a_super_admin_applies_a_low_risk_proposal_without_confirmation() {
         prompt_text(&h, "agents.roles.bgp").await.0,
         "Role: BGP analyst v2."
     );
-    let (status, err) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({}),
-        )
-        .await;
+    let (status, err) = h.proposal(Role::SuperAdmin, id, "apply", json!({})).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(err["error"]["code"], "proposal_not_pending");
 }
@@ -736,24 +706,14 @@ async fn high_risk_proposals_always_need_manual_confirmation() {
     let d = propose(&h, &fake, Role::SuperAdmin, vec![draft]).await;
     let id = d["proposals"][0]["id"].as_i64().unwrap();
     assert_eq!(d["proposals"][0]["risk_level"], "high");
-    let (status, err) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({}),
-        )
-        .await;
+    let (status, err) = h.proposal(Role::SuperAdmin, id, "apply", json!({})).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(err["error"]["message"]
         .as_str()
         .unwrap()
         .contains("high-risk"));
     let (status, ok) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
+        .proposal(Role::SuperAdmin, id, "apply", json!({"confirm": true}))
         .await;
     assert_eq!(status, StatusCode::OK, "{ok}");
 }
@@ -810,11 +770,7 @@ async fn secret_field_and_schema_breaking_proposals_are_rejected_and_the_secret_
 
     let id = props[0]["id"].as_i64().unwrap();
     let (status, err) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
+        .proposal(Role::SuperAdmin, id, "apply", json!({"confirm": true}))
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(err["error"]["code"], "proposal_rejected");
@@ -882,23 +838,13 @@ async fn write_tools_are_denied_inside_runs_and_auto_apply_needs_a_super_admin_r
         vec![prompt_draft("auto applied")],
     )
     .await;
-    let denied = d["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "agents.apply_setting")
-        .unwrap();
+    let denied = find(&d["steps"], "name", "agents.apply_setting");
     assert_eq!(denied["status"], "failed");
     assert!(denied["error"]
         .as_str()
         .unwrap()
         .contains("write tools run only while an administrator applies"));
-    let auto = d["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "proposal.auto_apply")
-        .unwrap();
+    let auto = find(&d["steps"], "name", "proposal.auto_apply");
     assert_eq!(
         (auto["step_type"].as_str(), auto["status"].as_str()),
         (Some("policy"), Some("completed"))
@@ -921,12 +867,7 @@ async fn prompts_and_tools_are_listed_with_their_contracts() {
     let h = Harness::start(AgentsConfig::default()).await;
     let (status, body) = h.get(Role::Viewer, "/prompts").await;
     assert_eq!(status, StatusCode::OK);
-    let keys: Vec<&str> = body["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["key"].as_str().unwrap())
-        .collect();
+    let keys = strs(&body["prompts"], "key");
     assert_eq!(keys, PROMPT_KEYS);
     let (_, body) = h.get(Role::Viewer, "/tools").await;
     for t in body["tools"].as_array().unwrap() {

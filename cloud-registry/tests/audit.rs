@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::{Extension, Router};
+use benchlink_testkit::strs;
 use cloud_registry::audit::{self, AuditConfig, AuditService};
 use cloud_registry::auth::{self, Authenticator};
 use cloud_registry::db::Db;
@@ -206,6 +207,29 @@ impl Bench {
             )
             .await;
         assert!(s.is_success(), "{s} {b}");
+    }
+
+    /// An audit agent's token for principal `name`.
+    async fn agent(&self, name: &str) -> String {
+        self.token(Role::AuditAgent, name).await
+    }
+
+    /// The LED bench ([`Bench::register_led_bench`]), the `ui` thread
+    /// `mac-01:thread-ui-22`, and the LED tasks `ids` ([`led_request`] with
+    /// `time_budget_seconds`) queued by the admin: each answer 201.
+    async fn led_bench_with_tasks(&self, ids: &[&str], time_budget_seconds: u32) {
+        self.register_led_bench().await;
+        self.register_thread("mac-01:thread-ui-22", "ui").await;
+        for id in ids {
+            let (s, body) = self
+                .post(
+                    "/audit-requests",
+                    &self.admin,
+                    &led_request(id, time_budget_seconds),
+                )
+                .await;
+            assert_eq!(s, StatusCode::CREATED, "{body}");
+        }
     }
 
     async fn stop(self) {
@@ -426,32 +450,17 @@ async fn fifty_agents_claiming_at_once_take_each_of_200_tasks_exactly_once_in_pr
 #[tokio::test]
 async fn a_claimed_multimodal_task_holds_all_four_leases_and_a_second_waits_until_they_free() {
     let b = Bench::start(AuditConfig::default()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    for id in ["auditreq_001", "auditreq_002"] {
-        let (s, body) = b
-            .post("/audit-requests", &b.admin, &led_request(id, 300))
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{body}");
-    }
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
+    b.led_bench_with_tasks(&["auditreq_001", "auditreq_002"], 300)
         .await;
-    let c = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-02")
-        .await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
+    let c = b.agent("audit:multimodal-auditor-02").await;
 
     let (s, first) = b
         .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
         .await;
     assert_eq!(s, StatusCode::OK, "{first}");
     assert_eq!(first["request"]["audit_request_id"], "auditreq_001");
-    let types: Vec<&str> = first["assignments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["capability_type"].as_str().unwrap())
-        .collect();
+    let types = strs(&first["assignments"], "capability_type");
     assert_eq!(types, ["camera", "speaker", "microphone", "thumb_robot"]);
     let caps: HashSet<&str> = first["leases"]
         .as_array()
@@ -520,20 +529,10 @@ async fn a_claimed_multimodal_task_holds_all_four_leases_and_a_second_waits_unti
 #[tokio::test]
 async fn a_waiting_claim_gets_the_task_as_soon_as_its_capabilities_free() {
     let b = Bench::start(AuditConfig::default()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    for id in ["auditreq_001", "auditreq_002"] {
-        let (s, body) = b
-            .post("/audit-requests", &b.admin, &led_request(id, 300))
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{body}");
-    }
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
+    b.led_bench_with_tasks(&["auditreq_001", "auditreq_002"], 300)
         .await;
-    let c = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-02")
-        .await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
+    let c = b.agent("audit:multimodal-auditor-02").await;
     let (s, first) = b
         .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
         .await;
@@ -601,18 +600,9 @@ fn fast_timeouts() -> AuditConfig {
 #[tokio::test]
 async fn an_agent_that_vanishes_loses_the_task_and_its_leases_after_the_visibility_timeout() {
     let b = Bench::start(fast_timeouts()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let (s, body) = b
-        .post("/audit-requests", &b.admin, &led_request("auditreq_001", 1))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
-        .await;
-    let c = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-02")
-        .await;
+    b.led_bench_with_tasks(&["auditreq_001"], 1).await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
+    let c = b.agent("audit:multimodal-auditor-02").await;
     let (s, first) = b
         .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
         .await;
@@ -676,15 +666,8 @@ async fn an_agent_that_vanishes_loses_the_task_and_its_leases_after_the_visibili
 #[tokio::test]
 async fn extending_a_claim_moves_its_deadline_and_renews_its_leases() {
     let b = Bench::start(fast_timeouts()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let (s, body) = b
-        .post("/audit-requests", &b.admin, &led_request("auditreq_001", 1))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
-        .await;
+    b.led_bench_with_tasks(&["auditreq_001"], 1).await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
     let (s, first) = b
         .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
         .await;
@@ -722,11 +705,8 @@ async fn extending_a_claim_moves_its_deadline_and_renews_its_leases() {
 #[tokio::test]
 async fn the_seed_example_request_and_a_full_result_round_trip_through_the_api() {
     let b = Bench::start(AuditConfig::default()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
-        .await;
+    b.led_bench_with_tasks(&[], 0).await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
 
     let (s, created) = b.post("/audit-requests", &b.admin, &seed_request()).await;
     assert_eq!(s, StatusCode::CREATED, "{created}");
@@ -816,8 +796,8 @@ async fn a_chief_audit_over_three_sub_results_yields_the_decision_the_chief_agen
     b.register_thread("mac-01:thread-ui-22", "ui").await;
     b.register_thread("mac-02:thread-release-7", "release-manager")
         .await;
-    let chief_agent = b.token(Role::AuditAgent, "audit:chief-auditor-01").await;
-    let worker = b.token(Role::AuditAgent, "audit:sub-auditor-01").await;
+    let chief_agent = b.agent("audit:chief-auditor-01").await;
+    let worker = b.agent("audit:sub-auditor-01").await;
 
     let mut sw = plain_request("auditreq_sw", "software", 65);
     sw["repo_ref"] = json!("git@lab:device-assistant.git");
@@ -966,8 +946,8 @@ async fn a_chief_audit_over_three_sub_results_yields_the_decision_the_chief_agen
 async fn bad_input_gets_a_clear_error_and_stores_nothing() {
     let b = Bench::start(AuditConfig::default()).await;
     b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let a = b.token(Role::AuditAgent, "audit:software-auditor-01").await;
-    let other = b.token(Role::AuditAgent, "audit:software-auditor-02").await;
+    let a = b.agent("audit:software-auditor-01").await;
+    let other = b.agent("audit:software-auditor-02").await;
     let viewer = b.token(Role::Viewer, "dashboard").await;
 
     let mut unknown_type = plain_request("auditreq_x", "software", 60);
@@ -1115,7 +1095,7 @@ async fn an_agent_that_gives_up_returns_the_task_and_after_max_attempts_it_fails
         ..AuditConfig::default()
     })
     .await;
-    let a = b.token(Role::AuditAgent, "audit:hardware-auditor-01").await;
+    let a = b.agent("audit:hardware-auditor-01").await;
     let (s, _) = b
         .post(
             "/audit-requests",
@@ -1315,7 +1295,7 @@ async fn threads_register_once_update_in_place_and_page_their_messages() {
 #[tokio::test]
 async fn a_claim_waiting_for_work_answers_no_content_when_the_registry_shuts_down() {
     let b = Bench::start(AuditConfig::default()).await;
-    let a = b.token(Role::AuditAgent, "audit:software-auditor-01").await;
+    let a = b.agent("audit:software-auditor-01").await;
     let (base, http) = (b.base.clone(), b.http.clone());
     let started = Instant::now();
     let waiting = tokio::spawn(async move {

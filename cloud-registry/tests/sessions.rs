@@ -15,10 +15,10 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use benchlink_testkit::sha256_hex;
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
 use shared_protocol::mqtt::{ActionCommand, Envelope, MessageType, TopicKind};
 use tempfile::TempDir;
@@ -142,9 +142,8 @@ impl Bench {
     async fn lease(&self, token: &str, holder: &str, capability_id: &str, priority: u8) -> String {
         let (s, body) = self
             .api
-            .post(
-                "/api/v1/capability-leases/request",
-                Some(token),
+            .request_lease(
+                token,
                 &json!({
                     "capability_id": capability_id,
                     "holder_type": "audit_agent",
@@ -165,11 +164,7 @@ impl Bench {
     async fn release(&self, token: &str, lease_id: &str) {
         let (s, body) = self
             .api
-            .post(
-                &format!("/api/v1/capability-leases/{lease_id}/release"),
-                Some(token),
-                &json!({}),
-            )
+            .lease_post(token, lease_id, "release", &json!({}))
             .await;
         assert_eq!(s, StatusCode::OK, "{body}");
     }
@@ -183,14 +178,24 @@ impl Bench {
     ) -> tokio::task::JoinHandle<(StatusCode, Value)> {
         let api = self.api.clone();
         let (token, lease_id) = (token.to_string(), lease_id.to_string());
-        tokio::spawn(async move {
-            api.post(
-                &format!("/api/v1/capability-leases/{lease_id}/actions"),
-                Some(&token),
-                &body,
-            )
-            .await
-        })
+        tokio::spawn(async move { api.lease_post(&token, &lease_id, "actions", &body).await })
+    }
+
+    /// The first agent leases `capability_id` (priority 60) and starts the
+    /// action `body` on it in the background: the lease id, the command
+    /// the provider got, and the call ([`Bench::invoke`]).
+    async fn act(
+        &mut self,
+        capability_id: &str,
+        body: Value,
+    ) -> (
+        String,
+        ActionCommand,
+        tokio::task::JoinHandle<(StatusCode, Value)>,
+    ) {
+        let lease = self.lease(&self.agent, AGENT, capability_id, 60).await;
+        let call = self.invoke(&self.agent, &lease, body);
+        (lease, self.next_command().await, call)
     }
 
     /// The next `action_invoke` the provider receives.
@@ -365,10 +370,6 @@ impl Bench {
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// Artifact metadata as the edge sends it in a session update.
 fn artifact_meta(artifact_id: &str, session_id: &str, bytes: &[u8]) -> Value {
     json!({
@@ -396,13 +397,12 @@ fn jpeg_like(n: usize) -> Vec<u8> {
 async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evidence_downloads_intact(
 ) {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "params": {"format": "jpeg"}, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (lease, cmd, call) = b
+        .act(
+            "cam-1",
+            json!({"action": "snapshot", "params": {"format": "jpeg"}, "wait_ms": 5000}),
+        )
+        .await;
     assert_eq!(cmd.lease_id, lease);
     assert_eq!(cmd.capability_id, "cam-1");
     assert_eq!(cmd.params["format"], "jpeg");
@@ -487,14 +487,7 @@ async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evid
     assert_eq!(completed[0]["session_id"], cmd.session_id);
     assert_eq!(uploaded.len(), 1);
     assert_eq!(uploaded[0]["artifact_id"], artifact_id);
-    let lease_now = b
-        .api
-        .get(
-            &format!("/api/v1/capability-leases/{lease}"),
-            Some(&b.agent),
-        )
-        .await
-        .1;
+    let lease_now = b.api.lease(&b.agent, &lease).await.1;
     assert_eq!(lease_now["status"], "active", "the first action activates");
     b.reg.shutdown().await;
 }
@@ -502,13 +495,9 @@ async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evid
 #[tokio::test]
 async fn an_upload_whose_bytes_do_not_match_the_declared_sha256_is_refused_and_nothing_is_stored() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
     let bytes = jpeg_like(10_000);
     b.report(
         &cmd,
@@ -573,13 +562,12 @@ async fn an_upload_whose_bytes_do_not_match_the_declared_sha256_is_refused_and_n
 #[tokio::test]
 async fn repeating_an_upload_answers_200_with_the_same_record() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "capture_log", "params": {"duration_ms": 100}, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act(
+            "console-1",
+            json!({"action": "capture_log", "params": {"duration_ms": 100}, "wait_ms": 5000}),
+        )
+        .await;
     let bytes = b"[    0.000000] Booting Linux on physical CPU 0x0\n".repeat(200);
     let mut meta = artifact_meta("art-log-1", &cmd.session_id, &bytes);
     meta["artifact_type"] = json!("serial_log");
@@ -618,13 +606,9 @@ async fn repeating_an_upload_answers_200_with_the_same_record() {
 #[tokio::test]
 async fn bytes_that_arrive_before_their_metadata_are_bound_when_it_arrives() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
     let bytes = jpeg_like(50_000);
     let sum = sha256_hex(&bytes);
 
@@ -750,14 +734,7 @@ async fn an_unsupported_action_is_refused_naming_the_action_field() {
         .next_of(MessageType::ActionInvoke, Duration::from_millis(300))
         .await
         .is_none());
-    let lease_now = b
-        .api
-        .get(
-            &format!("/api/v1/capability-leases/{lease}"),
-            Some(&b.agent),
-        )
-        .await
-        .1;
+    let lease_now = b.api.lease(&b.agent, &lease).await.1;
     assert_eq!(
         lease_now["status"], "granted",
         "a refused action does not activate"
@@ -886,9 +863,7 @@ async fn a_provider_going_offline_mid_session_ends_its_sessions_failed_or_incomp
 #[tokio::test]
 async fn a_running_session_with_evidence_still_uploading_becomes_incomplete_evidence_on_restart() {
     let mut b = Bench::start().await;
-    let cam = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(&b.agent, &cam, json!({"action": "record_clip"}));
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b.act("cam-1", json!({"action": "record_clip"})).await;
     call.await.unwrap();
     let bytes = jpeg_like(1000);
     // Keyframes of the clip are announced while it still records.
@@ -931,9 +906,7 @@ async fn a_running_session_with_evidence_still_uploading_becomes_incomplete_evid
 #[tokio::test]
 async fn a_session_update_from_another_provider_is_refused() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(&b.agent, &lease, json!({"action": "snapshot"}));
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b.act("cam-1", json!({"action": "snapshot"})).await;
     call.await.unwrap();
 
     // A second bench with its own camera claims the session.
@@ -1118,13 +1091,7 @@ async fn a_preempted_holders_running_action_is_cancelled_and_its_next_action_ref
 #[tokio::test]
 async fn a_session_whose_provider_never_reports_fails_after_its_deadline() {
     let mut b = Bench::start_with(|cfg| cfg.sessions.result_grace_ms = 300).await;
-    let lease = b.lease(&b.agent, AGENT, "robot-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "tap", "params": {"x_mm": 1, "y_mm": 1}, "timeout_ms": 200, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b.act("robot-1", json!({"action": "tap", "params": {"x_mm": 1, "y_mm": 1}, "timeout_ms": 200, "wait_ms": 5000})).await;
     assert_eq!(cmd.timeout_ms, 200);
     let (status, s) = call.await.unwrap();
     assert_eq!(status, StatusCode::OK, "{s}");
@@ -1292,13 +1259,9 @@ async fn without_wait_the_answer_is_202_with_the_running_session() {
 #[tokio::test]
 async fn artifacts_are_bound_by_their_own_size_limit_not_the_json_body_limit() {
     let mut b = Bench::start_with(|cfg| cfg.sessions.max_artifact_bytes = 4 * 1024 * 1024).await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "record_clip", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "record_clip", "wait_ms": 5000}))
+        .await;
     let clip = jpeg_like(3 * 1024 * 1024);
     let huge = jpeg_like(5 * 1024 * 1024);
     let mut meta = artifact_meta("art-clip", &cmd.session_id, &clip);
@@ -1362,10 +1325,7 @@ async fn a_running_robot_press_holds_off_preemption_until_it_ends() {
     });
     // Longer than the 1 s grace period: the press window keeps the holder.
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    let (_, lease) = b
-        .api
-        .get(&format!("/api/v1/capability-leases/{old}"), Some(&b.agent))
-        .await;
+    let (_, lease) = b.api.lease(&b.agent, &old).await;
     assert_eq!(
         lease["status"], "active",
         "not preempted mid-press: {lease}"
@@ -1381,10 +1341,7 @@ async fn a_running_robot_press_holds_off_preemption_until_it_ends() {
     let (s, new) = preempt.await.unwrap();
     assert_eq!(s, StatusCode::CREATED, "{new}");
     assert_eq!(new["status"], "granted");
-    let (_, lease) = b
-        .api
-        .get(&format!("/api/v1/capability-leases/{old}"), Some(&b.agent))
-        .await;
+    let (_, lease) = b.api.lease(&b.agent, &old).await;
     assert_eq!(lease["status"], "revoked", "{lease}");
     assert_eq!(b.events_of("lease_preempt_requested").await.len(), 1);
     b.reg.shutdown().await;
@@ -1459,19 +1416,19 @@ async fn an_action_of_the_wrong_json_type_is_422_naming_the_field_and_starts_not
 #[tokio::test]
 async fn a_session_cut_by_its_lease_ending_names_the_reason_once() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let clip = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "record_clip", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
-    );
-    let cmd = b.next_command().await;
+    let (lease, cmd, clip) = b
+        .act(
+            "cam-1",
+            json!({"action": "record_clip", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
+        )
+        .await;
     b.report(&cmd, "running", json!({})).await;
     let (s, body) = b
         .api
-        .post(
-            &format!("/api/v1/capability-leases/{lease}/release"),
-            Some(&b.agent),
+        .lease_post(
+            &b.agent,
+            &lease,
+            "release",
             &json!({"reason": "operator done"}),
         )
         .await;
@@ -1504,21 +1461,16 @@ async fn a_session_cut_by_its_lease_ending_names_the_reason_once() {
     assert_eq!(b.session(&cmd.session_id).await["error_message"], expected);
 
     // A provider message of its own is kept after the reason.
-    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
-    let log = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "capture_log", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
-    );
-    let cmd = b.next_command().await;
+    let (lease, cmd, log) = b
+        .act(
+            "console-1",
+            json!({"action": "capture_log", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
+        )
+        .await;
     b.report(&cmd, "running", json!({})).await;
     let (s, body) = b
         .api
-        .post(
-            &format!("/api/v1/capability-leases/{lease}/release"),
-            Some(&b.agent),
-            &json!({}),
-        )
+        .lease_post(&b.agent, &lease, "release", &json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{body}");
     b.provider
@@ -1926,13 +1878,12 @@ async fn a_command_too_large_for_mqtt_is_refused_with_413_and_starts_nothing() {
 #[tokio::test]
 async fn a_providers_long_error_message_is_cut_in_the_session() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "write", "params": {"data": "x"}, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act(
+            "console-1",
+            json!({"action": "write", "params": {"data": "x"}, "wait_ms": 5000}),
+        )
+        .await;
     let long = format!("unknown parameter `{}`", "é".repeat(5000));
     b.report(&cmd, "failed", json!({ "error_message": long }))
         .await;
@@ -1958,20 +1909,10 @@ async fn a_providers_long_error_message_is_cut_in_the_session() {
 #[tokio::test]
 async fn every_action_invoke_carries_its_lease_fence() {
     let mut b = Bench::start().await;
-    let first = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &first,
-        json!({"action": "snapshot", "timeout_ms": 4000}),
-    );
-    let cmd = b.next_command().await;
-    let (_, lease) = b
-        .api
-        .get(
-            &format!("/api/v1/capability-leases/{first}"),
-            Some(&b.admin),
-        )
+    let (first, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "timeout_ms": 4000}))
         .await;
+    let (_, lease) = b.api.lease(&b.admin, &first).await;
     let generation = lease["generation"]
         .as_u64()
         .expect("a granted lease has a generation");
@@ -2007,9 +1948,7 @@ async fn every_action_invoke_carries_its_lease_fence() {
 #[tokio::test]
 async fn a_report_of_an_action_started_after_its_lease_ended_is_kept_but_never_applied() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(&b.agent, &lease, json!({"action": "snapshot"}));
-    let cmd = b.next_command().await;
+    let (lease, cmd, call) = b.act("cam-1", json!({"action": "snapshot"})).await;
     assert_eq!(call.await.unwrap().0, StatusCode::ACCEPTED);
     b.release(&b.agent, &lease).await;
     // A bench without a fence ran it anyway, a second after the release.
@@ -2052,13 +1991,9 @@ async fn a_report_of_an_action_started_after_its_lease_ended_is_kept_but_never_a
 #[tokio::test]
 async fn a_report_of_an_action_started_inside_its_fence_completes_the_session() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
     b.report(
         &cmd,
         "completed",

@@ -13,16 +13,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use benchlink_testkit::{mosquitto, sha256_hex};
 use edge_agent::config::EdgeConfig;
 use edge_agent::daemon::Daemon;
 use edge_agent::link::envelope;
 use edge_agent::outbox::{Outbox, UploadState};
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use shared_protocol::mqtt::MessageType;
 
-mod broker_support;
-use broker_support::broker_available;
+use shared_protocol::mqtt::MessageType;
 
 /// A port nothing listens on (bound, then released).
 fn closed_port() -> u16 {
@@ -88,7 +86,7 @@ fn serve(mut stream: TcpStream, stored: &Stored) {
         .and_then(|p| p.strip_suffix("/content"))
         .unwrap_or("")
         .to_string();
-    let sum = hex::encode(Sha256::digest(&body));
+    let sum = sha256_hex(&body);
     let first = {
         let mut stored = stored.lock().unwrap();
         let first = !stored.iter().any(|(i, _)| *i == id);
@@ -231,7 +229,7 @@ async fn an_uploaded_file_stays_until_the_update_with_its_metadata_is_acknowledg
 
     // Restart with the same state against the broker: the queued update
     // is acknowledged and the file goes.
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let config = write_config(dir.path(), &provider_id, 1883, http_port);

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use benchlink_testkit::mosquitto;
 use edge_agent::config::EdgeConfig;
 use edge_agent::daemon::Daemon;
 use edge_agent::link::envelope;
@@ -18,9 +19,6 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::{json, Value};
 use shared_protocol::mqtt::{Envelope, MessageType};
 use tokio::sync::mpsc;
-
-mod broker_support;
-use broker_support::broker_available;
 
 /// A bench under its own topic prefix and provider id.
 struct Bench {
@@ -337,9 +335,39 @@ fn invoke(session_id: &str, capability_id: &str, action: &str) -> Envelope {
 
 const WAIT: Duration = Duration::from_secs(15);
 
+/// SIGTERM: the daemon must exit 0 within 15 s (its log otherwise); then
+/// the bench's retained status is cleared from the broker.
+async fn stop_cleanly(bench: &Bench, mut agent: Agent) {
+    agent.signal(libc::SIGTERM);
+    assert_eq!(
+        agent.wait_exit(Duration::from_secs(15)),
+        Some(0),
+        "log:\n{}",
+        agent.log()
+    );
+    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
+    cleaner.clear_retained(&bench.topic("status")).await;
+}
+
+/// Wait up to 10 s until the bench's outbox holds no queued session
+/// update; the failure names how many are `still` left.
+async fn wait_queue_empty(bench: &Bench, cfg: &EdgeConfig, still: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (outbox, _) =
+            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
+        let left = outbox.stats().unwrap().queued_updates;
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "{left} {still}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats() {
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let bench = Bench::new();
@@ -415,7 +443,7 @@ async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interruptible_actions() {
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let bench = Bench::new();
@@ -496,7 +524,7 @@ async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interrup
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_publishes_the_offline_lwt_when_the_daemon_is_killed() {
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let bench = Bench::new();
@@ -532,7 +560,7 @@ async fn the_broker_publishes_the_offline_lwt_when_the_daemon_is_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_publishes_offline_and_exits_cleanly() {
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let bench = Bench::new();
@@ -561,7 +589,7 @@ async fn sigterm_publishes_offline_and_exits_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_are_resubscribed_after_a_session_takeover_and_deduplicated() {
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let bench = Bench::new();
@@ -714,7 +742,7 @@ async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_se
 
     // Restart against the real broker with the same state: the queued
     // updates go out.
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let mut obs = Observer::connect(
@@ -758,7 +786,7 @@ async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_se
 /// each once the broker acknowledged it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten() {
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let bench = Bench::new();
@@ -787,7 +815,7 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
         &bench.topic("results"),
     )
     .await;
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     let mut seen = Vec::new();
     while seen.len() < BACKLOG {
         let s = obs
@@ -805,29 +833,8 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
     assert_eq!(seen, expected, "every queued update, once, in queue order");
 
     // Acknowledged rows are deleted (off the publisher's path: allow a moment).
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (outbox, _) =
-            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
-        let left = outbox.stats().unwrap().queued_updates;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "{left} acknowledged updates still queued"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    agent.signal(libc::SIGTERM);
-    assert_eq!(
-        agent.wait_exit(Duration::from_secs(15)),
-        Some(0),
-        "log:\n{}",
-        agent.log()
-    );
-    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
-    cleaner.clear_retained(&bench.topic("status")).await;
+    wait_queue_empty(&bench, &cfg, "acknowledged updates still queued").await;
+    stop_cleanly(&bench, agent).await;
 }
 
 /// A session update queued too large to publish (by an older version:
@@ -836,7 +843,7 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
 /// the updates queued after it arrive too and nothing stays queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_later_ones() {
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let bench = Bench::new();
@@ -871,7 +878,7 @@ async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_la
         &bench.topic("results"),
     )
     .await;
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     let mut seen = Vec::new();
     while seen.len() < 3 {
         let s = obs
@@ -902,24 +909,6 @@ async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_la
     );
     assert!(huge.to_bytes().len() <= edge_agent::update_size::MAX_SESSION_UPDATE_BYTES);
 
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (outbox, _) =
-            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
-        let left = outbox.stats().unwrap().queued_updates;
-        if left == 0 {
-            break;
-        }
-        assert!(Instant::now() < until, "{left} updates still queued");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    agent.signal(libc::SIGTERM);
-    assert_eq!(
-        agent.wait_exit(Duration::from_secs(15)),
-        Some(0),
-        "log:\n{}",
-        agent.log()
-    );
-    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
-    cleaner.clear_retained(&bench.topic("status")).await;
+    wait_queue_empty(&bench, &cfg, "updates still queued").await;
+    stop_cleanly(&bench, agent).await;
 }

@@ -11,7 +11,6 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 /// An API client with one bearer token (one principal).
 #[derive(Clone)]
@@ -23,10 +22,7 @@ pub struct Agent {
     http: reqwest::Client,
 }
 
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
+pub use benchlink_testkit::sha256_hex;
 
 /// Capability id → lease id of a lease group answer
 /// ([`Agent::lease_group`]).

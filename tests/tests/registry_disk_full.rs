@@ -10,50 +10,14 @@
 //! when `CI=true`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::{sha256_hex, Agent};
 use benchlink_e2e::poll_until;
+use benchlink_testkit::Tmpfs;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-/// A tmpfs mounted for the test, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    /// Mount a `size` tmpfs at `dir`; `None` (after saying why, and
-    /// panicking under `CI=true`) when this machine does not allow it.
-    fn mount(dir: &Path, size: &str) -> Option<Self> {
-        std::fs::create_dir_all(dir).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Self(dir.to_path_buf())),
-            other => {
-                let why = match other {
-                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
-                    Err(e) => e.to_string(),
-                };
-                assert!(
-                    std::env::var("CI").as_deref() != Ok("true"),
-                    "cannot mount a tmpfs (root needed): {why}"
-                );
-                eprintln!("SKIPPED: cannot mount a tmpfs (root needed): {why}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 /// Fill the file system of `dir` with one file until it has no space left.
 fn fill(dir: &Path) -> PathBuf {
