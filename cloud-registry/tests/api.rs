@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use benchlink_testkit::status_is;
 use benchlink_testkit::{find, strs};
 use common::*;
 use futures::StreamExt;
@@ -20,27 +21,30 @@ async fn a_provider_registers_over_http_and_is_listed_with_its_capabilities() {
     let (_dir, reg, api, _) = registry().await;
     let token = new_token(&reg, Role::Provider, "provider-winlab-01").await;
 
-    let r = api
-        .register_provider(&token, &provider_body("provider-winlab-01"))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.register_provider(&token, &provider_body("provider-winlab-01"))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(
         r.1,
         json!({"provider_id": "provider-winlab-01", "accepted": true, "heartbeat_interval_seconds": 10})
     );
-    let r = api
-        .register_capabilities(&token, &capabilities_body("provider-winlab-01", ""))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.register_capabilities(&token, &capabilities_body("provider-winlab-01", ""))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1["registered"], json!(["cam-front-01", "thumb-robot-01"]));
 
-    let (s, p) = api
-        .get(
+    let (_, p) = status_is(
+        api.get(
             "/api/v1/capability-providers/provider-winlab-01",
             Some(&token),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK);
+        .await,
+        StatusCode::OK,
+    );
     assert_eq!(p["online_status"], "online");
     assert_eq!(p["labels"], json!(["lab", "gpu", "hardware-test"]));
 
@@ -81,14 +85,7 @@ async fn a_provider_registers_over_http_and_is_listed_with_its_capabilities() {
     // The log holds one provider_registered and two capability_registered.
     let events = reg.bus.replay(0, 100).await.unwrap();
     let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    assert_eq!(
-        types,
-        [
-            "provider_registered",
-            "capability_registered",
-            "capability_registered"
-        ]
-    );
+    assert_eq!(types, P1_REGISTERED);
     reg.shutdown().await;
 }
 
@@ -101,8 +98,7 @@ async fn heartbeats_record_health_changes_and_history() {
             {"capability_id": "cam-front-01", "health_status": health, "message": "lens", "metrics": {"fps": 29}}
         ]})
     };
-    let r = api.heartbeat(&admin, &hb("healthy")).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(api.heartbeat(&admin, &hb("healthy")).await, StatusCode::OK);
     assert_eq!(r.1["accepted"], true);
     api.heartbeat(&admin, &hb("healthy")).await;
     api.heartbeat(&admin, &hb("degraded")).await;
@@ -132,13 +128,14 @@ async fn heartbeats_record_health_changes_and_history() {
 
     // Two snapshots (both changes); the repeat inside the minimum interval
     // wrote none. Newest first.
-    let (s, h) = api
-        .get(
+    let (_, h) = status_is(
+        api.get(
             "/api/v1/capabilities/cam-front-01/health-history",
             Some(&admin),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK);
+        .await,
+        StatusCode::OK,
+    );
     let snaps = h["snapshots"].as_array().unwrap();
     assert_eq!(snaps.len(), 2, "{h}");
     assert_eq!(snaps[0]["health_status"], "degraded");
@@ -363,8 +360,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
 #[tokio::test]
 async fn healthz_reports_store_and_broker_without_a_token_and_metrics_count() {
     let (_dir, reg, api, _) = registry().await;
-    let (s, h) = api.get("/healthz", None).await;
-    assert_eq!(s, StatusCode::OK, "{h}");
+    let (_, h) = status_is(api.get("/healthz", None).await, StatusCode::OK);
     assert_eq!(h["status"], "ok");
     assert_eq!(h["store"]["status"], "ok");
     assert_eq!(h["mqtt"]["mode"], "embedded");
@@ -396,14 +392,15 @@ async fn the_bootstrap_admin_token_file_is_private_and_reused_after_restart() {
     );
     // The token can mint tokens that work at once.
     let api = Api::new(&reg.base_url());
-    let r = api
-        .post(
+    let r = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(&token),
             &json!({"role": "viewer", "name": "v1"}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     let viewer = r.1["token"].as_str().unwrap().to_string();
     assert_eq!(
         api.get("/api/v1/capabilities", Some(&viewer)).await.0,
@@ -670,19 +667,37 @@ fn lease_body(capability_id: &str, holder_ref: &str, priority: u8, seconds: u32)
     })
 }
 
+/// `POST /api/v1/capability-leases/request` with `token` for
+/// [`lease_body`]`(capability_id, holder_ref, priority, seconds)`.
+async fn ask(
+    api: &Api,
+    token: &str,
+    capability_id: &str,
+    holder_ref: &str,
+    priority: u8,
+    seconds: u32,
+) -> (StatusCode, Value) {
+    api.request_lease(
+        token,
+        &lease_body(capability_id, holder_ref, priority, seconds),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_queue() {
     let (_dir, reg, api, _) = registry_with_p1(|_| {}).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
     let b = new_token(&reg, Role::Operator, "op-7").await;
 
-    let r = api
-        .request_lease(
+    let r = status_is(
+        api.request_lease(
             &a,
             &lease_body("cam-front-01", "audit:hw-01:thread-1", 75, 120),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(r.1["status"], "granted");
     assert_eq!(r.1["principal"], "audit:hw-01");
     let lease_a = lease_id(&r);
@@ -694,22 +709,23 @@ async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_qu
     assert_eq!(leased["capabilities"].as_array().unwrap().len(), 1);
 
     // B waits in the queue.
-    let r = api
-        .request_lease(&b, &lease_body("cam-front-01", "op-7", 60, 60))
-        .await;
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = status_is(
+        ask(&api, &b, "cam-front-01", "op-7", 60, 60).await,
+        StatusCode::ACCEPTED,
+    );
     assert_eq!(r.1["status"], "requested");
     let lease_b = lease_id(&r);
 
-    let r = api
-        .lease_post(
+    let _ = status_is(
+        api.lease_post(
             &a,
             &lease_a,
             "renew",
             &json!({"requested_duration_seconds": 300}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+        .await,
+        StatusCode::OK,
+    );
     let r = api
         .post_raw(
             &format!("/api/v1/capability-leases/{lease_a}/renew"),
@@ -733,10 +749,11 @@ async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_qu
     let ids = strs(&list["leases"], "lease_id");
     assert_eq!(ids, [lease_a.as_str()]);
 
-    let r = api
-        .lease_post(&a, &lease_a, "release", &json!({"reason": "done"}))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.lease_post(&a, &lease_a, "release", &json!({"reason": "done"}))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1["status"], "released");
     let (_, lb) = api.lease(&b, &lease_b).await;
     assert_eq!(
@@ -773,13 +790,9 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
     let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
     let provider = new_token(&reg, Role::Provider, "p1").await;
 
-    let r = api
-        .request_lease(&a, &lease_body("cam-front-01", "audit:hw-01", 75, 120))
-        .await;
+    let r = ask(&api, &a, "cam-front-01", "audit:hw-01", 75, 120).await;
     let held = lease_id(&r);
-    let r = api
-        .request_lease(&a, &lease_body("thumb-robot-01", "audit:hw-01", 75, 1))
-        .await;
+    let r = ask(&api, &a, "thumb-robot-01", "audit:hw-01", 75, 1).await;
     let short = lease_id(&r);
     // Let the one-second lease expire (the sweeper runs every 250 ms).
     eventually(Duration::from_secs(5), "lease expired", || async {
@@ -795,13 +808,9 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
     };
     let before = state().await;
 
-    let r = api
-        .request_lease(&provider, &lease_body("thumb-robot-01", "p1", 50, 60))
-        .await;
+    let r = ask(&api, &provider, "thumb-robot-01", "p1", 50, 60).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
-    let r = api
-        .request_lease(&viewer, &lease_body("thumb-robot-01", "viewer-1", 50, 60))
-        .await;
+    let r = ask(&api, &viewer, "thumb-robot-01", "viewer-1", 50, 60).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
     let r = api.get("/api/v1/capability-leases", Some(&provider)).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
@@ -809,14 +818,10 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
         api.get("/api/v1/capability-leases", Some(&viewer)).await.0,
         StatusCode::OK
     );
-    let r = api
-        .request_lease(&other, &lease_body("thumb-robot-01", "audit:hw-01", 50, 60))
-        .await;
+    let r = ask(&api, &other, "thumb-robot-01", "audit:hw-01", 50, 60).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(r.1["error"]["details"]["field"], "holder_ref");
-    let r = api
-        .request_lease(&a, &lease_body("no-such-cap", "audit:hw-01", 50, 60))
-        .await;
+    let r = ask(&api, &a, "no-such-cap", "audit:hw-01", 50, 60).await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     let r = api
         .post_raw(
@@ -919,10 +924,10 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
 async fn out_of_range_lease_numbers_name_the_range_in_force() {
     let (_dir, reg, api, _) = registry_with_p1(|cfg| cfg.leases.max_duration_seconds = 600).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
-    let r = api
-        .request_lease(&a, &lease_body("cam-front-01", "audit:hw-01", 50, 60))
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        ask(&api, &a, "cam-front-01", "audit:hw-01", 50, 60).await,
+        StatusCode::CREATED,
+    );
     let held = lease_id(&r);
     let before = api.metric("benchlink_events_total").await;
 
@@ -1010,16 +1015,19 @@ async fn out_of_range_lease_numbers_name_the_range_in_force() {
         "no refusal appended an event"
     );
     // In range, the same bodies are accepted.
-    let r = api
-        .post(
+    let _ = status_is(
+        api.post(
             &renew,
             Some(&a),
             &json!({"requested_duration_seconds": 600}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let r = api.request_lease(&a, &single("priority", json!(100))).await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::OK,
+    );
+    let _ = status_is(
+        api.request_lease(&a, &single("priority", json!(100))).await,
+        StatusCode::CREATED,
+    );
     reg.shutdown().await;
 }
 
@@ -1092,10 +1100,10 @@ async fn a_waiting_request_whose_client_disconnects_leaves_the_queue() {
     let gone = new_token(&reg, Role::Operator, "op-7").await;
     let next = new_token(&reg, Role::Operator, "op-8").await;
 
-    let r = api
-        .request_lease(&holder, &lease_body("cam-front-01", "audit:hw-01", 50, 600))
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        ask(&api, &holder, "cam-front-01", "audit:hw-01", 50, 600).await,
+        StatusCode::CREATED,
+    );
     let held = lease_id(&r);
 
     // op-7 waits up to 30 s for the camera, but gives up after 1 s: the
@@ -1158,13 +1166,15 @@ async fn a_waiting_request_whose_client_disconnects_leaves_the_queue() {
     assert_eq!(cam["leases"][0]["lease_id"], held.as_str());
 
     // The next requester queues and gets the camera on release.
-    let r = api
-        .request_lease(&next, &lease_body("cam-front-01", "op-8", 40, 60))
-        .await;
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = status_is(
+        ask(&api, &next, "cam-front-01", "op-8", 40, 60).await,
+        StatusCode::ACCEPTED,
+    );
     let waiting = lease_id(&r);
-    let r = api.lease_post(&holder, &held, "release", &json!({})).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.lease_post(&holder, &held, "release", &json!({})).await,
+        StatusCode::OK,
+    );
     let (_, l) = api.lease(&next, &waiting).await;
     assert_eq!(l["status"], "granted", "{l}");
     reg.shutdown().await;
@@ -1177,10 +1187,11 @@ async fn a_group_request_grants_all_capabilities_together() {
     let mut body = lease_body("x", "audit:mm-01", 70, 60);
     body.as_object_mut().unwrap().remove("capability_id");
     body["capability_ids"] = json!(["cam-front-01", "thumb-robot-01"]);
-    let r = api
-        .post("/api/v1/capability-leases/request-group", Some(&a), &body)
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        api.post("/api/v1/capability-leases/request-group", Some(&a), &body)
+            .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(r.1["status"], "granted");
     let leases = r.1["leases"].as_array().unwrap();
     assert_eq!(leases.len(), 2);
@@ -1252,7 +1263,6 @@ fn serve_logging_to(
     token_file: &std::path::Path,
     log: std::process::Stdio,
 ) -> Served {
-    use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-registry"))
         .arg("serve")
         .arg("--config")
@@ -1264,13 +1274,7 @@ fn serve_logging_to(
         .stderr(log)
         .spawn()
         .expect("spawn cloud-registry");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = benchlink_testkit::stdout_lines(&mut child);
     let line = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("ready line within 30 s");
@@ -1304,20 +1308,21 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         )
         .await;
     let audit = r.1["token"].as_str().unwrap().to_string();
-    let r = api
-        .request_lease(&audit, &lease_body("cam-front-01", "audit:hw-01", 75, 600))
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        ask(&api, &audit, "cam-front-01", "audit:hw-01", 75, 600).await,
+        StatusCode::CREATED,
+    );
     let lease_id = lease_id(&r);
-    let r = api
-        .lease_post(
+    let r = status_is(
+        api.lease_post(
             &audit,
             &lease_id,
             "renew",
             &json!({"requested_duration_seconds": 900}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+        .await,
+        StatusCode::OK,
+    );
     let before = r.1.clone();
     drop(first); // SIGKILL, no shutdown.
 
@@ -1328,8 +1333,7 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         "the admin token is reused"
     );
     let api = Api::new(&second.http);
-    let (s, after) = api.lease(&audit, &lease_id).await;
-    assert_eq!(s, StatusCode::OK, "{after}");
+    let (_, after) = status_is(api.lease(&audit, &lease_id).await, StatusCode::OK);
     assert_eq!(after["status"], "granted");
     let expires: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(after["expires_at"].clone()).unwrap();
@@ -1350,19 +1354,21 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         .get("/api/v1/capabilities/cam-front-01", Some(&audit))
         .await;
     assert_eq!(cam["status"], "offline");
-    let r = api
-        .heartbeat(&admin, &json!({"provider_id": "p1", "boot_id": "boot-1"}))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.heartbeat(&admin, &json!({"provider_id": "p1", "boot_id": "boot-1"}))
+            .await,
+        StatusCode::OK,
+    );
     let (_, cam) = api
         .get("/api/v1/capabilities/cam-front-01", Some(&audit))
         .await;
     assert_eq!(cam["status"], "leased");
     // The holder can still use it after the restart.
-    let r = api
-        .lease_post(&audit, &lease_id, "release", &json!({}))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.lease_post(&audit, &lease_id, "release", &json!({}))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1["status"], "released");
 
     // SIGTERM: a clean stop with exit status 0.
@@ -1416,10 +1422,10 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
     let op = new_token(&reg, Role::Operator, "op-1").await;
     let mut held = Vec::new();
     for cap in ["cam-front-01", "cam-rear-01"] {
-        let r = api
-            .request_lease(&a, &lease_body(cap, "audit:sw-01", 65, 300))
-            .await;
-        assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        let r = status_is(
+            ask(&api, &a, cap, "audit:sw-01", 65, 300).await,
+            StatusCode::CREATED,
+        );
         held.push(lease_id(&r));
     }
     let window = |provider: &str, capability: Option<&str>| {
@@ -1435,14 +1441,16 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
     };
     // p1 opens a window on its front camera; p2 claims one on p1's rear
     // camera, which is not p2's to claim.
-    let r = api
-        .heartbeat(&admin, &window("p1", Some("cam-front-01")))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let r = api
-        .heartbeat(&admin, &window("p2", Some("cam-rear-01")))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.heartbeat(&admin, &window("p1", Some("cam-front-01")))
+            .await,
+        StatusCode::OK,
+    );
+    let _ = status_is(
+        api.heartbeat(&admin, &window("p2", Some("cam-rear-01")))
+            .await,
+        StatusCode::OK,
+    );
 
     let preempting = |cap: &str| {
         let mut body = lease_body(cap, "op-1", 90, 60);
@@ -1451,8 +1459,10 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
         body
     };
     for cap in ["cam-front-01", "cam-rear-01"] {
-        let r = api.request_lease(&op, &preempting(cap)).await;
-        assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+        let _ = status_is(
+            api.request_lease(&op, &preempting(cap)).await,
+            StatusCode::ACCEPTED,
+        );
     }
     let status = |id: String| {
         let api = api.clone();
@@ -1544,20 +1554,25 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
 
     // Minted over HTTP, used (and so cached) before it is revoked.
-    let r = api
-        .post(
+    let r = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(&admin),
             &json!({"role": "operator", "name": "op-1"}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     let op = r.1["token"].as_str().unwrap().to_string();
-    let r = api.get("/api/v1/capabilities", Some(&op)).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.get("/api/v1/capabilities", Some(&op)).await,
+        StatusCode::OK,
+    );
 
-    let (s, list) = api.get("/api/v1/tokens", Some(&admin)).await;
-    assert_eq!(s, StatusCode::OK, "{list}");
+    let (_, list) = status_is(
+        api.get("/api/v1/tokens", Some(&admin)).await,
+        StatusCode::OK,
+    );
     let names = strs(&list["tokens"], "name");
     for name in ["bootstrap-admin", "admin-1", "viewer-1", "op-1"] {
         assert!(names.contains(&name), "{name} in {list}");
@@ -1614,8 +1629,10 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     let r = delete(&api, "/api/v1/tokens/nobody", &admin).await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
 
-    let r = delete(&api, "/api/v1/tokens/op-1", &admin).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        delete(&api, "/api/v1/tokens/op-1", &admin).await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1, json!({"name": "op-1", "revoked_tokens": 1}));
     // The very next request: refused, although the token was cached.
     let r = api.get("/api/v1/capabilities", Some(&op)).await;
@@ -1631,8 +1648,10 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     // Other tokens still work; a super_admin may revoke an admin.
     let r = api.get("/api/v1/capabilities", Some(&viewer)).await;
     assert_eq!(r.0, StatusCode::OK);
-    let r = delete(&api, "/api/v1/tokens/admin-1", &root).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        delete(&api, "/api/v1/tokens/admin-1", &root).await,
+        StatusCode::OK,
+    );
     let r = api.get("/api/v1/tokens", Some(&admin)).await;
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
     reg.shutdown().await;
@@ -1672,8 +1691,10 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
         );
     }
     // Revoked, the name still belongs to its role.
-    let r = delete(&api, "/api/v1/tokens/audit:hw-1", &admin).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        delete(&api, "/api/v1/tokens/audit:hw-1", &admin).await,
+        StatusCode::OK,
+    );
     let r = api
         .post(
             "/api/v1/auth/tokens",
@@ -1684,17 +1705,20 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
     assert_error(&r, StatusCode::CONFLICT, "principal_role_conflict");
 
     // Same role: a second (rotated) token for the principal.
-    let r = api
-        .post(
+    let r = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(&admin),
             &json!({"role": "audit_agent", "name": "audit:hw-1"}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     let fresh = r.1["token"].as_str().unwrap().to_string();
-    let r = api.get("/api/v1/capabilities", Some(&fresh)).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.get("/api/v1/capabilities", Some(&fresh)).await,
+        StatusCode::OK,
+    );
     assert_eq!(
         observable_state(&api, &admin).await.0,
         events_before,
@@ -1737,10 +1761,10 @@ async fn unknown_fields_in_request_bodies_are_refused_and_named() {
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(r.1["error"]["details"]["field"], "priorty");
 
-    let r = api
-        .request_lease(&a, &lease_body("cam-front-01", "audit:hw-01", 50, 60))
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        ask(&api, &a, "cam-front-01", "audit:hw-01", 50, 60).await,
+        StatusCode::CREATED,
+    );
     let lease = lease_id(&r);
     for (path, body, field) in [
         (
@@ -1834,14 +1858,15 @@ async fn read_until_end(
 }
 
 async fn viewer_stream(api: &Api, admin: &str) -> (String, SseReader) {
-    let (status, minted) = api
-        .post(
+    let (_, minted) = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(admin),
             &json!({"role": "viewer", "name": "viewer-sse"}),
         )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{minted}");
+        .await,
+        StatusCode::CREATED,
+    );
     let viewer = minted["token"].as_str().unwrap().to_string();
     let mut sse = SseReader::open(api, "/api/v1/capability-events/stream", &viewer, None).await;
     flip_health(api, admin, 1).await;
@@ -1858,8 +1883,10 @@ async fn an_open_event_stream_ends_when_its_token_is_revoked_over_http() {
     let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     let (viewer, mut sse) = viewer_stream(&api, &admin).await;
 
-    let r = delete(&api, "/api/v1/tokens/viewer-sse", &admin).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        delete(&api, "/api/v1/tokens/viewer-sse", &admin).await,
+        StatusCode::OK,
+    );
     // Events published after the revocation reach nobody holding it.
     flip_health(&api, &admin, 3).await;
     let after = read_until_end(&mut sse, Duration::from_secs(5))
@@ -1949,10 +1976,11 @@ async fn ten_thousand_labels_or_tags_are_refused_and_nothing_is_stored() {
         .await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
 
-    let r = api
-        .register_provider(&token, &provider_body("provider-big-01"))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(&token, &provider_body("provider-big-01"))
+            .await,
+        StatusCode::OK,
+    );
     let mut batch = capabilities_body("provider-big-01", "");
     batch["capabilities"][0]["tags"] = json!(many);
     let r = api.register_capabilities(&token, &batch).await;
@@ -1973,8 +2001,10 @@ async fn ten_thousand_labels_or_tags_are_refused_and_nothing_is_stored() {
             .await;
         assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     }
-    let (s, list) = api.get("/api/v1/capabilities", Some(&token)).await;
-    assert_eq!(s, StatusCode::OK);
+    let (_, list) = status_is(
+        api.get("/api/v1/capabilities", Some(&token)).await,
+        StatusCode::OK,
+    );
     assert_eq!(list["capabilities"], json!([]), "{list}");
 }
 
@@ -1984,8 +2014,10 @@ async fn an_nfd_and_an_nfc_spelling_of_one_tag_select_the_same_device() {
     // Registered with "café" decomposed (NFD: e + combining acute).
     let mut caps = capabilities_body("p1", "-cafe");
     caps["capabilities"][0]["tags"] = json!(["cafe\u{301}"]);
-    let (s, v) = api.register_capabilities(&admin, &caps).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
+    let _ = status_is(
+        api.register_capabilities(&admin, &caps).await,
+        StatusCode::OK,
+    );
     let (_, cam) = api
         .get("/api/v1/capabilities/cam-front-01-cafe", Some(&admin))
         .await;
@@ -2008,14 +2040,15 @@ async fn an_nfd_and_an_nfc_spelling_of_one_tag_select_the_same_device() {
     let mut body = lease_body("", "audit:nfc", 50, 60);
     body.as_object_mut().unwrap().remove("capability_id");
     body["capability_selector"] = json!({"capability_type": "camera", "tags": ["caf\u{e9}"]});
-    let (s, l) = api.request_lease(&agent, &body).await;
-    assert_eq!(s, StatusCode::CREATED, "{l}");
+    let (_, l) = status_is(api.request_lease(&agent, &body).await, StatusCode::CREATED);
     assert_eq!(l["capability_id"], "cam-front-01-cafe");
     // A display name that would read backwards is refused, nothing stored.
     let mut bad = capabilities_body("p1", "-rtl");
     bad["capabilities"][0]["display_name"] = json!("cam\u{202E}gnp.exe");
-    let (s, v) = api.register_capabilities(&admin, &bad).await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (_, v) = status_is(
+        api.register_capabilities(&admin, &bad).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert!(
         v["error"]["message"].as_str().unwrap().contains("U+202E"),
         "{v}"

@@ -9,6 +9,7 @@ use std::collections::HashSet;
 
 use agents_support::*;
 use benchlink_testkit::find;
+use benchlink_testkit::status_is;
 use cloud_registry::agents::config::{AgentsConfig, NativeTools};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -593,14 +594,15 @@ async fn unsafe_text_and_css_from_the_model_never_reach_the_client() {
 #[tokio::test]
 async fn a_speech_command_without_a_known_transcription_is_refused_before_any_run() {
     let h = Harness::start(AgentsConfig::default()).await;
-    let (status, body) = h
-        .post(
+    let _ = status_is(
+        h.post(
             Role::Operator,
             "/earth/command",
             json!({"input_text": "", "source": "speech", "transcription_id": "tr_missing"}),
         )
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        .await,
+        StatusCode::NOT_FOUND,
+    );
     let (_, runs) = h.get(Role::Viewer, "/runs").await;
     assert!(runs["runs"].as_array().unwrap().is_empty());
 }

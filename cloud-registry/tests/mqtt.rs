@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use benchlink_testkit::mosquitto as shared_mosquitto;
+use benchlink_testkit::status_is;
 use benchlink_testkit::{free_port, reachable, tool_installed, wait_for, KillOnDrop};
 use common::*;
 use reqwest::StatusCode;
@@ -34,13 +35,14 @@ fn register_body(provider_id: &str, suffix: &str, boot_id: &str) -> Value {
 /// What a client sees of one provider: its row and its capabilities,
 /// without times.
 async fn provider_view(api: &Api, token: &str, provider_id: &str) -> Value {
-    let (s, p) = api
-        .get(
+    let (_, p) = status_is(
+        api.get(
             &format!("/api/v1/capability-providers/{provider_id}"),
             Some(token),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{p}");
+        .await,
+        StatusCode::OK,
+    );
     let (_, caps) = api
         .get(
             &format!("/api/v1/capabilities?provider_id={provider_id}"),
@@ -61,14 +63,16 @@ async fn event_types(reg: &cloud_registry::app::RunningRegistry) -> Vec<String> 
 }
 
 async fn register_over_http(api: &Api, token: &str, provider_id: &str) {
-    let r = api
-        .register_provider(token, &provider_body(provider_id))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let r = api
-        .register_capabilities(token, &capabilities_body(provider_id, ""))
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(token, &provider_body(provider_id))
+            .await,
+        StatusCode::OK,
+    );
+    let _ = status_is(
+        api.register_capabilities(token, &capabilities_body(provider_id, ""))
+            .await,
+        StatusCode::OK,
+    );
 }
 
 /// Register `provider_id` over MQTT and return the `register_ack` body.
@@ -161,8 +165,7 @@ async fn registration_over_http_and_over_mosquitto_store_the_same_rows() {
     );
     let admin1 = over_http.admin_token.clone().unwrap();
     let admin2 = over_mqtt.admin_token.clone().unwrap();
-    let (s, h) = api2.get("/healthz", None).await;
-    assert_eq!(s, StatusCode::OK, "{h}");
+    let (_, h) = status_is(api2.get("/healthz", None).await, StatusCode::OK);
     assert_eq!(h["mqtt"]["mode"], "external");
 
     register_over_http(&api1, &admin1, &provider_id).await;
@@ -524,14 +527,7 @@ async fn a_message_naming_another_provider_or_repeated_is_not_applied() {
     })
     .await;
     let types = event_types(&reg).await;
-    assert_eq!(
-        types,
-        [
-            "provider_registered",
-            "capability_registered",
-            "capability_registered"
-        ]
-    );
+    assert_eq!(types, P1_REGISTERED);
     reg.shutdown().await;
 }
 
@@ -877,13 +873,16 @@ async fn a_preemption_reaches_the_provider_as_a_notice_then_a_revocation() {
             "preempt_reason": "human_operator_override"
         })
     };
-    let r = api
-        .request_lease(&audit, &lease("audit:sw-01", 65, false))
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        api.request_lease(&audit, &lease("audit:sw-01", 65, false))
+            .await,
+        StatusCode::CREATED,
+    );
     let held = r.1["lease_id"].as_str().unwrap().to_string();
-    let r = api.request_lease(&operator, &lease("op-1", 90, true)).await;
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = status_is(
+        api.request_lease(&operator, &lease("op-1", 90, true)).await,
+        StatusCode::ACCEPTED,
+    );
     let waiting = r.1["lease_id"].as_str().unwrap().to_string();
 
     let notice = p

@@ -6,6 +6,7 @@
 
 mod common;
 
+use benchlink_testkit::status_is;
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -136,8 +137,10 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
     let (_dir, reg, api, _) = registry().await;
     let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
     let admin = reg.admin_token.clone().unwrap();
-    let r = api.register_provider(&p1, &provider_body("p1")).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(&p1, &provider_body("p1")).await,
+        StatusCode::OK,
+    );
 
     // An unknown enum value: the path and the allowed values.
     let mut bad = capabilities_body("p1", "");
@@ -234,8 +237,10 @@ async fn a_wrong_json_type_for_a_field_with_fixed_values_is_422_naming_the_field
     let (_dir, reg, api, _) = registry().await;
     let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
     let admin = reg.admin_token.clone().unwrap();
-    let r = api.register_provider(&p1, &provider_body("p1")).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(&p1, &provider_body("p1")).await,
+        StatusCode::OK,
+    );
 
     let mut caps = capabilities_body("p1", "");
     caps["capabilities"][0]["capability_type"] = json!(5);
@@ -248,7 +253,7 @@ async fn a_wrong_json_type_for_a_field_with_fixed_values_is_422_naming_the_field
         "priority": 50,
         "requested_duration_seconds": 60
     });
-    let mut audit = audit_request("ar-type");
+    let mut audit = audit_request("ar-type", "software", 50);
     audit["audit_type"] = json!(["software"]);
     for (path, token, body, field, found) in [
         (
@@ -306,22 +311,6 @@ async fn a_wrong_json_type_for_a_field_with_fixed_values_is_422_naming_the_field
     reg.shutdown().await;
 }
 
-/// A small software audit request.
-fn audit_request(id: &str) -> Value {
-    json!({
-        "protocol_version": "1.0",
-        "audit_request_id": id,
-        "project_id": "proj_device_assistant",
-        "task_id": "task_release_0_9_2",
-        "trigger": "merge_candidate",
-        "audit_type": "software",
-        "priority": 50,
-        "objective": "software audit of release candidate 0.9.2",
-        "time_budget_seconds": 120,
-        "response_mode": "structured_json"
-    })
-}
-
 #[tokio::test]
 async fn audit_text_past_its_limit_is_refused_naming_the_field_and_stores_nothing() {
     let (_dir, reg, api, admin) = registry().await;
@@ -346,7 +335,7 @@ async fn audit_text_past_its_limit_is_refused_naming_the_field_and_stores_nothin
         ),
     ];
     for (i, (key, value, field)) in cases.into_iter().enumerate() {
-        let mut body = audit_request(&format!("ar-big-{i}"));
+        let mut body = audit_request(&format!("ar-big-{i}"), "software", 50);
         body[key] = value;
         let r = api
             .post("/api/v1/audit-requests", Some(&admin), &body)
@@ -361,14 +350,15 @@ async fn audit_text_past_its_limit_is_refused_naming_the_field_and_stores_nothin
     assert_eq!(page["audit_requests"], json!([]), "nothing stored: {page}");
 
     // At the limits: accepted.
-    let mut body = audit_request("ar-at-limit");
+    let mut body = audit_request("ar-at-limit", "software", 50);
     body["objective"] = json!("o".repeat(10_000));
     body["project_name"] = json!("名".repeat(200));
     body["acceptance_criteria"] = json!(vec!["works"; 500]);
-    let r = api
-        .post("/api/v1/audit-requests", Some(&admin), &body)
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let _ = status_is(
+        api.post("/api/v1/audit-requests", Some(&admin), &body)
+            .await,
+        StatusCode::CREATED,
+    );
 
     // Threads: too many labels, an over-long display name.
     let thread = json!({

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use benchlink_testkit::{mosquitto, sha256_hex};
+use benchlink_testkit::{free_port, mosquitto, sha256_hex};
 use edge_agent::config::EdgeConfig;
 use edge_agent::daemon::Daemon;
 use edge_agent::link::envelope;
@@ -21,15 +21,6 @@ use edge_agent::outbox::{Outbox, UploadState};
 use serde_json::json;
 
 use shared_protocol::mqtt::MessageType;
-
-/// A port nothing listens on (bound, then released).
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Artifact ids the fake content endpoint stored, with the sha256 of the
 /// bytes it received.
@@ -157,7 +148,7 @@ async fn an_uploaded_file_stays_until_the_update_with_its_metadata_is_acknowledg
 
     // The registry's HTTP side answers; the broker is unreachable, so the
     // session update carrying the artifact's metadata stays queued.
-    let config = write_config(dir.path(), &provider_id, closed_port(), http_port);
+    let config = write_config(dir.path(), &provider_id, free_port(), http_port);
     let daemon = Daemon::start(EdgeConfig::load(&config).unwrap())
         .await
         .expect("daemon starts without a broker");

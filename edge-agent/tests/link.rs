@@ -5,13 +5,11 @@
 //! Without a reachable Mosquitto these tests are skipped with a printed
 //! reason, except under `CI=true`, where they fail.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use benchlink_testkit::mosquitto;
+use benchlink_testkit::{free_port, mosquitto};
 use edge_agent::config::EdgeConfig;
 use edge_agent::daemon::Daemon;
 use edge_agent::link::envelope;
@@ -35,6 +33,21 @@ impl Bench {
             prefix: format!("benchlink-test/{id}"),
             provider_id: format!("prov-{}", &id[..12]),
         }
+    }
+
+    /// A new bench when Mosquitto is there; `None` (the test returns)
+    /// by the kit's rule otherwise ([`mosquitto`]).
+    fn on_mosquitto() -> Option<Self> {
+        mosquitto().then(Bench::new)
+    }
+
+    /// An observer named `name-<provider>` of every topic of this bench.
+    async fn observe_all(&self, name: &str) -> Observer {
+        Observer::connect(
+            &format!("{name}-{}", self.provider_id),
+            &format!("{}/providers/{}/#", self.prefix, self.provider_id),
+        )
+        .await
     }
 
     fn topic(&self, kind: &str) -> String {
@@ -76,7 +89,7 @@ mqtt_keep_alive_seconds = 5
             state = self.dir.path().join("state").display(),
             provider = self.provider_id,
             prefix = self.prefix,
-            http_port = closed_port(),
+            http_port = free_port(),
             heartbeat = heartbeat_s
                 .map(|s| format!("heartbeat_interval_seconds = {s}"))
                 .unwrap_or_default(),
@@ -109,15 +122,6 @@ safe_z_mm = 10.0
 press_z_mm = 2.0
 "#;
 
-/// A port nothing listens on (bound, then released).
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The real binary, killed on drop; stderr goes to a log file shown on
 /// failure.
 struct Agent {
@@ -138,13 +142,7 @@ impl Agent {
             .spawn()
             .expect("start edge-agent");
         // Wait for the ready line.
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let rx = benchlink_testkit::stdout_lines(&mut child);
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("no ready line; log:\n{}", read(&log)));
@@ -367,15 +365,10 @@ async fn wait_queue_empty(bench: &Bench, cfg: &EdgeConfig, still: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats() {
-    if !mosquitto() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
-    let mut obs = Observer::connect(
-        &format!("obs-{}", bench.provider_id),
-        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
-    )
-    .await;
+    };
+    let mut obs = bench.observe_all("obs").await;
     let agent = Agent::start(&bench.write_config(1883, true));
 
     let online = obs
@@ -443,15 +436,10 @@ async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interruptible_actions() {
-    if !mosquitto() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
-    let mut obs = Observer::connect(
-        &format!("obs-{}", bench.provider_id),
-        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
-    )
-    .await;
+    };
+    let mut obs = bench.observe_all("obs").await;
     // Default period (10 s) until the registry answers.
     let agent = Agent::start(&bench.write_config_with(1883, None, ROBOT));
     obs.expect(WAIT, "register", |s| {
@@ -524,10 +512,9 @@ async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interrup
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_publishes_the_offline_lwt_when_the_daemon_is_killed() {
-    if !mosquitto() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let mut obs = Observer::connect(
         &format!("obs-{}", bench.provider_id),
         &bench.topic("status"),
@@ -560,10 +547,9 @@ async fn the_broker_publishes_the_offline_lwt_when_the_daemon_is_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_publishes_offline_and_exits_cleanly() {
-    if !mosquitto() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let mut obs = Observer::connect(
         &format!("obs-{}", bench.provider_id),
         &bench.topic("status"),
@@ -589,15 +575,10 @@ async fn sigterm_publishes_offline_and_exits_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_are_resubscribed_after_a_session_takeover_and_deduplicated() {
-    if !mosquitto() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
-    let mut obs = Observer::connect(
-        &format!("obs-{}", bench.provider_id),
-        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
-    )
-    .await;
+    };
+    let mut obs = bench.observe_all("obs").await;
     let agent = Agent::start(&bench.write_config(1883, false));
     obs.expect(WAIT, "first register", |s| {
         is(s, &bench.topic("register"), MessageType::Register)
@@ -675,7 +656,7 @@ async fn commands_are_resubscribed_after_a_session_takeover_and_deduplicated() {
 async fn an_unreachable_broker_leaves_the_daemon_running_and_stoppable() {
     // No broker needed: the point is that there is none.
     let bench = Bench::new();
-    let port = closed_port();
+    let port = free_port();
     let mut agent = Agent::start(&bench.write_config(port, true));
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(agent.still_running(), "log:\n{}", agent.log());
@@ -695,7 +676,7 @@ async fn an_unreachable_broker_leaves_the_daemon_running_and_stoppable() {
 async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_sent_after_a_restart()
 {
     let bench = Bench::new();
-    let offline_config = bench.write_config(closed_port(), true);
+    let offline_config = bench.write_config(free_port(), true);
     let cfg = EdgeConfig::load(&offline_config).expect("config");
     let daemon = Daemon::start(cfg)
         .await
@@ -786,10 +767,9 @@ async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_se
 /// each once the broker acknowledged it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten() {
-    if !mosquitto() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let config = bench.write_config(1883, true);
     let cfg = EdgeConfig::load(&config).expect("config");
     const BACKLOG: usize = 300;
@@ -843,10 +823,9 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
 /// the updates queued after it arrive too and nothing stays queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_later_ones() {
-    if !mosquitto() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let config = bench.write_config(1883, true);
     let cfg = EdgeConfig::load(&config).expect("config");
     let key = "K".repeat(1_000_000);

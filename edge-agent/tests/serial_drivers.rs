@@ -49,11 +49,10 @@ fn request(action: CapabilityAction, params: Value) -> ActionRequest {
     }
 }
 
-fn run(
-    d: &mut dyn Driver,
-    action: CapabilityAction,
-    params: Value,
-) -> Result<ActionOutcome, DriverError> {
+/// What a driver answers to one action.
+type Outcome = Result<ActionOutcome, DriverError>;
+
+fn run(d: &mut dyn Driver, action: CapabilityAction, params: Value) -> Outcome {
     d.execute(&request(action, params))
 }
 
@@ -91,14 +90,14 @@ fn port(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn invalid_field(r: Result<ActionOutcome, DriverError>) -> String {
+fn invalid_field(r: Outcome) -> String {
     match r {
         Err(DriverError::InvalidParams { field, .. }) => field,
         other => panic!("expected InvalidParams, got {other:?}"),
     }
 }
 
-fn limit_field(r: Result<ActionOutcome, DriverError>) -> String {
+fn limit_field(r: Outcome) -> String {
     match r {
         Err(DriverError::LimitExceeded { field, .. }) => field,
         other => panic!("expected LimitExceeded, got {other:?}"),

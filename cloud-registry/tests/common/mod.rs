@@ -75,6 +75,13 @@ pub async fn register_p1(api: &Api, token: &str) {
     assert_eq!(r.0, StatusCode::OK, "register p1's capabilities: {}", r.1);
 }
 
+/// The events [`register_p1`] appends, in order.
+pub const P1_REGISTERED: [&str; 3] = [
+    "provider_registered",
+    "capability_registered",
+    "capability_registered",
+];
+
 /// A new token for principal `name` with `role` on `reg`.
 pub async fn new_token(reg: &RunningRegistry, role: Role, name: &str) -> String {
     reg.auth
@@ -109,17 +116,7 @@ impl Api {
     }
 
     pub async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
-        let mut req = self.http.get(format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.expect("GET sent");
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        Self::send(self.http.get(format!("{}{path}", self.base)), token).await
     }
 
     pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (StatusCode, Value) {
@@ -132,15 +129,21 @@ impl Api {
         token: Option<&str>,
         body: String,
     ) -> (StatusCode, Value) {
-        let mut req = self
+        let req = self
             .http
             .post(format!("{}{path}", self.base))
             .header("content-type", "application/json")
             .body(body);
+        Self::send(req, token).await
+    }
+
+    /// Send `req` with `token` (if any): the status and the body as JSON
+    /// (a JSON string when it is not JSON).
+    async fn send(mut req: reqwest::RequestBuilder, token: Option<&str>) -> (StatusCode, Value) {
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.expect("POST sent");
+        let resp = req.send().await.expect("request sent");
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
         (
@@ -155,24 +158,6 @@ impl Api {
             .await
     }
 
-    /// `POST /api/v1/capabilities/register` with `token`.
-    pub async fn register_capabilities(&self, token: &str, body: &Value) -> (StatusCode, Value) {
-        self.post("/api/v1/capabilities/register", Some(token), body)
-            .await
-    }
-
-    /// `POST /api/v1/capabilities/heartbeat` with `token`.
-    pub async fn heartbeat(&self, token: &str, body: &Value) -> (StatusCode, Value) {
-        self.post("/api/v1/capabilities/heartbeat", Some(token), body)
-            .await
-    }
-
-    /// `POST /api/v1/capability-leases/request` with `token`.
-    pub async fn request_lease(&self, token: &str, body: &Value) -> (StatusCode, Value) {
-        self.post("/api/v1/capability-leases/request", Some(token), body)
-            .await
-    }
-
     /// `GET /api/v1/capability-leases/{lease_id}` with `token`.
     pub async fn lease(&self, token: &str, lease_id: &str) -> (StatusCode, Value) {
         self.get(
@@ -180,6 +165,12 @@ impl Api {
             Some(token),
         )
         .await
+    }
+
+    /// `POST /api/v1/capabilities/register` with `token`.
+    pub async fn register_capabilities(&self, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.post("/api/v1/capabilities/register", Some(token), body)
+            .await
     }
 
     /// `POST /api/v1/capability-leases/{lease_id}/{op}` with `token`, for
@@ -197,6 +188,18 @@ impl Api {
             body,
         )
         .await
+    }
+
+    /// `POST /api/v1/capabilities/heartbeat` with `token`.
+    pub async fn heartbeat(&self, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.post("/api/v1/capabilities/heartbeat", Some(token), body)
+            .await
+    }
+
+    /// `POST /api/v1/capability-leases/request` with `token`.
+    pub async fn request_lease(&self, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.post("/api/v1/capability-leases/request", Some(token), body)
+            .await
     }
 
     /// `benchlink_events_total` from `/metrics`.
@@ -426,6 +429,23 @@ pub fn envelope(message_type: MessageType, body: &Value) -> Vec<u8> {
     )
     .expect("envelope")
     .to_bytes()
+}
+
+/// A small audit request `id` of `audit_type` at `priority`, without
+/// capability requirements.
+pub fn audit_request(id: &str, audit_type: &str, priority: u8) -> Value {
+    json!({
+        "protocol_version": "1.0",
+        "audit_request_id": id,
+        "project_id": "proj_device_assistant",
+        "task_id": "task_release_0_9_2",
+        "trigger": "merge_candidate",
+        "audit_type": audit_type,
+        "priority": priority,
+        "objective": format!("{audit_type} audit of release candidate 0.9.2"),
+        "time_budget_seconds": 120,
+        "response_mode": "structured_json"
+    })
 }
 
 /// Remove the keys that hold times (they differ between two registrations).

@@ -6,8 +6,8 @@
 //! |---|---|
 //! | [`services`] | is Mosquitto, a tool, a tmpfs there? Under `CI=true` a missing one fails the test, elsewhere it is skipped with a printed reason |
 //! | [`wait`] | [`eventually`] (async, panics on timeout), [`wait_until`] (blocking, a bool), [`wait_for`] (blocking, a `Result`) |
-//! | [`process`] | [`KillOnDrop`]: a child process that does not outlive its test |
-//! | this page | [`sha256_hex`], [`free_port`], [`temp_dir`]; [`strs`] and [`find`] over JSON arrays |
+//! | [`process`] | [`KillOnDrop`]: a child process that does not outlive its test; [`stdout_lines`] |
+//! | this page | [`sha256_hex`], [`free_port`], [`temp_dir`], [`status_is`]; [`strs`], [`find`], [`with_at`] and [`read_json`] for JSON |
 //!
 //! Registry fixtures (a registry with a provider and tokens) live in
 //! `cloud-registry/tests/common`, the lab with simulators in
@@ -21,7 +21,7 @@ use std::net::TcpListener;
 
 use sha2::{Digest, Sha256};
 
-pub use process::KillOnDrop;
+pub use process::{stdout_lines, KillOnDrop};
 pub use services::{in_ci, mosquitto, reachable, skip_unless_ci, tool_installed, Tmpfs, MOSQUITTO};
 pub use wait::{eventually, poll_until, wait_for, wait_until};
 
@@ -73,4 +73,53 @@ pub fn find<'a>(list: &'a serde_json::Value, key: &str, value: &str) -> &'a serd
         .iter()
         .find(|item| item[key] == value)
         .unwrap_or_else(|| panic!("no item with {key} = {value:?} in {list}"))
+}
+
+/// The JSON document in the file at `path`.
+///
+/// Panics: the file cannot be read or is not JSON (the message names
+/// `path`).
+pub fn read_json(path: impl AsRef<std::path::Path>) -> serde_json::Value {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `base` with the value at `path` replaced by `value`; `path` names
+/// object keys joined by `.`, each optionally indexed (`a.b[0].c`).
+///
+/// Panics: an index is not a number.
+pub fn with_at(
+    mut base: serde_json::Value,
+    path: &str,
+    value: serde_json::Value,
+) -> serde_json::Value {
+    let mut at = &mut base;
+    for part in path.split('.') {
+        let (key, index) = match part.split_once('[') {
+            Some((k, i)) => (
+                k,
+                Some(i.trim_end_matches(']').parse::<usize>().expect("index")),
+            ),
+            None => (part, None),
+        };
+        at = &mut at[key];
+        if let Some(i) = index {
+            at = &mut at[i];
+        }
+    }
+    *at = value;
+    base
+}
+
+/// `answer` (a `(status, body)` pair) after asserting that its status is
+/// `status`; the failure shows the body.
+#[track_caller]
+pub fn status_is<S, B>(answer: (S, B), status: S) -> (S, B)
+where
+    S: PartialEq + std::fmt::Debug,
+    B: std::fmt::Display,
+{
+    assert_eq!(answer.0, status, "{}", answer.1);
+    answer
 }
