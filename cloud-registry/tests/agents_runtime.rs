@@ -8,6 +8,8 @@ mod agents_support;
 use std::time::{Duration, Instant};
 
 use agents_support::*;
+use benchlink_testkit::status_is;
+use benchlink_testkit::{find, strs};
 use cloud_registry::agents::config::{AgentsConfig, NativeTools};
 use cloud_registry::agents::prompts::{default_text, PROMPT_KEYS};
 use reqwest::multipart::{Form, Part};
@@ -39,14 +41,15 @@ fn settled(d: &Value) -> bool {
 }
 
 async fn start_run(h: &Harness, role: Role, run_type: &str, objective: &str) -> String {
-    let (status, body) = h
-        .post(
+    let (_, body) = status_is(
+        h.post(
             role,
             "/runs",
             json!({"run_type": run_type, "title": "test run", "objective": objective}),
         )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+        .await,
+        StatusCode::CREATED,
+    );
     body["run"]["public_id"].as_str().unwrap().to_string()
 }
 
@@ -57,14 +60,15 @@ fn final_text(summary: &str) -> String {
 #[tokio::test]
 async fn creating_a_run_persists_it_with_ordered_steps_and_lists_it() {
     let h = Harness::start(AgentsConfig::default()).await;
-    let (status, body) = h
-        .post(
+    let (_, body) = status_is(
+        h.post(
             Role::Viewer,
             "/runs",
             json!({"run_type": "earth_command", "title": "北斗", "objective": "高亮所有北斗卫星"}),
         )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+        .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(body["run"]["status"], "completed");
     assert_eq!(body["run"]["created_by"], "vera-viewer");
     let indexes: Vec<u64> = body["steps"]
@@ -74,25 +78,23 @@ async fn creating_a_run_persists_it_with_ordered_steps_and_lists_it() {
         .map(|s| s["step_index"].as_u64().unwrap())
         .collect();
     assert_eq!(indexes, (0..indexes.len() as u64).collect::<Vec<_>>());
-    let times: Vec<&str> = body["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["started_at"].as_str().unwrap())
-        .collect();
+    let times = strs(&body["steps"], "started_at");
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
     let run_id = body["run"]["public_id"].as_str().unwrap();
 
-    let (status, list) = h
-        .get(
+    let (_, list) = status_is(
+        h.get(
             Role::Viewer,
             "/runs?run_type=earth_command&status=completed",
         )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+        .await,
+        StatusCode::OK,
+    );
     assert_eq!(list["runs"][0]["public_id"], run_id);
-    let (status, err) = h.get(Role::Viewer, "/runs?status=sleeping").await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (_, err) = status_is(
+        h.get(Role::Viewer, "/runs?status=sleeping").await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "status");
     let (status, _) = h.get(Role::Viewer, "/runs/agent_nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -117,14 +119,15 @@ async fn roles_are_checked_and_other_run_types_need_a_model() {
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    let (status, body) = h
-        .post(
+    let (_, body) = status_is(
+        h.post(
             Role::Operator,
             "/runs",
             json!({"run_type": "diagnostic", "title": "t", "objective": "o"}),
         )
-        .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        .await,
+        StatusCode::SERVICE_UNAVAILABLE,
+    );
     assert_eq!(body["error"]["code"], "model_not_configured");
     let resp = h
         .http
@@ -166,10 +169,11 @@ async fn stopping_a_running_run_stops_it_and_stopping_a_finished_run_is_a_confli
         StatusCode::FORBIDDEN,
         "a viewer may not stop someone else's run"
     );
-    let (status, stopped) = h
-        .post(Role::Operator, &format!("/runs/{run_id}/stop"), json!({}))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{stopped}");
+    let (_, stopped) = status_is(
+        h.post(Role::Operator, &format!("/runs/{run_id}/stop"), json!({}))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(stopped["run"]["status"], "stopped");
     assert!(stopped["run"]["completed_at"].is_string());
     let llm = &stopped["steps"][0];
@@ -179,10 +183,11 @@ async fn stopping_a_running_run_stops_it_and_stopping_a_finished_run_is_a_confli
     );
     assert_eq!(llm["error"], "run stopped by oscar-operator");
 
-    let (status, err) = h
-        .post(Role::Operator, &format!("/runs/{run_id}/stop"), json!({}))
-        .await;
-    assert_eq!(status, StatusCode::CONFLICT);
+    let (_, err) = status_is(
+        h.post(Role::Operator, &format!("/runs/{run_id}/stop"), json!({}))
+            .await,
+        StatusCode::CONFLICT,
+    );
     assert_eq!(err["error"]["code"], "run_already_final");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = h.run(&run_id).await;
@@ -447,12 +452,7 @@ async fn web_search_not_configured_is_missing_data_and_the_command_still_works()
         "{missing:?}"
     );
     let d = h.run(resp["run_id"].as_str().unwrap()).await;
-    let ws = d["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "web.search")
-        .unwrap();
+    let ws = find(&d["steps"], "name", "web.search");
     assert_eq!(ws["status"], "completed");
     assert_eq!(d["run"]["status"], "completed");
 }
@@ -472,14 +472,15 @@ fn audio_form(bytes: Vec<u8>) -> Form {
 #[tokio::test]
 async fn speech_without_asr_configured_is_a_clear_503() {
     let h = Harness::start(AgentsConfig::default()).await;
-    let (status, body) = h
-        .post_multipart(
+    let (_, body) = status_is(
+        h.post_multipart(
             Role::Operator,
             "/speech/transcriptions",
             audio_form(vec![1, 2, 3]),
         )
-        .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        .await,
+        StatusCode::SERVICE_UNAVAILABLE,
+    );
     assert_eq!(body["error"]["code"], "asr_not_configured");
     assert_eq!(
         body["error"]["message"],
@@ -507,14 +508,15 @@ async fn a_transcription_is_returned_stored_and_shown_in_the_earth_command_run()
     );
     let h = Harness::start(speech_config(&fake, 25)).await;
     let audio: Vec<u8> = (0..48_000u32).map(|i| (i % 251) as u8).collect();
-    let (status, t) = h
-        .post_multipart(
+    let (_, t) = status_is(
+        h.post_multipart(
             Role::Operator,
             "/speech/transcriptions",
             audio_form(audio.clone()),
         )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{t}");
+        .await,
+        StatusCode::OK,
+    );
     assert_eq!(t["text"], "高亮所有北斗卫星");
     assert_eq!(t["provider"], "openai_compatible");
     assert_eq!(t["model"], "whisper-1");
@@ -531,25 +533,21 @@ async fn a_transcription_is_returned_stored_and_shown_in_the_earth_command_run()
     assert_eq!(got.authorization.as_deref(), Some("Bearer sk-test-asr"));
 
     let tid = t["metadata"]["transcription_id"].as_str().unwrap();
-    let (status, resp) = h
-        .post(
+    let (_, resp) = status_is(
+        h.post(
             Role::Operator,
             "/earth/command",
             json!({"input_text": t["text"], "source": "speech", "transcription_id": tid}),
         )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{resp}");
+        .await,
+        StatusCode::OK,
+    );
     assert_eq!(highlighted(&resp).len(), 50);
     let d = h.run(resp["run_id"].as_str().unwrap()).await;
     assert_eq!(d["steps"][0]["step_type"], "transcription");
     assert_eq!(d["steps"][0]["output"]["text"], "高亮所有北斗卫星");
     assert_eq!(d["run"]["input"]["transcription_id"], tid);
-    let ev = d["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["evidence_type"] == "transcription")
-        .unwrap();
+    let ev = find(&d["evidence"], "evidence_type", "transcription");
     assert_eq!(ev["content"], "高亮所有北斗卫星");
     assert_eq!(ev["metadata"]["audio"]["size_bytes"], 48_000);
 }
@@ -603,6 +601,16 @@ async fn propose(h: &Harness, fake: &FakeVendor, role: Role, drafts: Vec<Value>)
     wait_run(h, &run_id, settled).await
 }
 
+/// A harness on a fake model (native tools off) and a config_proposal
+/// run by `role` that proposed each of `drafts` ([`propose`]): the model,
+/// the harness and the settled run.
+async fn proposed(role: Role, drafts: Vec<Value>) -> (FakeVendor, Harness, Value) {
+    let fake = FakeVendor::start().await;
+    let h = Harness::start(fake.model_config(NativeTools::Off)).await;
+    let d = propose(&h, &fake, role, drafts).await;
+    (fake, h, d)
+}
+
 fn prompt_draft(text: &str) -> Value {
     json!({"proposal_type": "ai_prompt", "target": {"prompt_key": "agents.roles.bgp"},
            "changes": {"text": text}, "rationale": "name the collectors we use"})
@@ -625,11 +633,7 @@ async fn prompt_text(h: &Harness, key: &str) -> (String, String) {
 
 #[tokio::test]
 async fn a_normal_admin_cannot_auto_apply_and_must_confirm() {
-    let fake = FakeVendor::start().await;
-    let h = Harness::start(fake.model_config(NativeTools::Off)).await;
-    let d = propose(
-        &h,
-        &fake,
+    let (_fake, h, d) = proposed(
         Role::Admin,
         vec![prompt_draft("Role: BGP analyst. Use RIPE RIS rrc00.")],
     )
@@ -646,10 +650,10 @@ async fn a_normal_admin_cannot_auto_apply_and_must_confirm() {
     );
     let id = p["id"].as_i64().unwrap();
 
-    let (status, err) = h
-        .post(Role::Admin, &format!("/proposals/{id}/apply"), json!({}))
-        .await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    let (_, err) = status_is(
+        h.proposal(Role::Admin, id, "apply", json!({})).await,
+        StatusCode::FORBIDDEN,
+    );
     assert_eq!(err["error"]["code"], "confirmation_required");
     let (_, list) = h.get(Role::Admin, "/proposals?status=pending").await;
     assert_eq!(
@@ -659,22 +663,15 @@ async fn a_normal_admin_cannot_auto_apply_and_must_confirm() {
     assert_eq!(prompt_text(&h, "agents.roles.bgp").await.1, "default");
 
     let (status, _) = h
-        .post(
-            Role::Operator,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
+        .proposal(Role::Operator, id, "apply", json!({"confirm": true}))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 
-    let (status, applied) = h
-        .post(
-            Role::Admin,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{applied}");
+    let (_, applied) = status_is(
+        h.proposal(Role::Admin, id, "apply", json!({"confirm": true}))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(applied["status"], "applied");
     assert_eq!(applied["applied_by"], "alice-admin");
     assert_eq!(applied["policy_result"]["applied_mode"], "manual");
@@ -689,11 +686,7 @@ async fn a_normal_admin_cannot_auto_apply_and_must_confirm() {
 
 #[tokio::test]
 async fn a_super_admin_applies_a_low_risk_proposal_without_confirmation() {
-    let fake = FakeVendor::start().await;
-    let h = Harness::start(fake.model_config(NativeTools::Off)).await;
-    let d = propose(
-        &h,
-        &fake,
+    let (_fake, h, d) = proposed(
         Role::SuperAdmin,
         vec![prompt_draft("Role: BGP analyst v2.")],
     )
@@ -716,14 +709,10 @@ async fn a_super_admin_applies_a_low_risk_proposal_without_confirmation() {
         prompt_text(&h, "agents.roles.bgp").await.0,
         "Role: BGP analyst v2."
     );
-    let (status, err) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CONFLICT);
+    let (_, err) = status_is(
+        h.proposal(Role::SuperAdmin, id, "apply", json!({})).await,
+        StatusCode::CONFLICT,
+    );
     assert_eq!(err["error"]["code"], "proposal_not_pending");
 }
 
@@ -736,45 +725,30 @@ async fn high_risk_proposals_always_need_manual_confirmation() {
     let d = propose(&h, &fake, Role::SuperAdmin, vec![draft]).await;
     let id = d["proposals"][0]["id"].as_i64().unwrap();
     assert_eq!(d["proposals"][0]["risk_level"], "high");
-    let (status, err) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (_, err) = status_is(
+        h.proposal(Role::SuperAdmin, id, "apply", json!({})).await,
+        StatusCode::FORBIDDEN,
+    );
     assert!(err["error"]["message"]
         .as_str()
         .unwrap()
         .contains("high-risk"));
-    let (status, ok) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{ok}");
+    let _ = status_is(
+        h.proposal(Role::SuperAdmin, id, "apply", json!({"confirm": true}))
+            .await,
+        StatusCode::OK,
+    );
 }
 
 #[tokio::test]
 async fn secret_field_and_schema_breaking_proposals_are_rejected_and_the_secret_is_not_stored() {
-    let fake = FakeVendor::start().await;
-    let h = Harness::start(fake.model_config(NativeTools::Off)).await;
-    let d = propose(
-        &h,
-        &fake,
-        Role::Admin,
-        vec![
+    let (_fake, h, d) = proposed(Role::Admin, vec![
             json!({"proposal_type": "datasource_config", "target": {"datasource_id": "celestrak_active"},
                    "changes": {"endpoint": "https://celestrak.org/NORAD/elements/active.txt", "api_key": "sk-live-123"},
                    "rationale": "use the live feed"}),
             json!({"proposal_type": "datasource_config", "target": {"datasource_id": "celestrak_active"},
                    "changes": {"refresh_interval_seconds": 1}, "rationale": "refresh constantly"}),
-        ],
-    )
-    .await;
+        ]).await;
     let props = d["proposals"].as_array().unwrap();
     assert_eq!(props.len(), 2);
     assert_eq!(props[0]["status"], "rejected");
@@ -809,24 +783,17 @@ async fn secret_field_and_schema_breaking_proposals_are_rejected_and_the_secret_
         .contains("rejected by policy"));
 
     let id = props[0]["id"].as_i64().unwrap();
-    let (status, err) = h
-        .post(
-            Role::SuperAdmin,
-            &format!("/proposals/{id}/apply"),
-            json!({"confirm": true}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (_, err) = status_is(
+        h.proposal(Role::SuperAdmin, id, "apply", json!({"confirm": true}))
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["code"], "proposal_rejected");
 }
 
 #[tokio::test]
 async fn a_proposal_whose_target_changed_fails_with_the_error_saved() {
-    let fake = FakeVendor::start().await;
-    let h = Harness::start(fake.model_config(NativeTools::Off)).await;
-    let d = propose(
-        &h,
-        &fake,
+    let (_fake, h, d) = proposed(
         Role::Admin,
         vec![prompt_draft("first"), prompt_draft("second")],
     )
@@ -845,14 +812,15 @@ async fn a_proposal_whose_target_changed_fails_with_the_error_saved() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let (status, err) = h
-        .post(
+    let (_, err) = status_is(
+        h.post(
             Role::SuperAdmin,
             &format!("/proposals/{}/apply", ids[1]),
             json!({}),
         )
-        .await;
-    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+        .await,
+        StatusCode::CONFLICT,
+    );
     assert_eq!(err["error"]["code"], "proposal_apply_failed");
     let (_, list) = h.get(Role::Admin, "/proposals?status=failed").await;
     let failed = &list["proposals"][0];
@@ -882,23 +850,13 @@ async fn write_tools_are_denied_inside_runs_and_auto_apply_needs_a_super_admin_r
         vec![prompt_draft("auto applied")],
     )
     .await;
-    let denied = d["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "agents.apply_setting")
-        .unwrap();
+    let denied = find(&d["steps"], "name", "agents.apply_setting");
     assert_eq!(denied["status"], "failed");
     assert!(denied["error"]
         .as_str()
         .unwrap()
         .contains("write tools run only while an administrator applies"));
-    let auto = d["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "proposal.auto_apply")
-        .unwrap();
+    let auto = find(&d["steps"], "name", "proposal.auto_apply");
     assert_eq!(
         (auto["step_type"].as_str(), auto["status"].as_str()),
         (Some("policy"), Some("completed"))
@@ -919,14 +877,8 @@ async fn write_tools_are_denied_inside_runs_and_auto_apply_needs_a_super_admin_r
 #[tokio::test]
 async fn prompts_and_tools_are_listed_with_their_contracts() {
     let h = Harness::start(AgentsConfig::default()).await;
-    let (status, body) = h.get(Role::Viewer, "/prompts").await;
-    assert_eq!(status, StatusCode::OK);
-    let keys: Vec<&str> = body["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["key"].as_str().unwrap())
-        .collect();
+    let (_, body) = status_is(h.get(Role::Viewer, "/prompts").await, StatusCode::OK);
+    let keys = strs(&body["prompts"], "key");
     assert_eq!(keys, PROMPT_KEYS);
     let (_, body) = h.get(Role::Viewer, "/tools").await;
     for t in body["tools"].as_array().unwrap() {

@@ -7,7 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use cloud_registry::app::RunningRegistry;
+use benchlink_testkit::status_is;
+use benchlink_testkit::{find, strs};
 use common::*;
 use futures::StreamExt;
 use reqwest::StatusCode;
@@ -17,40 +18,33 @@ use tempfile::TempDir;
 
 #[tokio::test]
 async fn a_provider_registers_over_http_and_is_listed_with_its_capabilities() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
+    let (_dir, reg, api, _) = registry().await;
     let token = new_token(&reg, Role::Provider, "provider-winlab-01").await;
 
-    let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(&token),
-            &provider_body("provider-winlab-01"),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.register_provider(&token, &provider_body("provider-winlab-01"))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(
         r.1,
         json!({"provider_id": "provider-winlab-01", "accepted": true, "heartbeat_interval_seconds": 10})
     );
-    let r = api
-        .post(
-            "/api/v1/capabilities/register",
-            Some(&token),
-            &capabilities_body("provider-winlab-01", ""),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.register_capabilities(&token, &capabilities_body("provider-winlab-01", ""))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1["registered"], json!(["cam-front-01", "thumb-robot-01"]));
 
-    let (s, p) = api
-        .get(
+    let (_, p) = status_is(
+        api.get(
             "/api/v1/capability-providers/provider-winlab-01",
             Some(&token),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK);
+        .await,
+        StatusCode::OK,
+    );
     assert_eq!(p["online_status"], "online");
     assert_eq!(p["labels"], json!(["lab", "gpu", "hardware-test"]));
 
@@ -70,12 +64,7 @@ async fn a_provider_registers_over_http_and_is_listed_with_its_capabilities() {
     let (_, by_type) = api
         .get("/api/v1/capabilities?type=thumb_robot", Some(&token))
         .await;
-    let ids: Vec<&str> = by_type["capabilities"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["capability_id"].as_str().unwrap())
-        .collect();
+    let ids = strs(&by_type["capabilities"], "capability_id");
     assert_eq!(ids, ["thumb-robot-01"]);
     let (_, by_tag) = api
         .get("/api/v1/capabilities?tag=front", Some(&token))
@@ -96,62 +85,23 @@ async fn a_provider_registers_over_http_and_is_listed_with_its_capabilities() {
     // The log holds one provider_registered and two capability_registered.
     let events = reg.bus.replay(0, 100).await.unwrap();
     let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    assert_eq!(
-        types,
-        [
-            "provider_registered",
-            "capability_registered",
-            "capability_registered"
-        ]
-    );
+    assert_eq!(types, P1_REGISTERED);
     reg.shutdown().await;
 }
 
 #[tokio::test]
 async fn heartbeats_record_health_changes_and_history() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(&admin),
-        &provider_body("p1"),
-    )
-    .await;
-    api.post(
-        "/api/v1/capabilities/register",
-        Some(&admin),
-        &capabilities_body("p1", ""),
-    )
-    .await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
 
     let hb = |health: &str| {
         json!({"provider_id": "p1", "boot_id": "boot-1", "capabilities": [
             {"capability_id": "cam-front-01", "health_status": health, "message": "lens", "metrics": {"fps": 29}}
         ]})
     };
-    let r = api
-        .post(
-            "/api/v1/capabilities/heartbeat",
-            Some(&admin),
-            &hb("healthy"),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(api.heartbeat(&admin, &hb("healthy")).await, StatusCode::OK);
     assert_eq!(r.1["accepted"], true);
-    api.post(
-        "/api/v1/capabilities/heartbeat",
-        Some(&admin),
-        &hb("healthy"),
-    )
-    .await;
-    api.post(
-        "/api/v1/capabilities/heartbeat",
-        Some(&admin),
-        &hb("degraded"),
-    )
-    .await;
+    api.heartbeat(&admin, &hb("healthy")).await;
+    api.heartbeat(&admin, &hb("degraded")).await;
 
     let (_, cam) = api
         .get("/api/v1/capabilities/cam-front-01", Some(&admin))
@@ -178,13 +128,14 @@ async fn heartbeats_record_health_changes_and_history() {
 
     // Two snapshots (both changes); the repeat inside the minimum interval
     // wrote none. Newest first.
-    let (s, h) = api
-        .get(
+    let (_, h) = status_is(
+        api.get(
             "/api/v1/capabilities/cam-front-01/health-history",
             Some(&admin),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK);
+        .await,
+        StatusCode::OK,
+    );
     let snaps = h["snapshots"].as_array().unwrap();
     assert_eq!(snaps.len(), 2, "{h}");
     assert_eq!(snaps[0]["health_status"], "degraded");
@@ -203,26 +154,10 @@ async fn observable_state(api: &Api, token: &str) -> (u64, Value, Value) {
 
 #[tokio::test]
 async fn bad_requests_get_json_errors_and_change_nothing() {
-    let dir = TempDir::new().unwrap();
-    let mut cfg = test_config(&dir);
-    cfg.http.body_limit_bytes = 4096;
-    let reg = start(cfg).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry_with(|cfg| cfg.http.body_limit_bytes = 4096).await;
     let p1 = new_token(&reg, Role::Provider, "p1").await;
     let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(&p1),
-        &provider_body("p1"),
-    )
-    .await;
-    api.post(
-        "/api/v1/capabilities/register",
-        Some(&p1),
-        &capabilities_body("p1", ""),
-    )
-    .await;
+    register_p1(&api, &p1).await;
     let before = observable_state(&api, &admin).await;
     assert!(before.0 >= 3);
 
@@ -238,9 +173,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
     // A field of the wrong kind: 422 naming the field.
     let mut bad = capabilities_body("p1", "-x");
     bad["capabilities"][0]["capability_type"] = json!("toaster");
-    let r = api
-        .post("/api/v1/capabilities/register", Some(&p1), &bad)
-        .await;
+    let r = api.register_capabilities(&p1, &bad).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(
         r.1["error"]["details"]["field"],
@@ -266,61 +199,30 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         .await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     let r = api
-        .post(
-            "/api/v1/capabilities/heartbeat",
-            Some(&admin),
-            &json!({"provider_id": "ghost", "capabilities": []}),
-        )
+        .heartbeat(&admin, &json!({"provider_id": "ghost", "capabilities": []}))
         .await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     let r = api
-        .post(
-            "/api/v1/capabilities/register",
-            Some(&admin),
-            &capabilities_body("ghost", "-g"),
-        )
+        .register_capabilities(&admin, &capabilities_body("ghost", "-g"))
         .await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     // Wrong role: 403.
     let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(&viewer),
-            &provider_body("viewer-1"),
-        )
+        .register_provider(&viewer, &provider_body("viewer-1"))
         .await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
     // A provider acting for another provider: 403.
-    let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(&p1),
-            &provider_body("p2"),
-        )
-        .await;
+    let r = api.register_provider(&p1, &provider_body("p2")).await;
     assert_error(&r, StatusCode::FORBIDDEN, "provider_mismatch");
     let r = api
-        .post(
-            "/api/v1/capabilities/heartbeat",
-            Some(&p1),
-            &json!({"provider_id": "p2", "capabilities": []}),
-        )
+        .heartbeat(&p1, &json!({"provider_id": "p2", "capabilities": []}))
         .await;
     assert_error(&r, StatusCode::FORBIDDEN, "provider_mismatch");
     // A capability id that belongs to another provider: 409.
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(&admin),
-        &provider_body("p2"),
-    )
-    .await;
+    api.register_provider(&admin, &provider_body("p2")).await;
     let after_p2 = observable_state(&api, &admin).await;
     let r = api
-        .post(
-            "/api/v1/capabilities/register",
-            Some(&admin),
-            &capabilities_body("p2", ""),
-        )
+        .register_capabilities(&admin, &capabilities_body("p2", ""))
         .await;
     assert_error(
         &r,
@@ -335,9 +237,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
     // Oversized body: 413.
     let mut big = provider_body("p1");
     big["labels"] = json!(vec!["x".repeat(100); 100]);
-    let r = api
-        .post("/api/v1/capability-providers/register", Some(&p1), &big)
-        .await;
+    let r = api.register_provider(&p1, &big).await;
     assert_error(&r, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large");
     let message = r.1["error"]["message"].as_str().unwrap();
     assert!(message.contains("4096 bytes"), "names the limit: {message}");
@@ -345,11 +245,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
     let r = api.get("/api/v1/capabilities", None).await;
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
     let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some("blk_nope"),
-            &provider_body("p1"),
-        )
+        .register_provider("blk_nope", &provider_body("p1"))
         .await;
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
     // The scheme name in any letter case; another scheme is refused.
@@ -451,12 +347,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
     expected.0 += 1;
     assert_eq!(after.0, expected.0, "event count");
     assert_eq!(after.2, before.2, "capabilities unchanged");
-    let ids: Vec<&str> = after.1["providers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["provider_id"].as_str().unwrap())
-        .collect();
+    let ids = strs(&after.1["providers"], "provider_id");
     assert_eq!(ids, ["p1", "p2"]);
     let p1_now = after.1["providers"][0].clone();
     assert_eq!(
@@ -468,11 +359,8 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
 
 #[tokio::test]
 async fn healthz_reports_store_and_broker_without_a_token_and_metrics_count() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let (s, h) = api.get("/healthz", None).await;
-    assert_eq!(s, StatusCode::OK, "{h}");
+    let (_dir, reg, api, _) = registry().await;
+    let (_, h) = status_is(api.get("/healthz", None).await, StatusCode::OK);
     assert_eq!(h["status"], "ok");
     assert_eq!(h["store"]["status"], "ok");
     assert_eq!(h["mqtt"]["mode"], "embedded");
@@ -482,12 +370,7 @@ async fn healthz_reports_store_and_broker_without_a_token_and_metrics_count() {
     assert_eq!(s, StatusCode::OK);
 
     let admin = reg.admin_token.clone().unwrap();
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(&admin),
-        &provider_body("p1"),
-    )
-    .await;
+    api.register_provider(&admin, &provider_body("p1")).await;
     assert_eq!(api.metric("benchlink_providers_online").await, 1);
     assert_eq!(api.metric("benchlink_events_total").await, 1);
     assert_eq!(api.metric("benchlink_mqtt_connected").await, 1);
@@ -509,14 +392,15 @@ async fn the_bootstrap_admin_token_file_is_private_and_reused_after_restart() {
     );
     // The token can mint tokens that work at once.
     let api = Api::new(&reg.base_url());
-    let r = api
-        .post(
+    let r = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(&token),
             &json!({"role": "viewer", "name": "v1"}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     let viewer = r.1["token"].as_str().unwrap().to_string();
     assert_eq!(
         api.get("/api/v1/capabilities", Some(&viewer)).await.0,
@@ -612,9 +496,8 @@ async fn flip_health(api: &Api, token: &str, n: usize) {
     for i in 0..n {
         let health = if i % 2 == 0 { "degraded" } else { "healthy" };
         let r = api
-            .post(
-                "/api/v1/capabilities/heartbeat",
-                Some(token),
+            .heartbeat(
+                token,
                 &json!({"provider_id": "p1", "capabilities": [
                     {"capability_id": "cam-front-01", "health_status": health}
                 ]}),
@@ -626,22 +509,7 @@ async fn flip_health(api: &Api, token: &str, n: usize) {
 
 #[tokio::test]
 async fn sse_resume_with_last_event_id_loses_nothing_and_repeats_nothing() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(&admin),
-        &provider_body("p1"),
-    )
-    .await;
-    api.post(
-        "/api/v1/capabilities/register",
-        Some(&admin),
-        &capabilities_body("p1", ""),
-    )
-    .await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     flip_health(&api, &admin, 4).await;
 
     // First connection: replay from the start, then live events.
@@ -710,22 +578,7 @@ async fn sse_resume_with_last_event_id_loses_nothing_and_repeats_nothing() {
 
 #[tokio::test]
 async fn sse_filters_by_type_and_capability() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(&admin),
-        &provider_body("p1"),
-    )
-    .await;
-    api.post(
-        "/api/v1/capabilities/register",
-        Some(&admin),
-        &capabilities_body("p1", ""),
-    )
-    .await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     let mut sse = SseReader::open(
         &api,
         "/api/v1/capability-events/stream?after=0&types=capability_registered&capability_id=thumb-robot-01",
@@ -748,10 +601,7 @@ async fn sse_filters_by_type_and_capability() {
 async fn a_slow_sse_client_is_told_of_the_gap_and_still_gets_every_event() {
     use cloud_registry::events::{NewEvent, LIVE_BUFFER};
     use shared_protocol::event::EventType;
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry().await;
     // Connect live, then stop reading while far more events than the live
     // buffer holds are published; each carries 2 KiB so socket buffers
     // cannot absorb the backlog either.
@@ -817,24 +667,40 @@ fn lease_body(capability_id: &str, holder_ref: &str, priority: u8, seconds: u32)
     })
 }
 
+/// `POST /api/v1/capability-leases/request` with `token` for
+/// [`lease_body`]`(capability_id, holder_ref, priority, seconds)`.
+async fn ask(
+    api: &Api,
+    token: &str,
+    capability_id: &str,
+    holder_ref: &str,
+    priority: u8,
+    seconds: u32,
+) -> (StatusCode, Value) {
+    api.request_lease(
+        token,
+        &lease_body(capability_id, holder_ref, priority, seconds),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_queue() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, _) = registry_with_p1(|_| {}).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
     let b = new_token(&reg, Role::Operator, "op-7").await;
 
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&a),
+    let r = status_is(
+        api.request_lease(
+            &a,
             &lease_body("cam-front-01", "audit:hw-01:thread-1", 75, 120),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(r.1["status"], "granted");
     assert_eq!(r.1["principal"], "audit:hw-01");
-    let lease_a = r.1["lease_id"].as_str().unwrap().to_string();
+    let lease_a = lease_id(&r);
     let (_, cam) = api.get("/api/v1/capabilities/cam-front-01", Some(&b)).await;
     assert_eq!(cam["status"], "leased");
     let (_, leased) = api
@@ -843,25 +709,23 @@ async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_qu
     assert_eq!(leased["capabilities"].as_array().unwrap().len(), 1);
 
     // B waits in the queue.
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&b),
-            &lease_body("cam-front-01", "op-7", 60, 60),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = status_is(
+        ask(&api, &b, "cam-front-01", "op-7", 60, 60).await,
+        StatusCode::ACCEPTED,
+    );
     assert_eq!(r.1["status"], "requested");
-    let lease_b = r.1["lease_id"].as_str().unwrap().to_string();
+    let lease_b = lease_id(&r);
 
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{lease_a}/renew"),
-            Some(&a),
+    let _ = status_is(
+        api.lease_post(
+            &a,
+            &lease_a,
+            "renew",
             &json!({"requested_duration_seconds": 300}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+        .await,
+        StatusCode::OK,
+    );
     let r = api
         .post_raw(
             &format!("/api/v1/capability-leases/{lease_a}/renew"),
@@ -882,26 +746,16 @@ async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_qu
             Some(&b),
         )
         .await;
-    let ids: Vec<&str> = list["leases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["lease_id"].as_str().unwrap())
-        .collect();
+    let ids = strs(&list["leases"], "lease_id");
     assert_eq!(ids, [lease_a.as_str()]);
 
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{lease_a}/release"),
-            Some(&a),
-            &json!({"reason": "done"}),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.lease_post(&a, &lease_a, "release", &json!({"reason": "done"}))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1["status"], "released");
-    let (_, lb) = api
-        .get(&format!("/api/v1/capability-leases/{lease_b}"), Some(&b))
-        .await;
+    let (_, lb) = api.lease(&b, &lease_b).await;
     assert_eq!(
         lb["status"], "granted",
         "the capability went to the waiting request"
@@ -928,66 +782,21 @@ async fn a_lease_is_requested_held_renewed_released_and_passed_to_the_next_in_qu
     reg.shutdown().await;
 }
 
-async fn register_p1(api: &Api, admin: &str) {
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(admin),
-        &provider_body("p1"),
-    )
-    .await;
-    api.post(
-        "/api/v1/capabilities/register",
-        Some(admin),
-        &capabilities_body("p1", ""),
-    )
-    .await;
-}
-
-/// A registry on `cfg` with provider `p1` and its capabilities registered:
-/// the registry, an HTTP client for it and the bootstrap admin token.
-async fn start_with_p1(cfg: cloud_registry::config::Config) -> (RunningRegistry, Api, String) {
-    let reg = start(cfg).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
-    register_p1(&api, &admin).await;
-    (reg, api, admin)
-}
-
-/// A token for `name` with `role` on `reg`.
-async fn new_token(reg: &RunningRegistry, role: Role, name: &str) -> String {
-    reg.auth.create_token(role, name).await.unwrap()
-}
-
 #[tokio::test]
 async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
     let other = new_token(&reg, Role::AuditAgent, "audit:sw-01").await;
     let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
     let provider = new_token(&reg, Role::Provider, "p1").await;
 
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&a),
-            &lease_body("cam-front-01", "audit:hw-01", 75, 120),
-        )
-        .await;
-    let held = r.1["lease_id"].as_str().unwrap().to_string();
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&a),
-            &lease_body("thumb-robot-01", "audit:hw-01", 75, 1),
-        )
-        .await;
-    let short = r.1["lease_id"].as_str().unwrap().to_string();
+    let r = ask(&api, &a, "cam-front-01", "audit:hw-01", 75, 120).await;
+    let held = lease_id(&r);
+    let r = ask(&api, &a, "thumb-robot-01", "audit:hw-01", 75, 1).await;
+    let short = lease_id(&r);
     // Let the one-second lease expire (the sweeper runs every 250 ms).
     eventually(Duration::from_secs(5), "lease expired", || async {
-        let (_, l) = api
-            .get(&format!("/api/v1/capability-leases/{short}"), Some(&a))
-            .await;
+        let (_, l) = api.lease(&a, &short).await;
         (l["status"] == "expired").then_some(())
     })
     .await;
@@ -999,21 +808,9 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
     };
     let before = state().await;
 
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&provider),
-            &lease_body("thumb-robot-01", "p1", 50, 60),
-        )
-        .await;
+    let r = ask(&api, &provider, "thumb-robot-01", "p1", 50, 60).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&viewer),
-            &lease_body("thumb-robot-01", "viewer-1", 50, 60),
-        )
-        .await;
+    let r = ask(&api, &viewer, "thumb-robot-01", "viewer-1", 50, 60).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
     let r = api.get("/api/v1/capability-leases", Some(&provider)).await;
     assert_error(&r, StatusCode::FORBIDDEN, "forbidden");
@@ -1021,22 +818,10 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
         api.get("/api/v1/capability-leases", Some(&viewer)).await.0,
         StatusCode::OK
     );
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&other),
-            &lease_body("thumb-robot-01", "audit:hw-01", 50, 60),
-        )
-        .await;
+    let r = ask(&api, &other, "thumb-robot-01", "audit:hw-01", 50, 60).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(r.1["error"]["details"]["field"], "holder_ref");
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&a),
-            &lease_body("no-such-cap", "audit:hw-01", 50, 60),
-        )
-        .await;
+    let r = ask(&api, &a, "no-such-cap", "audit:hw-01", 50, 60).await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     let r = api
         .post_raw(
@@ -1059,30 +844,12 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
         .await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     // Another holder's lease.
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{held}/release"),
-            Some(&other),
-            &json!({}),
-        )
-        .await;
+    let r = api.lease_post(&other, &held, "release", &json!({})).await;
     assert_error(&r, StatusCode::FORBIDDEN, "not_lease_holder");
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{held}/renew"),
-            Some(&other),
-            &json!({}),
-        )
-        .await;
+    let r = api.lease_post(&other, &held, "renew", &json!({})).await;
     assert_error(&r, StatusCode::FORBIDDEN, "not_lease_holder");
     // Renewing an expired lease: 409 with its status.
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{short}/renew"),
-            Some(&a),
-            &json!({}),
-        )
-        .await;
+    let r = api.lease_post(&a, &short, "renew", &json!({})).await;
     assert_error(&r, StatusCode::CONFLICT, "lease_expired");
     assert_eq!(r.1["error"]["details"]["lease_status"], "expired");
     // A wait above the 300 s maximum is refused before anything is
@@ -1155,20 +922,13 @@ async fn lease_errors_are_json_with_the_right_status_and_change_nothing() {
 /// byte's 0..=255), whatever the value's size or sign.
 #[tokio::test]
 async fn out_of_range_lease_numbers_name_the_range_in_force() {
-    let dir = TempDir::new().unwrap();
-    let mut cfg = test_config(&dir);
-    cfg.leases.max_duration_seconds = 600;
-    let (reg, api, _) = start_with_p1(cfg).await;
+    let (_dir, reg, api, _) = registry_with_p1(|cfg| cfg.leases.max_duration_seconds = 600).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&a),
-            &lease_body("cam-front-01", "audit:hw-01", 50, 60),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
-    let held = r.1["lease_id"].as_str().unwrap().to_string();
+    let r = status_is(
+        ask(&api, &a, "cam-front-01", "audit:hw-01", 50, 60).await,
+        StatusCode::CREATED,
+    );
+    let held = lease_id(&r);
     let before = api.metric("benchlink_events_total").await;
 
     let duration = |v: &str| {
@@ -1255,22 +1015,19 @@ async fn out_of_range_lease_numbers_name_the_range_in_force() {
         "no refusal appended an event"
     );
     // In range, the same bodies are accepted.
-    let r = api
-        .post(
+    let _ = status_is(
+        api.post(
             &renew,
             Some(&a),
             &json!({"requested_duration_seconds": 600}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&a),
-            &single("priority", json!(100)),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::OK,
+    );
+    let _ = status_is(
+        api.request_lease(&a, &single("priority", json!(100))).await,
+        StatusCode::CREATED,
+    );
     reg.shutdown().await;
 }
 
@@ -1280,8 +1037,7 @@ async fn out_of_range_lease_numbers_name_the_range_in_force() {
 /// is another request and is refused.
 #[tokio::test]
 async fn an_idempotency_key_replays_a_group_and_a_bad_key_requests_nothing() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, _) = registry_with_p1(|_| {}).await;
     let op = new_token(&reg, Role::Operator, "op-9").await;
     let post = |path: &str, key: &str, body: &Value| {
         api.http
@@ -1339,21 +1095,16 @@ async fn an_idempotency_key_replays_a_group_and_a_bad_key_requests_nothing() {
 /// capability when the holder releases it.
 #[tokio::test]
 async fn a_waiting_request_whose_client_disconnects_leaves_the_queue() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, _) = registry_with_p1(|_| {}).await;
     let holder = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
     let gone = new_token(&reg, Role::Operator, "op-7").await;
     let next = new_token(&reg, Role::Operator, "op-8").await;
 
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&holder),
-            &lease_body("cam-front-01", "audit:hw-01", 50, 600),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
-    let held = r.1["lease_id"].as_str().unwrap().to_string();
+    let r = status_is(
+        ask(&api, &holder, "cam-front-01", "audit:hw-01", 50, 600).await,
+        StatusCode::CREATED,
+    );
+    let held = lease_id(&r);
 
     // op-7 waits up to 30 s for the camera, but gives up after 1 s: the
     // client-side timeout closes the connection.
@@ -1415,42 +1166,32 @@ async fn a_waiting_request_whose_client_disconnects_leaves_the_queue() {
     assert_eq!(cam["leases"][0]["lease_id"], held.as_str());
 
     // The next requester queues and gets the camera on release.
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&next),
-            &lease_body("cam-front-01", "op-8", 40, 60),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
-    let waiting = r.1["lease_id"].as_str().unwrap().to_string();
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{held}/release"),
-            Some(&holder),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let (_, l) = api
-        .get(&format!("/api/v1/capability-leases/{waiting}"), Some(&next))
-        .await;
+    let r = status_is(
+        ask(&api, &next, "cam-front-01", "op-8", 40, 60).await,
+        StatusCode::ACCEPTED,
+    );
+    let waiting = lease_id(&r);
+    let _ = status_is(
+        api.lease_post(&holder, &held, "release", &json!({})).await,
+        StatusCode::OK,
+    );
+    let (_, l) = api.lease(&next, &waiting).await;
     assert_eq!(l["status"], "granted", "{l}");
     reg.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_group_request_grants_all_capabilities_together() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, _) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, _) = registry_with_p1(|_| {}).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:mm-01").await;
     let mut body = lease_body("x", "audit:mm-01", 70, 60);
     body.as_object_mut().unwrap().remove("capability_id");
     body["capability_ids"] = json!(["cam-front-01", "thumb-robot-01"]);
-    let r = api
-        .post("/api/v1/capability-leases/request-group", Some(&a), &body)
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        api.post("/api/v1/capability-leases/request-group", Some(&a), &body)
+            .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(r.1["status"], "granted");
     let leases = r.1["leases"].as_array().unwrap();
     assert_eq!(leases.len(), 2);
@@ -1522,7 +1263,6 @@ fn serve_logging_to(
     token_file: &std::path::Path,
     log: std::process::Stdio,
 ) -> Served {
-    use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-registry"))
         .arg("serve")
         .arg("--config")
@@ -1534,13 +1274,7 @@ fn serve_logging_to(
         .stderr(log)
         .spawn()
         .expect("spawn cloud-registry");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = benchlink_testkit::stdout_lines(&mut child);
     let line = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("ready line within 30 s");
@@ -1574,23 +1308,21 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         )
         .await;
     let audit = r.1["token"].as_str().unwrap().to_string();
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&audit),
-            &lease_body("cam-front-01", "audit:hw-01", 75, 600),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
-    let lease_id = r.1["lease_id"].as_str().unwrap().to_string();
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{lease_id}/renew"),
-            Some(&audit),
+    let r = status_is(
+        ask(&api, &audit, "cam-front-01", "audit:hw-01", 75, 600).await,
+        StatusCode::CREATED,
+    );
+    let lease_id = lease_id(&r);
+    let r = status_is(
+        api.lease_post(
+            &audit,
+            &lease_id,
+            "renew",
             &json!({"requested_duration_seconds": 900}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+        .await,
+        StatusCode::OK,
+    );
     let before = r.1.clone();
     drop(first); // SIGKILL, no shutdown.
 
@@ -1601,13 +1333,7 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         "the admin token is reused"
     );
     let api = Api::new(&second.http);
-    let (s, after) = api
-        .get(
-            &format!("/api/v1/capability-leases/{lease_id}"),
-            Some(&audit),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{after}");
+    let (_, after) = status_is(api.lease(&audit, &lease_id).await, StatusCode::OK);
     assert_eq!(after["status"], "granted");
     let expires: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(after["expires_at"].clone()).unwrap();
@@ -1628,27 +1354,21 @@ async fn the_binary_keeps_a_lease_with_its_remaining_time_across_sigkill() {
         .get("/api/v1/capabilities/cam-front-01", Some(&audit))
         .await;
     assert_eq!(cam["status"], "offline");
-    let r = api
-        .post(
-            "/api/v1/capabilities/heartbeat",
-            Some(&admin),
-            &json!({"provider_id": "p1", "boot_id": "boot-1"}),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.heartbeat(&admin, &json!({"provider_id": "p1", "boot_id": "boot-1"}))
+            .await,
+        StatusCode::OK,
+    );
     let (_, cam) = api
         .get("/api/v1/capabilities/cam-front-01", Some(&audit))
         .await;
     assert_eq!(cam["status"], "leased");
     // The holder can still use it after the restart.
-    let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{lease_id}/release"),
-            Some(&audit),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        api.lease_post(&audit, &lease_id, "release", &json!({}))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1["status"], "released");
 
     // SIGTERM: a clean stop with exit status 0.
@@ -1692,32 +1412,21 @@ async fn a_clean_stop_with_the_embedded_broker_logs_no_error() {
 
 #[tokio::test]
 async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_it_closes() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     let mut rear = capabilities_body("p1", "");
     rear["capabilities"] = json!([rear["capabilities"][0].clone()]);
     rear["capabilities"][0]["capability_id"] = json!("cam-rear-01");
-    api.post("/api/v1/capabilities/register", Some(&admin), &rear)
-        .await;
-    api.post(
-        "/api/v1/capability-providers/register",
-        Some(&admin),
-        &provider_body("p2"),
-    )
-    .await;
+    api.register_capabilities(&admin, &rear).await;
+    api.register_provider(&admin, &provider_body("p2")).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:sw-01").await;
     let op = new_token(&reg, Role::Operator, "op-1").await;
     let mut held = Vec::new();
     for cap in ["cam-front-01", "cam-rear-01"] {
-        let r = api
-            .post(
-                "/api/v1/capability-leases/request",
-                Some(&a),
-                &lease_body(cap, "audit:sw-01", 65, 300),
-            )
-            .await;
-        assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
-        held.push(r.1["lease_id"].as_str().unwrap().to_string());
+        let r = status_is(
+            ask(&api, &a, cap, "audit:sw-01", 65, 300).await,
+            StatusCode::CREATED,
+        );
+        held.push(lease_id(&r));
     }
     let window = |provider: &str, capability: Option<&str>| {
         let sessions = match capability {
@@ -1732,22 +1441,16 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
     };
     // p1 opens a window on its front camera; p2 claims one on p1's rear
     // camera, which is not p2's to claim.
-    let r = api
-        .post(
-            "/api/v1/capabilities/heartbeat",
-            Some(&admin),
-            &window("p1", Some("cam-front-01")),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let r = api
-        .post(
-            "/api/v1/capabilities/heartbeat",
-            Some(&admin),
-            &window("p2", Some("cam-rear-01")),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.heartbeat(&admin, &window("p1", Some("cam-front-01")))
+            .await,
+        StatusCode::OK,
+    );
+    let _ = status_is(
+        api.heartbeat(&admin, &window("p2", Some("cam-rear-01")))
+            .await,
+        StatusCode::OK,
+    );
 
     let preempting = |cap: &str| {
         let mut body = lease_body(cap, "op-1", 90, 60);
@@ -1756,22 +1459,16 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
         body
     };
     for cap in ["cam-front-01", "cam-rear-01"] {
-        let r = api
-            .post(
-                "/api/v1/capability-leases/request",
-                Some(&op),
-                &preempting(cap),
-            )
-            .await;
-        assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+        let _ = status_is(
+            api.request_lease(&op, &preempting(cap)).await,
+            StatusCode::ACCEPTED,
+        );
     }
     let status = |id: String| {
         let api = api.clone();
         let a = a.clone();
         async move {
-            let (_, l) = api
-                .get(&format!("/api/v1/capability-leases/{id}"), Some(&a))
-                .await;
+            let (_, l) = api.lease(&a, &id).await;
             l["status"].as_str().unwrap_or_default().to_string()
         }
     };
@@ -1790,12 +1487,7 @@ async fn a_non_interruptible_window_from_heartbeats_holds_off_preemption_until_i
     );
 
     // The window closes: preemption starts.
-    api.post(
-        "/api/v1/capabilities/heartbeat",
-        Some(&admin),
-        &window("p1", None),
-    )
-    .await;
+    api.heartbeat(&admin, &window("p1", None)).await;
     eventually(
         Duration::from_secs(5),
         "front camera preempted after the window",
@@ -1825,9 +1517,7 @@ async fn a_second_registry_on_the_same_store_refuses_to_start() {
 
 #[tokio::test]
 async fn a_provider_token_cannot_read_the_event_stream() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, _, admin) = registry().await;
     let provider = new_token(&reg, Role::Provider, "provider-a").await;
     let http = reqwest::Client::new();
     let url = format!("{}/api/v1/capability-events/stream", reg.base_url());
@@ -1859,43 +1549,35 @@ async fn delete(api: &Api, path: &str, token: &str) -> (StatusCode, Value) {
 
 #[tokio::test]
 async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_once() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let root = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, root) = registry().await;
     let admin = new_token(&reg, Role::Admin, "admin-1").await;
     let viewer = new_token(&reg, Role::Viewer, "viewer-1").await;
 
     // Minted over HTTP, used (and so cached) before it is revoked.
-    let r = api
-        .post(
+    let r = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(&admin),
             &json!({"role": "operator", "name": "op-1"}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     let op = r.1["token"].as_str().unwrap().to_string();
-    let r = api.get("/api/v1/capabilities", Some(&op)).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.get("/api/v1/capabilities", Some(&op)).await,
+        StatusCode::OK,
+    );
 
-    let (s, list) = api.get("/api/v1/tokens", Some(&admin)).await;
-    assert_eq!(s, StatusCode::OK, "{list}");
-    let names: Vec<&str> = list["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
+    let (_, list) = status_is(
+        api.get("/api/v1/tokens", Some(&admin)).await,
+        StatusCode::OK,
+    );
+    let names = strs(&list["tokens"], "name");
     for name in ["bootstrap-admin", "admin-1", "viewer-1", "op-1"] {
         assert!(names.contains(&name), "{name} in {list}");
     }
-    let entry = list["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "op-1")
-        .unwrap();
+    let entry = find(&list["tokens"], "name", "op-1");
     assert_eq!(entry["role"], "operator");
     assert_eq!(entry["revoked"], false);
     assert!(entry["created_at"].is_string(), "{entry}");
@@ -1947,8 +1629,10 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     let r = delete(&api, "/api/v1/tokens/nobody", &admin).await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
 
-    let r = delete(&api, "/api/v1/tokens/op-1", &admin).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(
+        delete(&api, "/api/v1/tokens/op-1", &admin).await,
+        StatusCode::OK,
+    );
     assert_eq!(r.1, json!({"name": "op-1", "revoked_tokens": 1}));
     // The very next request: refused, although the token was cached.
     let r = api.get("/api/v1/capabilities", Some(&op)).await;
@@ -1958,19 +1642,16 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
     assert_eq!(r.1, json!({"name": "op-1", "revoked_tokens": 0}));
 
     let (_, list) = api.get("/api/v1/tokens", Some(&root)).await;
-    let entry = list["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "op-1")
-        .unwrap();
+    let entry = find(&list["tokens"], "name", "op-1");
     assert_eq!(entry["revoked"], true);
     assert!(entry["revoked_at"].is_string(), "{entry}");
     // Other tokens still work; a super_admin may revoke an admin.
     let r = api.get("/api/v1/capabilities", Some(&viewer)).await;
     assert_eq!(r.0, StatusCode::OK);
-    let r = delete(&api, "/api/v1/tokens/admin-1", &root).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        delete(&api, "/api/v1/tokens/admin-1", &root).await,
+        StatusCode::OK,
+    );
     let r = api.get("/api/v1/tokens", Some(&admin)).await;
     assert_error(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
     reg.shutdown().await;
@@ -1982,9 +1663,7 @@ async fn an_admin_lists_and_revokes_tokens_and_a_revoked_token_is_refused_at_onc
 /// of the same role (rotation) is fine.
 #[tokio::test]
 async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
+    let (_dir, reg, api, _) = registry().await;
     let admin = new_token(&reg, Role::Admin, "admin-2").await;
     reg.auth
         .create_token(Role::AuditAgent, "audit:hw-1")
@@ -2012,8 +1691,10 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
         );
     }
     // Revoked, the name still belongs to its role.
-    let r = delete(&api, "/api/v1/tokens/audit:hw-1", &admin).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        delete(&api, "/api/v1/tokens/audit:hw-1", &admin).await,
+        StatusCode::OK,
+    );
     let r = api
         .post(
             "/api/v1/auth/tokens",
@@ -2024,17 +1705,20 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
     assert_error(&r, StatusCode::CONFLICT, "principal_role_conflict");
 
     // Same role: a second (rotated) token for the principal.
-    let r = api
-        .post(
+    let r = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(&admin),
             &json!({"role": "audit_agent", "name": "audit:hw-1"}),
         )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+        .await,
+        StatusCode::CREATED,
+    );
     let fresh = r.1["token"].as_str().unwrap().to_string();
-    let r = api.get("/api/v1/capabilities", Some(&fresh)).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.get("/api/v1/capabilities", Some(&fresh)).await,
+        StatusCode::OK,
+    );
     assert_eq!(
         observable_state(&api, &admin).await.0,
         events_before,
@@ -2047,8 +1731,7 @@ async fn a_token_of_another_role_under_an_existing_principal_is_refused() {
 /// (requirements have none) must not lease some other camera.
 #[tokio::test]
 async fn unknown_fields_in_request_bodies_are_refused_and_named() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     let a = new_token(&reg, Role::AuditAgent, "audit:hw-01").await;
 
     let mut group = lease_body("cam-front-01", "audit:hw-01", 50, 60);
@@ -2074,21 +1757,15 @@ async fn unknown_fields_in_request_bodies_are_refused_and_named() {
 
     let mut body = lease_body("cam-front-01", "audit:hw-01", 50, 60);
     body["priorty"] = json!(90);
-    let r = api
-        .post("/api/v1/capability-leases/request", Some(&a), &body)
-        .await;
+    let r = api.request_lease(&a, &body).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(r.1["error"]["details"]["field"], "priorty");
 
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&a),
-            &lease_body("cam-front-01", "audit:hw-01", 50, 60),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
-    let lease = r.1["lease_id"].as_str().unwrap().to_string();
+    let r = status_is(
+        ask(&api, &a, "cam-front-01", "audit:hw-01", 50, 60).await,
+        StatusCode::CREATED,
+    );
+    let lease = lease_id(&r);
     for (path, body, field) in [
         (
             format!("/api/v1/capability-leases/{lease}/actions"),
@@ -2126,9 +1803,10 @@ async fn unknown_fields_in_request_bodies_are_refused_and_named() {
         assert_eq!(r.1["error"]["details"]["field"], field, "{path}: {}", r.1);
     }
     let r = api
-        .post(
-            &format!("/api/v1/capability-leases/{lease}/actions"),
-            Some(&a),
+        .lease_post(
+            &a,
+            &lease,
+            "actions",
             &json!({"action": "snapshot", "wait_msec": 100}),
         )
         .await;
@@ -2137,9 +1815,7 @@ async fn unknown_fields_in_request_bodies_are_refused_and_named() {
         "invalid field `wait_msec`: unknown field `wait_msec`, expected one of \
          `action`, `params`, `wait_ms`, `capability_id`, `timeout_ms`"
     );
-    let (_, l) = api
-        .get(&format!("/api/v1/capability-leases/{lease}"), Some(&a))
-        .await;
+    let (_, l) = api.lease(&a, &lease).await;
     assert_eq!(l["status"], "granted", "the lease was not touched: {l}");
     let (_, sessions) = api
         .get(
@@ -2182,14 +1858,15 @@ async fn read_until_end(
 }
 
 async fn viewer_stream(api: &Api, admin: &str) -> (String, SseReader) {
-    let (status, minted) = api
-        .post(
+    let (_, minted) = status_is(
+        api.post(
             "/api/v1/auth/tokens",
             Some(admin),
             &json!({"role": "viewer", "name": "viewer-sse"}),
         )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{minted}");
+        .await,
+        StatusCode::CREATED,
+    );
     let viewer = minted["token"].as_str().unwrap().to_string();
     let mut sse = SseReader::open(api, "/api/v1/capability-events/stream", &viewer, None).await;
     flip_health(api, admin, 1).await;
@@ -2203,12 +1880,13 @@ async fn viewer_stream(api: &Api, admin: &str) -> (String, SseReader) {
 
 #[tokio::test]
 async fn an_open_event_stream_ends_when_its_token_is_revoked_over_http() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     let (viewer, mut sse) = viewer_stream(&api, &admin).await;
 
-    let r = delete(&api, "/api/v1/tokens/viewer-sse", &admin).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        delete(&api, "/api/v1/tokens/viewer-sse", &admin).await,
+        StatusCode::OK,
+    );
     // Events published after the revocation reach nobody holding it.
     flip_health(&api, &admin, 3).await;
     let after = read_until_end(&mut sse, Duration::from_secs(5))
@@ -2228,10 +1906,8 @@ async fn an_open_event_stream_ends_when_its_token_is_revoked_over_http() {
 
 #[tokio::test]
 async fn an_open_event_stream_ends_when_another_process_revokes_its_token() {
-    let dir = TempDir::new().unwrap();
-    let cfg = test_config(&dir);
-    let store = cfg.store.path.clone();
-    let (reg, api, admin) = start_with_p1(cfg).await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
+    let store = reg.db_path();
     let (_viewer, mut sse) = viewer_stream(&api, &admin).await;
 
     // What `cloud-registry token revoke` does: a write to the store the
@@ -2257,10 +1933,7 @@ async fn an_open_event_stream_ends_when_another_process_revokes_its_token() {
 /// not axum's plain text.
 #[tokio::test]
 async fn a_path_parameter_that_does_not_parse_is_a_json_400() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry().await;
     for verb in ["apply", "reject"] {
         let r = api
             .post(
@@ -2287,21 +1960,13 @@ async fn a_path_parameter_that_does_not_parse_is_a_json_400() {
 /// request is stored (not the provider, not the batch's other capability).
 #[tokio::test]
 async fn ten_thousand_labels_or_tags_are_refused_and_nothing_is_stored() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
+    let (_dir, reg, api, _) = registry().await;
     let token = new_token(&reg, Role::Provider, "provider-big-01").await;
     let many: Vec<String> = (0..10_000).map(|i| format!("t{i}")).collect();
 
     let mut provider = provider_body("provider-big-01");
     provider["labels"] = json!(many);
-    let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(&token),
-            &provider,
-        )
-        .await;
+    let r = api.register_provider(&token, &provider).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(r.1["error"]["details"]["field"], "labels", "{}", r.1);
     let message = r.1["error"]["message"].as_str().unwrap();
@@ -2311,19 +1976,14 @@ async fn ten_thousand_labels_or_tags_are_refused_and_nothing_is_stored() {
         .await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
 
-    let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(&token),
-            &provider_body("provider-big-01"),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(&token, &provider_body("provider-big-01"))
+            .await,
+        StatusCode::OK,
+    );
     let mut batch = capabilities_body("provider-big-01", "");
     batch["capabilities"][0]["tags"] = json!(many);
-    let r = api
-        .post("/api/v1/capabilities/register", Some(&token), &batch)
-        .await;
+    let r = api.register_capabilities(&token, &batch).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(
         r.1["error"]["details"]["field"], "capabilities[0].tags",
@@ -2341,22 +2001,23 @@ async fn ten_thousand_labels_or_tags_are_refused_and_nothing_is_stored() {
             .await;
         assert_error(&r, StatusCode::NOT_FOUND, "not_found");
     }
-    let (s, list) = api.get("/api/v1/capabilities", Some(&token)).await;
-    assert_eq!(s, StatusCode::OK);
+    let (_, list) = status_is(
+        api.get("/api/v1/capabilities", Some(&token)).await,
+        StatusCode::OK,
+    );
     assert_eq!(list["capabilities"], json!([]), "{list}");
 }
 
 #[tokio::test]
 async fn an_nfd_and_an_nfc_spelling_of_one_tag_select_the_same_device() {
-    let dir = TempDir::new().unwrap();
-    let (reg, api, admin) = start_with_p1(test_config(&dir)).await;
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     // Registered with "café" decomposed (NFD: e + combining acute).
     let mut caps = capabilities_body("p1", "-cafe");
     caps["capabilities"][0]["tags"] = json!(["cafe\u{301}"]);
-    let (s, v) = api
-        .post("/api/v1/capabilities/register", Some(&admin), &caps)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
+    let _ = status_is(
+        api.register_capabilities(&admin, &caps).await,
+        StatusCode::OK,
+    );
     let (_, cam) = api
         .get("/api/v1/capabilities/cam-front-01-cafe", Some(&admin))
         .await;
@@ -2379,18 +2040,15 @@ async fn an_nfd_and_an_nfc_spelling_of_one_tag_select_the_same_device() {
     let mut body = lease_body("", "audit:nfc", 50, 60);
     body.as_object_mut().unwrap().remove("capability_id");
     body["capability_selector"] = json!({"capability_type": "camera", "tags": ["caf\u{e9}"]});
-    let (s, l) = api
-        .post("/api/v1/capability-leases/request", Some(&agent), &body)
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{l}");
+    let (_, l) = status_is(api.request_lease(&agent, &body).await, StatusCode::CREATED);
     assert_eq!(l["capability_id"], "cam-front-01-cafe");
     // A display name that would read backwards is refused, nothing stored.
     let mut bad = capabilities_body("p1", "-rtl");
     bad["capabilities"][0]["display_name"] = json!("cam\u{202E}gnp.exe");
-    let (s, v) = api
-        .post("/api/v1/capabilities/register", Some(&admin), &bad)
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (_, v) = status_is(
+        api.register_capabilities(&admin, &bad).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert!(
         v["error"]["message"].as_str().unwrap().contains("U+202E"),
         "{v}"

@@ -5,17 +5,22 @@
 //! visibility timeouts, results and findings, the chief audit, threads,
 //! and bad input that must change nothing.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::{Extension, Router};
+use benchlink_testkit::status_is;
+use benchlink_testkit::strs;
 use cloud_registry::audit::{self, AuditConfig, AuditService};
 use cloud_registry::auth::{self, Authenticator};
 use cloud_registry::db::Db;
 use cloud_registry::events::{self, EventBus};
 use cloud_registry::leases::{CapabilityInfo, LeaseConfig, LeaseEngine};
+use common::audit_request;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use shared_protocol::api::Role;
@@ -208,6 +213,30 @@ impl Bench {
         assert!(s.is_success(), "{s} {b}");
     }
 
+    /// An audit agent's token for principal `name`.
+    async fn agent(&self, name: &str) -> String {
+        self.token(Role::AuditAgent, name).await
+    }
+
+    /// The LED bench ([`Bench::register_led_bench`]), the `ui` thread
+    /// `mac-01:thread-ui-22`, and the LED tasks `ids` ([`led_request`] with
+    /// `time_budget_seconds`) queued by the admin: each answer 201.
+    async fn led_bench_with_tasks(&self, ids: &[&str], time_budget_seconds: u32) {
+        self.register_led_bench().await;
+        self.register_thread("mac-01:thread-ui-22", "ui").await;
+        for id in ids {
+            let _ = status_is(
+                self.post(
+                    "/audit-requests",
+                    &self.admin,
+                    &led_request(id, time_budget_seconds),
+                )
+                .await,
+                StatusCode::CREATED,
+            );
+        }
+    }
+
     async fn stop(self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
@@ -258,22 +287,6 @@ fn led_request(id: &str, time_budget_seconds: u32) -> Value {
     r["audit_request_id"] = json!(id);
     r["time_budget_seconds"] = json!(time_budget_seconds);
     r
-}
-
-/// A small request of `audit_type` without capability requirements.
-fn plain_request(id: &str, audit_type: &str, priority: u8) -> Value {
-    json!({
-        "protocol_version": "1.0",
-        "audit_request_id": id,
-        "project_id": "proj_device_assistant",
-        "task_id": "task_release_0_9_2",
-        "trigger": "merge_candidate",
-        "audit_type": audit_type,
-        "priority": priority,
-        "objective": format!("{audit_type} audit of release candidate 0.9.2"),
-        "time_budget_seconds": 120,
-        "response_mode": "structured_json"
-    })
 }
 
 /// A full multimodal result for the LED task, as an agent would post it.
@@ -351,14 +364,15 @@ async fn fifty_agents_claiming_at_once_take_each_of_200_tasks_exactly_once_in_pr
     for i in 0..200usize {
         let id = format!("auditreq_sw_{i:03}");
         let priority = ((i * 37) % 101) as u8;
-        let (s, body) = b
-            .post(
+        let _ = status_is(
+            b.post(
                 "/audit-requests",
                 &operator,
-                &plain_request(&id, "software", priority),
+                &audit_request(&id, "software", priority),
             )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{body}");
+            .await,
+            StatusCode::CREATED,
+        );
         created.insert(id, (priority, i));
     }
 
@@ -426,32 +440,18 @@ async fn fifty_agents_claiming_at_once_take_each_of_200_tasks_exactly_once_in_pr
 #[tokio::test]
 async fn a_claimed_multimodal_task_holds_all_four_leases_and_a_second_waits_until_they_free() {
     let b = Bench::start(AuditConfig::default()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    for id in ["auditreq_001", "auditreq_002"] {
-        let (s, body) = b
-            .post("/audit-requests", &b.admin, &led_request(id, 300))
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{body}");
-    }
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
+    b.led_bench_with_tasks(&["auditreq_001", "auditreq_002"], 300)
         .await;
-    let c = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-02")
-        .await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
+    let c = b.agent("audit:multimodal-auditor-02").await;
 
-    let (s, first) = b
-        .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{first}");
+    let (_, first) = status_is(
+        b.claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(first["request"]["audit_request_id"], "auditreq_001");
-    let types: Vec<&str> = first["assignments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["capability_type"].as_str().unwrap())
-        .collect();
+    let types = strs(&first["assignments"], "capability_type");
     assert_eq!(types, ["camera", "speaker", "microphone", "thumb_robot"]);
     let caps: HashSet<&str> = first["leases"]
         .as_array()
@@ -478,10 +478,11 @@ async fn a_claimed_multimodal_task_holds_all_four_leases_and_a_second_waits_unti
 
     // The second task needs the same four capabilities: not claimable, and
     // its withdrawn lease group leaves nothing waiting in the lease queue.
-    let (s, body) = b
-        .claim(&c, "audit:multimodal-auditor-02", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::NO_CONTENT, "{body}");
+    let _ = status_is(
+        b.claim(&c, "audit:multimodal-auditor-02", &["multimodal"], 0)
+            .await,
+        StatusCode::NO_CONTENT,
+    );
     let (_, second) = b.get("/audit-requests/auditreq_002", &c).await;
     assert_eq!(second["status"], "queued");
     assert_eq!(second["attempts"], 0);
@@ -493,22 +494,24 @@ async fn a_claimed_multimodal_task_holds_all_four_leases_and_a_second_waits_unti
         .iter()
         .map(|l| l["capability_id"].as_str().unwrap().to_string())
         .collect();
-    let (s, done) = b
-        .post(
+    let _ = status_is(
+        b.post(
             "/audit-requests/auditreq_001/result",
             &a,
             &led_result("auditreq_001", &used),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
+        .await,
+        StatusCode::OK,
+    );
     for id in &held {
         assert_eq!(lease_status(&b, id).await, LeaseStatus::Released);
     }
 
-    let (s, next) = b
-        .claim(&c, "audit:multimodal-auditor-02", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{next}");
+    let (_, next) = status_is(
+        b.claim(&c, "audit:multimodal-auditor-02", &["multimodal"], 0)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(next["request"]["audit_request_id"], "auditreq_002");
     assert_eq!(next["leases"].as_array().unwrap().len(), 4);
     for id in lease_ids(&next) {
@@ -520,24 +523,15 @@ async fn a_claimed_multimodal_task_holds_all_four_leases_and_a_second_waits_unti
 #[tokio::test]
 async fn a_waiting_claim_gets_the_task_as_soon_as_its_capabilities_free() {
     let b = Bench::start(AuditConfig::default()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    for id in ["auditreq_001", "auditreq_002"] {
-        let (s, body) = b
-            .post("/audit-requests", &b.admin, &led_request(id, 300))
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{body}");
-    }
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
+    b.led_bench_with_tasks(&["auditreq_001", "auditreq_002"], 300)
         .await;
-    let c = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-02")
-        .await;
-    let (s, first) = b
-        .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{first}");
+    let a = b.agent("audit:multimodal-auditor-01").await;
+    let c = b.agent("audit:multimodal-auditor-02").await;
+    let _ = status_is(
+        b.claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
+            .await,
+        StatusCode::OK,
+    );
 
     let (base, http) = (b.base.clone(), b.http.clone());
     let started = Instant::now();
@@ -560,14 +554,15 @@ async fn a_waiting_claim_gets_the_task_as_soon_as_its_capabilities_free() {
         !waiter.is_finished(),
         "the second claim waits while the bench is busy"
     );
-    let (s, body) = b
-        .post(
+    let _ = status_is(
+        b.post(
             "/audit-requests/auditreq_001/release",
             &a,
             &json!({ "reason": "bench needed elsewhere" }),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+        .await,
+        StatusCode::OK,
+    );
     let (s, next, waited) = waiter.await.unwrap();
     assert_eq!(s, StatusCode::OK, "{next}");
     // The waiting claim had reserved auditreq_002 and its lease group was
@@ -601,22 +596,14 @@ fn fast_timeouts() -> AuditConfig {
 #[tokio::test]
 async fn an_agent_that_vanishes_loses_the_task_and_its_leases_after_the_visibility_timeout() {
     let b = Bench::start(fast_timeouts()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let (s, body) = b
-        .post("/audit-requests", &b.admin, &led_request("auditreq_001", 1))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
-        .await;
-    let c = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-02")
-        .await;
-    let (s, first) = b
-        .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{first}");
+    b.led_bench_with_tasks(&["auditreq_001"], 1).await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
+    let c = b.agent("audit:multimodal-auditor-02").await;
+    let (_, first) = status_is(
+        b.claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(first["claim"]["visibility_timeout_seconds"], 1);
     let held = lease_ids(&first);
 
@@ -651,23 +638,25 @@ async fn an_agent_that_vanishes_loses_the_task_and_its_leases_after_the_visibili
 
     // Its late result is refused and nothing is stored.
     let used = vec!["cam-front-01".to_string()];
-    let (s, err) = b
-        .post(
+    let (_, err) = status_is(
+        b.post(
             "/audit-requests/auditreq_001/result",
             &a,
             &led_result("auditreq_001", &used),
         )
-        .await;
-    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+        .await,
+        StatusCode::CONFLICT,
+    );
     assert_eq!(err["error"]["code"], "claim_expired");
     assert_eq!(b.count("audit_results", ""), 0);
     assert_eq!(b.count("audit_findings", ""), 0);
 
     // Another agent gets the task and the same bench.
-    let (s, next) = b
-        .claim(&c, "audit:multimodal-auditor-02", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{next}");
+    let (_, next) = status_is(
+        b.claim(&c, "audit:multimodal-auditor-02", &["multimodal"], 0)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(next["claim"]["attempt"], 2);
     assert_eq!(next["leases"].as_array().unwrap().len(), 4);
     b.stop().await;
@@ -676,28 +665,23 @@ async fn an_agent_that_vanishes_loses_the_task_and_its_leases_after_the_visibili
 #[tokio::test]
 async fn extending_a_claim_moves_its_deadline_and_renews_its_leases() {
     let b = Bench::start(fast_timeouts()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let (s, body) = b
-        .post("/audit-requests", &b.admin, &led_request("auditreq_001", 1))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
-        .await;
-    let (s, first) = b
-        .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{first}");
+    b.led_bench_with_tasks(&["auditreq_001"], 1).await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
+    let (_, first) = status_is(
+        b.claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
+            .await,
+        StatusCode::OK,
+    );
 
-    let (s, ext) = b
-        .post(
+    let (_, ext) = status_is(
+        b.post(
             "/audit-requests/auditreq_001/extend",
             &a,
             &json!({ "extend_seconds": 30 }),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{ext}");
+        .await,
+        StatusCode::OK,
+    );
     let expires: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(ext["claim"]["expires_at"].clone()).unwrap();
     assert!(expires > chrono::Utc::now() + chrono::TimeDelta::seconds(25));
@@ -722,17 +706,18 @@ async fn extending_a_claim_moves_its_deadline_and_renews_its_leases() {
 #[tokio::test]
 async fn the_seed_example_request_and_a_full_result_round_trip_through_the_api() {
     let b = Bench::start(AuditConfig::default()).await;
-    b.register_led_bench().await;
-    b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let a = b
-        .token(Role::AuditAgent, "audit:multimodal-auditor-01")
-        .await;
+    b.led_bench_with_tasks(&[], 0).await;
+    let a = b.agent("audit:multimodal-auditor-01").await;
 
-    let (s, created) = b.post("/audit-requests", &b.admin, &seed_request()).await;
-    assert_eq!(s, StatusCode::CREATED, "{created}");
+    let (_, created) = status_is(
+        b.post("/audit-requests", &b.admin, &seed_request()).await,
+        StatusCode::CREATED,
+    );
     assert_eq!(created["status"], "queued");
-    let (s, record) = b.get("/audit-requests/auditreq_001", &a).await;
-    assert_eq!(s, StatusCode::OK);
+    let (_, record) = status_is(
+        b.get("/audit-requests/auditreq_001", &a).await,
+        StatusCode::OK,
+    );
     let posted: AuditTaskRequest = serde_json::from_value(seed_request()).unwrap();
     let mut stored: AuditTaskRequest = serde_json::from_value(record["request"].clone()).unwrap();
     assert!(stored.created_at.is_some(), "created_at is filled in");
@@ -740,10 +725,11 @@ async fn the_seed_example_request_and_a_full_result_round_trip_through_the_api()
     assert_eq!(stored, posted);
     assert_eq!(record["request"]["objective"], seed_request()["objective"]);
 
-    let (s, claimed) = b
-        .claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{claimed}");
+    let (_, claimed) = status_is(
+        b.claim(&a, "audit:multimodal-auditor-01", &["multimodal"], 0)
+            .await,
+        StatusCode::OK,
+    );
     let used: Vec<String> = claimed["assignments"]
         .as_array()
         .unwrap()
@@ -751,16 +737,19 @@ async fn the_seed_example_request_and_a_full_result_round_trip_through_the_api()
         .map(|x| x["capability_id"].as_str().unwrap().to_string())
         .collect();
     let body = led_result("auditreq_001", &used);
-    let (s, done) = b
-        .post("/audit-requests/auditreq_001/result", &a, &body)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
+    let (_, done) = status_is(
+        b.post("/audit-requests/auditreq_001/result", &a, &body)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(done["status"], "completed");
     assert_eq!(done["result_status"], "completed");
     assert_eq!(done["decision"], "fail");
 
-    let (s, got) = b.get("/audit-requests/auditreq_001/result", &a).await;
-    assert_eq!(s, StatusCode::OK);
+    let (_, got) = status_is(
+        b.get("/audit-requests/auditreq_001/result", &a).await,
+        StatusCode::OK,
+    );
     let sent: AuditTaskResult = serde_json::from_value(body.clone()).unwrap();
     let got: AuditTaskResult = serde_json::from_value(got).unwrap();
     assert_eq!(got, sent);
@@ -792,8 +781,10 @@ async fn the_seed_example_request_and_a_full_result_round_trip_through_the_api()
         ]
     );
     // The thread the request came from is told.
-    let (s, inbox) = b.get("/threads/mac-01:thread-ui-22/messages", &a).await;
-    assert_eq!(s, StatusCode::OK);
+    let (_, inbox) = status_is(
+        b.get("/threads/mac-01:thread-ui-22/messages", &a).await,
+        StatusCode::OK,
+    );
     let msgs = inbox["messages"].as_array().unwrap();
     assert_eq!(msgs.len(), 1);
     assert_eq!(msgs[0]["kind"], "audit_completed");
@@ -801,10 +792,11 @@ async fn the_seed_example_request_and_a_full_result_round_trip_through_the_api()
     assert_eq!(msgs[0]["body"]["findings"], 2);
 
     // A second result for the same claim is refused.
-    let (s, err) = b
-        .post("/audit-requests/auditreq_001/result", &a, &body)
-        .await;
-    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests/auditreq_001/result", &a, &body)
+            .await,
+        StatusCode::CONFLICT,
+    );
     assert_eq!(err["error"]["code"], "claim_ended");
     assert_eq!(b.count("audit_results", ""), 1);
     b.stop().await;
@@ -816,25 +808,29 @@ async fn a_chief_audit_over_three_sub_results_yields_the_decision_the_chief_agen
     b.register_thread("mac-01:thread-ui-22", "ui").await;
     b.register_thread("mac-02:thread-release-7", "release-manager")
         .await;
-    let chief_agent = b.token(Role::AuditAgent, "audit:chief-auditor-01").await;
-    let worker = b.token(Role::AuditAgent, "audit:sub-auditor-01").await;
+    let chief_agent = b.agent("audit:chief-auditor-01").await;
+    let worker = b.agent("audit:sub-auditor-01").await;
 
-    let mut sw = plain_request("auditreq_sw", "software", 65);
+    let mut sw = audit_request("auditreq_sw", "software", 65);
     sw["repo_ref"] = json!("git@lab:device-assistant.git");
     sw["head_commit"] = json!("9f2c1ab");
-    let mut hw = plain_request("auditreq_hw", "hardware", 75);
+    let mut hw = audit_request("auditreq_hw", "hardware", 75);
     hw["firmware_version"] = json!("v0.9.2");
-    let mm = plain_request("auditreq_mm", "multimodal", 70);
+    let mm = audit_request("auditreq_mm", "multimodal", 70);
     for r in [&sw, &hw, &mm] {
-        let (s, body) = b.post("/audit-requests", &b.admin, r).await;
-        assert_eq!(s, StatusCode::CREATED, "{body}");
+        let _ = status_is(
+            b.post("/audit-requests", &b.admin, r).await,
+            StatusCode::CREATED,
+        );
     }
-    let mut chief = plain_request("auditreq_chief", "chief", 80);
+    let mut chief = audit_request("auditreq_chief", "chief", 80);
     chief["source_thread_ref"] = json!("mac-01:thread-ui-22");
     chief["depends_on"] = json!(["auditreq_sw", "auditreq_hw", "auditreq_mm"]);
     chief["human_notes"] = json!("release only if LED latency is fixed");
-    let (s, body) = b.post("/audit-requests", &b.admin, &chief).await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let (_, body) = status_is(
+        b.post("/audit-requests", &b.admin, &chief).await,
+        StatusCode::CREATED,
+    );
     assert_eq!(
         body["waiting_on"],
         json!(["auditreq_sw", "auditreq_hw", "auditreq_mm"])
@@ -861,8 +857,10 @@ async fn a_chief_audit_over_three_sub_results_yields_the_decision_the_chief_agen
             json!({"perceptual_verdict": "LED late", "visual_mismatches": ["led_blue_at_2700ms"]}),
         ),
     ] {
-        let (s, task) = b.claim(&worker, "audit:sub-auditor-01", &[t], 0).await;
-        assert_eq!(s, StatusCode::OK, "{task}");
+        let (_, task) = status_is(
+            b.claim(&worker, "audit:sub-auditor-01", &[t], 0).await,
+            StatusCode::OK,
+        );
         let id = task["request"]["audit_request_id"]
             .as_str()
             .unwrap()
@@ -882,17 +880,19 @@ async fn a_chief_audit_over_three_sub_results_yields_the_decision_the_chief_agen
             .as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
-        let (s, body) = b
-            .post(&format!("/audit-requests/{id}/result"), &worker, &result)
-            .await;
-        assert_eq!(s, StatusCode::OK, "{body}");
+        let _ = status_is(
+            b.post(&format!("/audit-requests/{id}/result"), &worker, &result)
+                .await,
+            StatusCode::OK,
+        );
         posted.insert(t, result);
     }
 
-    let (s, task) = b
-        .claim(&chief_agent, "audit:chief-auditor-01", &["chief"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{task}");
+    let (_, task) = status_is(
+        b.claim(&chief_agent, "audit:chief-auditor-01", &["chief"], 0)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(task["request"]["audit_request_id"], "auditreq_chief");
     let as_result = |v: &Value| serde_json::from_value::<AuditTaskResult>(v.clone()).unwrap();
     assert_eq!(
@@ -935,14 +935,15 @@ async fn a_chief_audit_over_three_sub_results_yields_the_decision_the_chief_agen
         "recommended_next_step": "fix LED timing in firmware v0.9.3 and re-run the multimodal audit",
         "handoff_target": "mac-02:thread-release-7"
     });
-    let (s, body) = b
-        .post(
+    let _ = status_is(
+        b.post(
             "/audit-requests/auditreq_chief/result",
             &chief_agent,
             &verdict,
         )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+        .await,
+        StatusCode::OK,
+    );
     let (_, got) = b
         .get("/audit-requests/auditreq_chief/result", &worker)
         .await;
@@ -966,14 +967,16 @@ async fn a_chief_audit_over_three_sub_results_yields_the_decision_the_chief_agen
 async fn bad_input_gets_a_clear_error_and_stores_nothing() {
     let b = Bench::start(AuditConfig::default()).await;
     b.register_thread("mac-01:thread-ui-22", "ui").await;
-    let a = b.token(Role::AuditAgent, "audit:software-auditor-01").await;
-    let other = b.token(Role::AuditAgent, "audit:software-auditor-02").await;
+    let a = b.agent("audit:software-auditor-01").await;
+    let other = b.agent("audit:software-auditor-02").await;
     let viewer = b.token(Role::Viewer, "dashboard").await;
 
-    let mut unknown_type = plain_request("auditreq_x", "software", 60);
+    let mut unknown_type = audit_request("auditreq_x", "software", 60);
     unknown_type["audit_type"] = json!("financial");
-    let (s, err) = b.post("/audit-requests", &b.admin, &unknown_type).await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests", &b.admin, &unknown_type).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["code"], "invalid_field");
     assert_eq!(err["error"]["details"]["field"], "audit_type");
     assert!(err["error"]["message"]
@@ -981,32 +984,39 @@ async fn bad_input_gets_a_clear_error_and_stores_nothing() {
         .unwrap()
         .contains("financial"));
 
-    let mut wrong_section = plain_request("auditreq_x", "software", 60);
+    let mut wrong_section = audit_request("auditreq_x", "software", 60);
     wrong_section["frame_refs"] = json!(["art_1"]);
-    let (s, err) = b.post("/audit-requests", &b.admin, &wrong_section).await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests", &b.admin, &wrong_section).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "frame_refs");
 
-    let mut unknown_thread = plain_request("auditreq_x", "software", 60);
+    let mut unknown_thread = audit_request("auditreq_x", "software", 60);
     unknown_thread["source_thread_ref"] = json!("mac-09:thread-nobody");
-    let (s, err) = b.post("/audit-requests", &b.admin, &unknown_thread).await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests", &b.admin, &unknown_thread).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "source_thread_ref");
 
-    let mut chief = plain_request("auditreq_x", "chief", 80);
+    let mut chief = audit_request("auditreq_x", "chief", 80);
     chief["depends_on"] = json!(["auditreq_missing"]);
-    let (s, err) = b.post("/audit-requests", &b.admin, &chief).await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests", &b.admin, &chief).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "depends_on[0]");
 
-    let (s, err) = b
-        .post(
+    let _ = status_is(
+        b.post(
             "/audit-requests",
             &viewer,
-            &plain_request("auditreq_x", "software", 60),
+            &audit_request("auditreq_x", "software", 60),
         )
-        .await;
-    assert_eq!(s, StatusCode::FORBIDDEN, "{err}");
+        .await,
+        StatusCode::FORBIDDEN,
+    );
     assert_eq!(b.count("audit_requests", ""), 0);
     assert_eq!(b.count("events", ""), 0);
 
@@ -1014,18 +1024,19 @@ async fn bad_input_gets_a_clear_error_and_stores_nothing() {
         .post(
             "/audit-requests",
             &b.admin,
-            &plain_request("auditreq_sw", "software", 60),
+            &audit_request("auditreq_sw", "software", 60),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED);
-    let (s, err) = b
-        .post(
+    let (_, err) = status_is(
+        b.post(
             "/audit-requests",
             &b.admin,
-            &plain_request("auditreq_sw", "hardware", 60),
+            &audit_request("auditreq_sw", "hardware", 60),
         )
-        .await;
-    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+        .await,
+        StatusCode::CONFLICT,
+    );
     assert_eq!(err["error"]["code"], "duplicate_audit_request");
     assert_eq!(b.count("audit_requests", ""), 1);
 
@@ -1045,65 +1056,75 @@ async fn bad_input_gets_a_clear_error_and_stores_nothing() {
         "completed_at": "2026-11-30T03:29:22Z"
     });
     // Another agent's result for a task it did not claim.
-    let (s, err) = b
-        .post("/audit-requests/auditreq_sw/result", &other, &result)
-        .await;
-    assert_eq!(s, StatusCode::FORBIDDEN, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests/auditreq_sw/result", &other, &result)
+            .await,
+        StatusCode::FORBIDDEN,
+    );
     assert_eq!(err["error"]["code"], "not_claim_holder");
     // An agent naming someone else as itself.
-    let (s, err) = b
-        .claim(&other, "audit:software-auditor-01", &["software"], 0)
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.claim(&other, "audit:software-auditor-01", &["software"], 0)
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "agent_ref");
     // Unknown request.
-    let (s, err) = b
-        .post("/audit-requests/auditreq_nope/result", &a, &result)
-        .await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "{err}");
+    let _ = status_is(
+        b.post("/audit-requests/auditreq_nope/result", &a, &result)
+            .await,
+        StatusCode::NOT_FOUND,
+    );
     // The wrong audit type, an output of another type, a repeated finding.
     let mut wrong = result.clone();
     wrong["audit_type"] = json!("hardware");
-    let (s, err) = b
-        .post("/audit-requests/auditreq_sw/result", &a, &wrong)
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests/auditreq_sw/result", &a, &wrong)
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "audit_type");
     let mut foreign = result.clone();
     foreign["final_decision"] = json!("approved");
-    let (s, err) = b
-        .post("/audit-requests/auditreq_sw/result", &a, &foreign)
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests/auditreq_sw/result", &a, &foreign)
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "final_decision");
     let mut twice = result.clone();
     twice["findings"] = json!([result["findings"][0], result["findings"][0]]);
-    let (s, err) = b
-        .post("/audit-requests/auditreq_sw/result", &a, &twice)
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests/auditreq_sw/result", &a, &twice)
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "findings[1].finding_id");
     let mut bad_confidence = result.clone();
     bad_confidence["confidence"] = json!(1.5);
-    let (s, err) = b
-        .post("/audit-requests/auditreq_sw/result", &a, &bad_confidence)
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/audit-requests/auditreq_sw/result", &a, &bad_confidence)
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "confidence");
 
     assert_eq!(b.count("audit_results", ""), 0);
     assert_eq!(b.count("audit_findings", ""), 0);
     let (_, r) = b.get("/audit-requests/auditreq_sw", &viewer).await;
     assert_eq!(r["status"], "claimed");
-    let (s, err) = b.get("/audit-requests/auditreq_sw/result", &viewer).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, err) = status_is(
+        b.get("/audit-requests/auditreq_sw/result", &viewer).await,
+        StatusCode::NOT_FOUND,
+    );
     assert_eq!(err["error"]["code"], "no_result");
 
     // The holder's valid result is still accepted afterwards.
-    let (s, body) = b
-        .post("/audit-requests/auditreq_sw/result", &a, &result)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _ = status_is(
+        b.post("/audit-requests/auditreq_sw/result", &a, &result)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(b.count("audit_results", ""), 1);
     b.stop().await;
 }
@@ -1115,12 +1136,12 @@ async fn an_agent_that_gives_up_returns_the_task_and_after_max_attempts_it_fails
         ..AuditConfig::default()
     })
     .await;
-    let a = b.token(Role::AuditAgent, "audit:hardware-auditor-01").await;
+    let a = b.agent("audit:hardware-auditor-01").await;
     let (s, _) = b
         .post(
             "/audit-requests",
             &b.admin,
-            &plain_request("auditreq_hw", "hardware", 75),
+            &audit_request("auditreq_hw", "hardware", 75),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED);
@@ -1129,21 +1150,23 @@ async fn an_agent_that_gives_up_returns_the_task_and_after_max_attempts_it_fails
         .claim(&a, "audit:hardware-auditor-01", &["hardware"], 0)
         .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, r) = b
-        .post(
+    let (_, r) = status_is(
+        b.post(
             "/audit-requests/auditreq_hw/release",
             &a,
             &json!({ "reason": "serial console busy" }),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{r}");
+        .await,
+        StatusCode::OK,
+    );
     assert_eq!(r["status"], "queued");
     assert_eq!(r["attempts"], 1);
 
-    let (s, task) = b
-        .claim(&a, "audit:hardware-auditor-01", &["hardware"], 0)
-        .await;
-    assert_eq!(s, StatusCode::OK);
+    let (_, task) = status_is(
+        b.claim(&a, "audit:hardware-auditor-01", &["hardware"], 0)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(task["claim"]["attempt"], 2);
     let retry = json!({
         "audit_request_id": "auditreq_hw",
@@ -1155,10 +1178,11 @@ async fn an_agent_that_gives_up_returns_the_task_and_after_max_attempts_it_fails
         "duration_ms": 20000,
         "completed_at": "2026-11-30T03:29:22Z"
     });
-    let (s, r) = b
-        .post("/audit-requests/auditreq_hw/result", &a, &retry)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{r}");
+    let (_, r) = status_is(
+        b.post("/audit-requests/auditreq_hw/result", &a, &retry)
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(r["status"], "failed");
     assert_eq!(r["result_status"], "needs_retry");
     assert!(
@@ -1202,7 +1226,7 @@ async fn requests_are_listed_by_filter_in_queue_order_with_pages() {
         ("r5", "software", 65),
     ] {
         let (s, _) = b
-            .post("/audit-requests", &b.admin, &plain_request(id, t, p))
+            .post("/audit-requests", &b.admin, &audit_request(id, t, p))
             .await;
         assert_eq!(s, StatusCode::CREATED);
     }
@@ -1220,8 +1244,7 @@ async fn requests_are_listed_by_filter_in_queue_order_with_pages() {
             })
             .collect()
     };
-    let (s, all) = b.get("/audit-requests", &viewer).await;
-    assert_eq!(s, StatusCode::OK);
+    let (_, all) = status_is(b.get("/audit-requests", &viewer).await, StatusCode::OK);
     assert_eq!(ids(&all), ["r3", "r2", "r4", "r1", "r5"]);
     let (_, sw) = b
         .get(
@@ -1238,8 +1261,10 @@ async fn requests_are_listed_by_filter_in_queue_order_with_pages() {
         .get("/audit-requests?order=newest&priority_min=70", &viewer)
         .await;
     assert_eq!(ids(&newest), ["r4", "r3", "r2"]);
-    let (s, err) = b.get("/audit-requests?status=sleeping", &viewer).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    let _ = status_is(
+        b.get("/audit-requests?status=sleeping", &viewer).await,
+        StatusCode::BAD_REQUEST,
+    );
     let provider = b.token(Role::Provider, "provider-winlab-01").await;
     let (s, _) = b.get("/audit-requests", &provider).await;
     assert_eq!(s, StatusCode::FORBIDDEN);
@@ -1251,30 +1276,31 @@ async fn threads_register_once_update_in_place_and_page_their_messages() {
     let b = Bench::start(AuditConfig::default()).await;
     let op = b.token(Role::Operator, "lab-operator").await;
     let reg = json!({ "thread_ref": "mac-01:thread-ui-22", "node_id": "mac-01", "role": "ui", "labels": ["lab"] });
-    let (s, t) = b.post("/threads", &op, &reg).await;
-    assert_eq!(s, StatusCode::CREATED, "{t}");
+    let _ = status_is(b.post("/threads", &op, &reg).await, StatusCode::CREATED);
     let mut again = reg.clone();
     again["labels"] = json!(["lab", "device-station-a"]);
-    let (s, t) = b.post("/threads", &op, &again).await;
-    assert_eq!(s, StatusCode::OK, "{t}");
+    let (_, t) = status_is(b.post("/threads", &op, &again).await, StatusCode::OK);
     assert_eq!(t["labels"], json!(["lab", "device-station-a"]));
     let mut wrong_node = reg.clone();
     wrong_node["node_id"] = json!("mac-02");
-    let (s, err) = b.post("/threads", &op, &wrong_node).await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (_, err) = status_is(
+        b.post("/threads", &op, &wrong_node).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "node_id");
     let (_, listed) = b.get("/threads?label=device-station-a", &op).await;
     assert_eq!(listed["threads"].as_array().unwrap().len(), 1);
 
     for i in 0..3 {
-        let (s, m) = b
-            .post(
+        let (_, m) = status_is(
+            b.post(
                 "/threads/mac-01:thread-ui-22/messages",
                 &op,
                 &json!({ "kind": "note", "body": { "n": i } }),
             )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{m}");
+            .await,
+            StatusCode::CREATED,
+        );
         assert_eq!(m["sender"], "lab-operator");
     }
     let (_, first) = b
@@ -1299,14 +1325,15 @@ async fn threads_register_once_update_in_place_and_page_their_messages() {
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, err) = b
-        .post(
+    let (_, err) = status_is(
+        b.post(
             "/threads/mac-01:thread-ui-22/messages",
             &op,
             &json!({ "kind": "note", "from_thread_ref": "mac-77:ghost" }),
         )
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
     assert_eq!(err["error"]["details"]["field"], "from_thread_ref");
     assert_eq!(b.count("inter_thread_messages", ""), 3);
     b.stop().await;
@@ -1315,7 +1342,7 @@ async fn threads_register_once_update_in_place_and_page_their_messages() {
 #[tokio::test]
 async fn a_claim_waiting_for_work_answers_no_content_when_the_registry_shuts_down() {
     let b = Bench::start(AuditConfig::default()).await;
-    let a = b.token(Role::AuditAgent, "audit:software-auditor-01").await;
+    let a = b.agent("audit:software-auditor-01").await;
     let (base, http) = (b.base.clone(), b.http.clone());
     let started = Instant::now();
     let waiting = tokio::spawn(async move {

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use benchlink_testkit::find;
 use tempfile::TempDir;
 
 fn registry() -> Command {
@@ -340,13 +341,7 @@ async fn token_list_and_revoke_work_while_the_registry_runs() {
     let out = token_cmd(&config, &["list", "--json"]);
     assert!(out.status.success(), "{out:?}");
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let entry = list["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "viewer-1")
-        .unwrap()
-        .clone();
+    let entry = find(&list["tokens"], "name", "viewer-1").clone();
     assert_eq!(entry["role"], "viewer");
     assert_eq!(entry["revoked"], true);
     assert!(!list.to_string().contains(&token));

@@ -8,6 +8,8 @@ mod agents_support;
 use std::collections::HashSet;
 
 use agents_support::*;
+use benchlink_testkit::find;
+use benchlink_testkit::status_is;
 use cloud_registry::agents::config::{AgentsConfig, NativeTools};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -207,22 +209,12 @@ async fn more_than_500_matches_are_cut_at_500_with_a_note() {
 async fn focus_on_a_region_and_on_one_satellite_uses_real_coordinates() {
     let h = Harness::start(AgentsConfig::default()).await;
     let resp = h.command("聚焦中国大陆的算力中心").await;
-    let focus = resp["actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["type"] == "focus_view")
-        .unwrap();
+    let focus = find(&resp["actions"], "type", "focus_view");
     assert_eq!(focus["region"], "CN");
     assert!((focus["lat"].as_f64().unwrap() - 35.0).abs() < 10.0);
 
     let resp = h.command("聚焦国际空间站").await;
-    let focus = resp["actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["type"] == "focus_view")
-        .unwrap();
+    let focus = find(&resp["actions"], "type", "focus_view");
     assert_eq!(focus["entity_id"], "satellite:norad:25544");
     let (lat, lon) = (
         focus["lat"].as_f64().unwrap(),
@@ -241,12 +233,7 @@ async fn focus_on_a_region_and_on_one_satellite_uses_real_coordinates() {
 async fn filter_hide_and_clear_commands() {
     let h = Harness::start(AgentsConfig::default()).await;
     let resp = h.command("筛选日本的超算").await;
-    let f = resp["actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["type"] == "filter_entities")
-        .unwrap();
+    let f = find(&resp["actions"], "type", "filter_entities");
     assert_eq!(f["domain"], "compute_centers");
     assert_eq!(
         f["filters"],
@@ -379,12 +366,7 @@ async fn a_model_that_calls_tools_natively_gets_the_beidou_plan() {
     assert_eq!(fake.chat_auth()[0].as_deref(), Some("Bearer sk-test-chat"));
     // The tool result went back as a `tool` message answering call_0.
     let second = &fake.chat_requests()[1];
-    let tool_msg = second["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "tool")
-        .unwrap();
+    let tool_msg = find(&second["messages"], "role", "tool");
     assert_eq!(tool_msg["tool_call_id"], "call_0");
 }
 
@@ -510,12 +492,7 @@ async fn invented_entity_ids_are_dropped_and_noted() {
     );
     assert!(resp["confidence"].as_f64().unwrap() <= 0.5);
     let detail = h.run(resp["run_id"].as_str().unwrap()).await;
-    let policy = detail["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["step_type"] == "policy")
-        .unwrap();
+    let policy = find(&detail["steps"], "step_type", "policy");
     assert_eq!(policy["output"]["rejected_entity_id_count"], 2);
 }
 
@@ -532,12 +509,7 @@ async fn a_model_calling_an_unregistered_tool_gets_a_failed_step_and_nothing_run
     let resp = h.command("执行 rm -rf").await;
     assert_eq!(resp["clarification_needed"], true);
     let detail = h.run(resp["run_id"].as_str().unwrap()).await;
-    let tool = detail["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["step_type"] == "tool")
-        .unwrap();
+    let tool = find(&detail["steps"], "step_type", "tool");
     assert_eq!(tool["name"], "shell.exec");
     assert_eq!(tool["status"], "failed");
     assert!(tool["error"].as_str().unwrap().contains("not registered"));
@@ -564,12 +536,7 @@ async fn a_model_that_exceeds_the_tool_step_limit_ends_with_a_partial_plan_and_a
     let s = steps(&detail);
     let tool_steps = s.iter().filter(|x| x.0 == "tool").count();
     assert_eq!(tool_steps, 8, "{s:?}");
-    let limit = detail["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["name"] == "tool_step_limit")
-        .unwrap();
+    let limit = find(&detail["steps"], "name", "tool_step_limit");
     assert_eq!(limit["status"], "failed");
     assert!(limit["error"].as_str().unwrap().contains("limit of 8"));
     assert!(detail["run"]["error"]
@@ -627,14 +594,15 @@ async fn unsafe_text_and_css_from_the_model_never_reach_the_client() {
 #[tokio::test]
 async fn a_speech_command_without_a_known_transcription_is_refused_before_any_run() {
     let h = Harness::start(AgentsConfig::default()).await;
-    let (status, body) = h
-        .post(
+    let _ = status_is(
+        h.post(
             Role::Operator,
             "/earth/command",
             json!({"input_text": "", "source": "speech", "transcription_id": "tr_missing"}),
         )
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        .await,
+        StatusCode::NOT_FOUND,
+    );
     let (_, runs) = h.get(Role::Viewer, "/runs").await;
     assert!(runs["runs"].as_array().unwrap().is_empty());
 }

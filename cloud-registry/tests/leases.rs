@@ -24,8 +24,8 @@ use shared_protocol::capability::{
 };
 use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{
-    CapabilityLease, HolderType, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest, LeaseStatus,
-    PreemptNotice,
+    CapabilityLease, HolderType, LeaseGroup, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest,
+    LeaseStatus, PreemptNotice,
 };
 
 const LONG_SWEEP_MS: u64 = 3_600_000;
@@ -97,6 +97,49 @@ impl Lab {
             .into_iter()
             .filter(|e| e.event_type == t)
             .collect()
+    }
+
+    /// `holder` asks for `capability_id` ([`ask`]); the engine must
+    /// accept the request (granted or queued).
+    async fn ask(
+        &self,
+        holder: &str,
+        capability_id: &str,
+        priority: u8,
+        seconds: u32,
+    ) -> CapabilityLease {
+        self.engine
+            .request(&who(holder), ask(holder, capability_id, priority, seconds))
+            .await
+            .unwrap_or_else(|e| panic!("{holder} asking for {capability_id}: {e:?}"))
+    }
+
+    /// `holder` asks for the group `ids` ([`group`]); the engine must
+    /// accept it.
+    async fn group(&self, holder: &str, ids: &[&str], seconds: u32) -> LeaseGroup {
+        self.engine
+            .request_group(&who(holder), group(holder, ids, seconds))
+            .await
+            .unwrap_or_else(|e| panic!("{holder} asking for {ids:?}: {e:?}"))
+    }
+
+    /// `holder` releases `lease_id` (no reason); the engine must allow it.
+    async fn release(&self, holder: &str, lease_id: &str) -> CapabilityLease {
+        self.engine
+            .release(&who(holder), lease_id, None)
+            .await
+            .unwrap_or_else(|e| panic!("{holder} releasing {lease_id}: {e:?}"))
+    }
+
+    /// The active leases, on `capability_id` when given.
+    async fn active(&self, capability_id: Option<&str>) -> Vec<CapabilityLease> {
+        self.engine
+            .list(LeaseFilter {
+                capability_id: capability_id.map(str::to_string),
+                active_only: true,
+                ..LeaseFilter::default()
+            })
+            .await
     }
 
     async fn status(&self, lease_id: &str) -> LeaseStatus {
@@ -324,13 +367,8 @@ async fn run_case(lab: &Lab, case: &PreemptionCase) -> (CapabilityLease, Capabil
         })
         .await;
     let holder = lab
-        .engine
-        .request(
-            &who("worker-a"),
-            ask("worker-a", "robot-01", case.holder_priority, 600),
-        )
-        .await
-        .expect("holder request");
+        .ask("worker-a", "robot-01", case.holder_priority, 600)
+        .await;
     assert_eq!(holder.status, LeaseStatus::Granted);
     if case.in_window {
         lab.engine.set_non_interruptible("robot-01", true).await;
@@ -577,11 +615,7 @@ async fn safety_locked_capability_is_never_preempted_even_for_a_safety_stop() {
     psu.capability_type = CapabilityType::ProgrammablePowerSupply;
     psu.safety_locked = true;
     lab.engine.upsert_capability(psu).await;
-    let holder = lab
-        .engine
-        .request(&who("flasher"), ask("flasher", "psu-01", 20, 600))
-        .await
-        .expect("holder");
+    let holder = lab.ask("flasher", "psu-01", 20, 600).await;
     for round in 0..3 {
         let r = lab
             .engine
@@ -605,11 +639,7 @@ async fn safety_locked_capability_is_never_preempted_even_for_a_safety_stop() {
 async fn queue_grants_by_priority_then_by_age() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    let first = lab
-        .engine
-        .request(&who("h"), ask("h", "cam-01", 50, 600))
-        .await
-        .expect("holder");
+    let first = lab.ask("h", "cam-01", 50, 600).await;
     let mut waiting = Vec::new();
     for (name, prio) in [
         ("a50", 50),
@@ -618,11 +648,7 @@ async fn queue_grants_by_priority_then_by_age() {
         ("d70", 70),
         ("e20", 20),
     ] {
-        let l = lab
-            .engine
-            .request(&who(name), ask(name, "cam-01", prio, 600))
-            .await
-            .expect("queued");
+        let l = lab.ask(name, "cam-01", prio, 600).await;
         assert_eq!(l.status, LeaseStatus::Requested);
         waiting.push((name, l.lease_id));
     }
@@ -636,10 +662,7 @@ async fn queue_grants_by_priority_then_by_age() {
     let mut order = Vec::new();
     let (mut holder_name, mut holder_id) = ("h".to_string(), first.lease_id);
     for _ in 0..waiting.len() {
-        lab.engine
-            .release(&who(&holder_name), &holder_id, None)
-            .await
-            .expect("release");
+        lab.release(&holder_name, &holder_id).await;
         let mut granted = None;
         for (name, id) in &waiting {
             if lab.status(id).await == LeaseStatus::Granted {
@@ -659,10 +682,7 @@ async fn queue_grants_by_priority_then_by_age() {
 async fn queue_timeout_fails_the_waiting_request() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    lab.engine
-        .request(&who("h"), ask("h", "cam-01", 50, 600))
-        .await
-        .expect("holder");
+    lab.ask("h", "cam-01", 50, 600).await;
     let mut req = ask("w", "cam-01", 50, 60);
     req.queue_timeout_seconds = Some(5);
     let waiting = lab.engine.request(&who("w"), req).await.expect("queued");
@@ -736,43 +756,21 @@ async fn a_group_waits_as_a_whole_and_holds_nothing_meanwhile() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
     lab.engine.upsert_capability(camera("cam-02")).await;
-    let holder = lab
-        .engine
-        .request(&who("h"), ask("h", "cam-01", 50, 600))
-        .await
-        .expect("holder");
-    let g = lab
-        .engine
-        .request_group(&who("g"), group("g", &["cam-01", "cam-02"], 60))
-        .await
-        .expect("group");
+    let holder = lab.ask("h", "cam-01", 50, 600).await;
+    let g = lab.group("g", &["cam-01", "cam-02"], 60).await;
     assert_eq!(g.status, LeaseStatus::Requested);
     assert!(g.leases.iter().all(|l| l.status == LeaseStatus::Requested));
-    let on_cam2 = lab
-        .engine
-        .list(LeaseFilter {
-            capability_id: Some("cam-02".into()),
-            active_only: true,
-            ..LeaseFilter::default()
-        })
-        .await;
+    let on_cam2 = lab.active(Some("cam-02")).await;
     assert!(
         on_cam2.is_empty(),
         "the waiting group holds no part: {on_cam2:?}"
     );
     // A later request of the same priority does not overtake the group on
     // the capability the group waits for.
-    let later = lab
-        .engine
-        .request(&who("later"), ask("later", "cam-02", 50, 60))
-        .await
-        .expect("later");
+    let later = lab.ask("later", "cam-02", 50, 60).await;
     assert_eq!(later.status, LeaseStatus::Requested);
 
-    lab.engine
-        .release(&who("h"), &holder.lease_id, None)
-        .await
-        .expect("release");
+    lab.release("h", &holder.lease_id).await;
     let mut granted_at = HashSet::new();
     for l in &g.leases {
         let l = lab.engine.get(&l.lease_id).await.expect("member");
@@ -791,16 +789,8 @@ async fn a_group_waits_as_a_whole_and_holds_nothing_meanwhile() {
 async fn a_lease_whose_holder_vanishes_expires_after_its_ttl_and_the_next_waiter_gets_it() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    let gone = lab
-        .engine
-        .request(&who("gone"), ask("gone", "cam-01", 50, 30))
-        .await
-        .expect("holder");
-    let next = lab
-        .engine
-        .request(&who("next"), ask("next", "cam-01", 50, 30))
-        .await
-        .expect("waiter");
+    let gone = lab.ask("gone", "cam-01", 50, 30).await;
+    let next = lab.ask("next", "cam-01", 50, 30).await;
     assert_eq!(next.status, LeaseStatus::Requested);
     lab.advance(29).await;
     assert_eq!(lab.status(&gone.lease_id).await, LeaseStatus::Granted);
@@ -818,26 +808,10 @@ async fn after_a_crash_every_lease_keeps_its_remaining_time_and_the_queue_surviv
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
     lab.engine.upsert_capability(camera("cam-02")).await;
-    let short = lab
-        .engine
-        .request(&who("a"), ask("a", "cam-01", 50, 60))
-        .await
-        .expect("a");
-    let long = lab
-        .engine
-        .request(&who("d"), ask("d", "cam-02", 50, 300))
-        .await
-        .expect("d");
-    let high = lab
-        .engine
-        .request(&who("b"), ask("b", "cam-01", 70, 60))
-        .await
-        .expect("b queued");
-    let low = lab
-        .engine
-        .request(&who("c"), ask("c", "cam-01", 30, 60))
-        .await
-        .expect("c queued");
+    let short = lab.ask("a", "cam-01", 50, 60).await;
+    let long = lab.ask("d", "cam-02", 50, 300).await;
+    let high = lab.ask("b", "cam-01", 70, 60).await;
+    let low = lab.ask("c", "cam-01", 30, 60).await;
     let mut g = group("g", &["cam-01", "cam-02"], 60);
     g.priority = 20;
     let waiting_group = lab
@@ -931,11 +905,7 @@ async fn after_a_crash_every_lease_keeps_its_remaining_time_and_the_queue_surviv
 async fn another_principal_cannot_renew_or_release_but_an_admin_may_release() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    let lease = lab
-        .engine
-        .request(&who("alice"), ask("alice", "cam-01", 50, 60))
-        .await
-        .expect("alice");
+    let lease = lab.ask("alice", "cam-01", 50, 60).await;
     let bob = who("bob");
     let renew = lab
         .engine
@@ -971,11 +941,7 @@ async fn another_principal_cannot_renew_or_release_but_an_admin_may_release() {
 async fn renewing_an_expired_lease_is_refused_and_appends_no_event() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    let lease = lab
-        .engine
-        .request(&who("alice"), ask("alice", "cam-01", 50, 5))
-        .await
-        .expect("alice");
+    let lease = lab.ask("alice", "cam-01", 50, 5).await;
     lab.advance(6).await;
     let before_events = lab.events().await.len();
     let before = lab.engine.get(&lease.lease_id).await.expect("lease");
@@ -1000,11 +966,7 @@ async fn renewing_an_expired_lease_is_refused_and_appends_no_event() {
 async fn renewal_extends_expiry_up_to_the_maximum_duration() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    let lease = lab
-        .engine
-        .request(&who("alice"), ask("alice", "cam-01", 50, 30))
-        .await
-        .expect("alice");
+    let lease = lab.ask("alice", "cam-01", 50, 30).await;
     lab.advance(20).await;
     let renewed = lab
         .engine
@@ -1051,10 +1013,7 @@ async fn a_selector_request_gets_a_free_matching_capability() {
             ..camera("cam-02")
         })
         .await;
-    lab.engine
-        .request(&who("h"), ask("h", "cam-01", 50, 600))
-        .await
-        .expect("holder");
+    lab.ask("h", "cam-01", 50, 600).await;
     let mut req = ask("s", "unused", 50, 60);
     req.capability_id = None;
     req.capability_selector = Some(CapabilitySelector {
@@ -1076,10 +1035,7 @@ async fn a_selector_request_gets_a_free_matching_capability() {
     req.holder_ref = "t".into();
     let waiting = lab.engine.request(&who("t"), req).await.expect("queued");
     assert_eq!(waiting.status, LeaseStatus::Requested);
-    lab.engine
-        .release(&who("s"), &got.lease_id, None)
-        .await
-        .expect("release");
+    lab.release("s", &got.lease_id).await;
     let l = lab.engine.get(&waiting.lease_id).await.expect("lease");
     assert_eq!(
         (l.status, l.capability_id.as_str()),
@@ -1152,11 +1108,7 @@ async fn a_shared_capability_has_many_readers_and_refuses_an_exclusive_mode() {
         })
         .await;
     for reader in ["r1", "r2", "r3"] {
-        let l = lab
-            .engine
-            .request(&who(reader), ask(reader, "cam-feed", 50, 60))
-            .await
-            .expect("reader");
+        let l = lab.ask(reader, "cam-feed", 50, 60).await;
         assert_eq!(l.status, LeaseStatus::Granted, "{reader}");
         assert_eq!(l.mode, LeaseMode::SharedRead);
     }
@@ -1172,16 +1124,8 @@ async fn a_shared_capability_has_many_readers_and_refuses_an_exclusive_mode() {
 async fn an_offline_provider_is_refused_new_requests_and_serves_waiters_when_back() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    let holder = lab
-        .engine
-        .request(&who("h"), ask("h", "cam-01", 50, 600))
-        .await
-        .expect("holder");
-    let waiter = lab
-        .engine
-        .request(&who("w"), ask("w", "cam-01", 50, 60))
-        .await
-        .expect("waiter");
+    let holder = lab.ask("h", "cam-01", 50, 600).await;
+    let waiter = lab.ask("w", "cam-01", 50, 60).await;
     lab.engine.set_provider_online("bench-a", false).await;
     let err = lab
         .engine
@@ -1195,10 +1139,7 @@ async fn an_offline_provider_is_refused_new_requests_and_serves_waiters_when_bac
     assert_eq!(ApiError::from(err).status.as_u16(), 503);
 
     // The holder leaves while the provider is away: nobody is granted.
-    lab.engine
-        .release(&who("h"), &holder.lease_id, None)
-        .await
-        .expect("release");
+    lab.release("h", &holder.lease_id).await;
     assert_eq!(lab.status(&waiter.lease_id).await, LeaseStatus::Requested);
     lab.engine.set_provider_online("bench-a", true).await;
     assert_eq!(lab.status(&waiter.lease_id).await, LeaseStatus::Granted);
@@ -1276,14 +1217,8 @@ async fn a_full_queue_refuses_without_changing_anything() {
     .await;
     lab.engine.upsert_capability(camera("cam-01")).await;
     lab.engine.upsert_capability(camera("cam-02")).await;
-    lab.engine
-        .request(&who("h"), ask("h", "cam-01", 50, 600))
-        .await
-        .expect("holder");
-    lab.engine
-        .request(&who("w1"), ask("w1", "cam-01", 50, 60))
-        .await
-        .expect("first waiter");
+    lab.ask("h", "cam-01", 50, 600).await;
+    lab.ask("w1", "cam-01", 50, 60).await;
     let before = lab.events().await.len();
     let full = lab
         .engine
@@ -1295,11 +1230,7 @@ async fn a_full_queue_refuses_without_changing_anything() {
     );
     assert_eq!(lab.events().await.len(), before);
     // A request that is granted at once needs no queue room.
-    let free = lab
-        .engine
-        .request(&who("w3"), ask("w3", "cam-02", 50, 60))
-        .await
-        .expect("free capability");
+    let free = lab.ask("w3", "cam-02", 50, 60).await;
     assert_eq!(free.status, LeaseStatus::Granted);
 }
 
@@ -1307,11 +1238,7 @@ async fn a_full_queue_refuses_without_changing_anything() {
 async fn acting_moves_granted_to_active_and_checks_the_capability() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
-    let lease = lab
-        .engine
-        .request(&who("alice"), ask("alice", "cam-01", 50, 60))
-        .await
-        .expect("alice");
+    let lease = lab.ask("alice", "cam-01", 50, 60).await;
     let wrong = lab
         .engine
         .authorize_action(&who("alice"), &lease.lease_id, "cam-02")
@@ -1328,21 +1255,14 @@ async fn acting_moves_granted_to_active_and_checks_the_capability() {
     assert_eq!(ok.status, LeaseStatus::Active);
     assert_eq!(lab.status(&lease.lease_id).await, LeaseStatus::Active);
 
-    lab.engine
-        .release(&who("alice"), &lease.lease_id, None)
-        .await
-        .expect("release");
+    lab.release("alice", &lease.lease_id).await;
     let after = lab
         .engine
         .authorize_action(&who("alice"), &lease.lease_id, "cam-01")
         .await
         .expect_err("released lease");
     assert_eq!(after.lease_status(), Some(LeaseStatus::Released));
-    let again = lab
-        .engine
-        .release(&who("alice"), &lease.lease_id, None)
-        .await
-        .expect("release is idempotent");
+    let again = lab.release("alice", &lease.lease_id).await;
     assert_eq!(again.status, LeaseStatus::Released);
     assert_eq!(lab.events_of(EventType::LeaseReleased).await.len(), 1);
 }
@@ -1356,25 +1276,10 @@ async fn abandoning_releases_an_unclaimed_grant_and_leaves_a_lease_in_use() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
     lab.engine.upsert_capability(camera("cam-02")).await;
-    let alice = lab
-        .engine
-        .request(&who("alice"), ask("alice", "cam-01", 50, 60))
-        .await
-        .expect("alice");
-    let bob = lab
-        .engine
-        .request(&who("bob"), ask("bob", "cam-01", 50, 60))
-        .await
-        .expect("bob waits");
-    let carol = lab
-        .engine
-        .request(&who("carol"), ask("carol", "cam-01", 40, 60))
-        .await
-        .expect("carol waits");
-    lab.engine
-        .release(&who("alice"), &alice.lease_id, None)
-        .await
-        .expect("alice releases");
+    let alice = lab.ask("alice", "cam-01", 50, 60).await;
+    let bob = lab.ask("bob", "cam-01", 50, 60).await;
+    let carol = lab.ask("carol", "cam-01", 40, 60).await;
+    lab.release("alice", &alice.lease_id).await;
     assert_eq!(lab.status(&bob.lease_id).await, LeaseStatus::Granted);
 
     // Bob's client went away as the grant was made.
@@ -1402,11 +1307,7 @@ async fn abandoning_releases_an_unclaimed_grant_and_leaves_a_lease_in_use() {
         .expect("abandon");
     assert_eq!(lab.status(&carol.lease_id).await, LeaseStatus::Active);
     // A waiting request is withdrawn; an unknown id is ignored.
-    let dave = lab
-        .engine
-        .request(&who("dave"), ask("dave", "cam-01", 50, 60))
-        .await
-        .expect("dave waits");
+    let dave = lab.ask("dave", "cam-01", 50, 60).await;
     lab.engine
         .abandon(&[dave.lease_id.clone(), "lease_unknown".to_string()])
         .await
@@ -1450,11 +1351,7 @@ async fn a_request_dropped_while_its_commit_is_in_flight_is_given_up() {
         .request_unanswered(&who("alice"), ask("alice", "cam-01", 50, 60), None)
         .now_or_never();
     assert!(pending.is_none(), "the commit is still in flight");
-    let bob = lab
-        .engine
-        .request(&who("bob"), ask("bob", "cam-01", 50, 60))
-        .await
-        .expect("bob");
+    let bob = lab.ask("bob", "cam-01", 50, 60).await;
     // Alice's grant was given up before Bob's request was admitted.
     assert_eq!(bob.status, LeaseStatus::Granted);
     let alice = leases_of(&lab, "alice").await;
@@ -1734,16 +1631,8 @@ async fn withdrawing_one_waiting_group_member_withdraws_the_whole_group() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
     lab.engine.upsert_capability(camera("cam-02")).await;
-    let holder = lab
-        .engine
-        .request(&who("h"), ask("h", "cam-01", 50, 600))
-        .await
-        .expect("holder");
-    let g = lab
-        .engine
-        .request_group(&who("g"), group("g", &["cam-01", "cam-02"], 60))
-        .await
-        .expect("group");
+    let holder = lab.ask("h", "cam-01", 50, 600).await;
+    let g = lab.group("g", &["cam-01", "cam-02"], 60).await;
     let withdrawn = lab
         .engine
         .release(
@@ -1758,18 +1647,8 @@ async fn withdrawing_one_waiting_group_member_withdraws_the_whole_group() {
         assert_eq!(lab.status(&l.lease_id).await, LeaseStatus::Released);
     }
     assert_eq!(lab.engine.queue_len(), 0);
-    lab.engine
-        .release(&who("h"), &holder.lease_id, None)
-        .await
-        .expect("release");
-    assert!(lab
-        .engine
-        .list(LeaseFilter {
-            active_only: true,
-            ..LeaseFilter::default()
-        })
-        .await
-        .is_empty());
+    lab.release("h", &holder.lease_id).await;
+    assert!(lab.active(None).await.is_empty());
 }
 
 #[tokio::test]
@@ -1777,11 +1656,7 @@ async fn a_failed_commit_changes_nothing_and_the_engine_recovers() {
     let lab = Lab::manual(LeaseConfig::default()).await;
     lab.engine.upsert_capability(camera("cam-01")).await;
     lab.engine.upsert_capability(camera("cam-02")).await;
-    let holder = lab
-        .engine
-        .request(&who("a"), ask("a", "cam-01", 50, 600))
-        .await
-        .expect("holder");
+    let holder = lab.ask("a", "cam-01", 50, 600).await;
     // The disk "fails" for one lease row: its whole transaction rolls back.
     lab.db
         .write(|c| {

@@ -6,12 +6,14 @@
 
 mod common;
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use benchlink_testkit::mosquitto as shared_mosquitto;
+use benchlink_testkit::status_is;
+use benchlink_testkit::{free_port, reachable, tool_installed, wait_for, KillOnDrop};
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -20,28 +22,6 @@ use shared_protocol::mqtt::{MessageType, TopicKind};
 use tempfile::TempDir;
 
 const PREFIX: &str = "benchlink/v1";
-
-fn in_ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
-
-/// True when Mosquitto answers at 127.0.0.1:1883; under CI a missing broker
-/// fails the test.
-fn shared_mosquitto() -> bool {
-    let up = TcpStream::connect_timeout(
-        &"127.0.0.1:1883".parse().unwrap(),
-        Duration::from_millis(500),
-    )
-    .is_ok();
-    if !up {
-        assert!(
-            !in_ci(),
-            "Mosquitto is not reachable at 127.0.0.1:1883 and CI=true"
-        );
-        eprintln!("SKIPPED: Mosquitto is not reachable at 127.0.0.1:1883");
-    }
-    up
-}
 
 fn register_body(provider_id: &str, suffix: &str, boot_id: &str) -> Value {
     let mut provider = provider_body(provider_id);
@@ -55,13 +35,14 @@ fn register_body(provider_id: &str, suffix: &str, boot_id: &str) -> Value {
 /// What a client sees of one provider: its row and its capabilities,
 /// without times.
 async fn provider_view(api: &Api, token: &str, provider_id: &str) -> Value {
-    let (s, p) = api
-        .get(
+    let (_, p) = status_is(
+        api.get(
             &format!("/api/v1/capability-providers/{provider_id}"),
             Some(token),
         )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{p}");
+        .await,
+        StatusCode::OK,
+    );
     let (_, caps) = api
         .get(
             &format!("/api/v1/capabilities?provider_id={provider_id}"),
@@ -82,22 +63,16 @@ async fn event_types(reg: &cloud_registry::app::RunningRegistry) -> Vec<String> 
 }
 
 async fn register_over_http(api: &Api, token: &str, provider_id: &str) {
-    let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(token),
-            &provider_body(provider_id),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let r = api
-        .post(
-            "/api/v1/capabilities/register",
-            Some(token),
-            &capabilities_body(provider_id, ""),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(token, &provider_body(provider_id))
+            .await,
+        StatusCode::OK,
+    );
+    let _ = status_is(
+        api.register_capabilities(token, &capabilities_body(provider_id, ""))
+            .await,
+        StatusCode::OK,
+    );
 }
 
 /// Register `provider_id` over MQTT and return the `register_ack` body.
@@ -190,8 +165,7 @@ async fn registration_over_http_and_over_mosquitto_store_the_same_rows() {
     );
     let admin1 = over_http.admin_token.clone().unwrap();
     let admin2 = over_mqtt.admin_token.clone().unwrap();
-    let (s, h) = api2.get("/healthz", None).await;
-    assert_eq!(s, StatusCode::OK, "{h}");
+    let (_, h) = status_is(api2.get("/healthz", None).await, StatusCode::OK);
     assert_eq!(h["mqtt"]["mode"], "external");
 
     register_over_http(&api1, &admin1, &provider_id).await;
@@ -231,10 +205,7 @@ async fn registered_provider(reg: &cloud_registry::app::RunningRegistry, id: &st
 
 #[tokio::test]
 async fn a_provider_that_vanishes_without_disconnect_goes_offline_through_its_last_will() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry().await;
     let p = registered_provider(&reg, "p-lwt").await;
     p.publish(
         "p-lwt",
@@ -296,10 +267,7 @@ async fn a_provider_that_vanishes_without_disconnect_goes_offline_through_its_la
 /// the provider offline again, not be dropped as a QoS 1 redelivery.
 #[tokio::test]
 async fn the_same_offline_will_published_again_after_a_return_takes_the_provider_offline_again() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry().await;
     let p = registered_provider(&reg, "p-will").await;
     let online = json!({"provider_id": "p-will", "online_status": "online", "boot_id": "boot-1"});
     let will = envelope(
@@ -344,12 +312,8 @@ async fn the_same_offline_will_published_again_after_a_return_takes_the_provider
 
 #[tokio::test]
 async fn heartbeat_ingestion_writes_health_snapshots_at_a_bounded_rate() {
-    let dir = TempDir::new().unwrap();
-    let mut cfg = test_config(&dir);
-    cfg.health.snapshot_min_interval_seconds = 2;
-    let reg = start(cfg).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) =
+        registry_with(|cfg| cfg.health.snapshot_min_interval_seconds = 2).await;
     let token = reg.auth.create_token(Role::Provider, "p-hb").await.unwrap();
     let addr = reg.mqtt_addr;
     let mut p = TestProvider::connect(
@@ -490,10 +454,7 @@ async fn the_embedded_broker_admits_only_providers_with_their_own_token() {
 
 #[tokio::test]
 async fn a_message_naming_another_provider_or_repeated_is_not_applied() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry().await;
     let token = reg
         .auth
         .create_token(Role::Provider, "prov-a")
@@ -566,14 +527,7 @@ async fn a_message_naming_another_provider_or_repeated_is_not_applied() {
     })
     .await;
     let types = event_types(&reg).await;
-    assert_eq!(
-        types,
-        [
-            "provider_registered",
-            "capability_registered",
-            "capability_registered"
-        ]
-    );
+    assert_eq!(types, P1_REGISTERED);
     reg.shutdown().await;
 }
 
@@ -685,24 +639,8 @@ async fn a_new_boot_id_and_missed_heartbeats_reach_the_provider_hooks() {
 
 /// A Mosquitto process on a free port, killed on drop.
 struct PrivateMosquitto {
-    child: Child,
+    _child: KillOnDrop,
     port: u16,
-}
-
-impl Drop for PrivateMosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn have(bin: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {bin}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 fn shipped_acl() -> PathBuf {
@@ -711,12 +649,7 @@ fn shipped_acl() -> PathBuf {
 
 /// Start Mosquitto with the shipped ACL and a password file holding `users`.
 fn private_mosquitto(dir: &Path, users: &[(&str, &str)]) -> Option<PrivateMosquitto> {
-    if !have("mosquitto") || !have("mosquitto_passwd") {
-        assert!(
-            !in_ci(),
-            "mosquitto and mosquitto_passwd are required under CI=true"
-        );
-        eprintln!("SKIPPED: mosquitto or mosquitto_passwd is not installed");
+    if !tool_installed("mosquitto") || !tool_installed("mosquitto_passwd") {
         return None;
     }
     let passwd = dir.join("passwd");
@@ -735,11 +668,7 @@ fn private_mosquitto(dir: &Path, users: &[(&str, &str)]) -> Option<PrivateMosqui
             .success();
         assert!(ok, "mosquitto_passwd failed for {user}");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let conf = dir.join("mosquitto.conf");
     std::fs::write(
         &conf,
@@ -757,14 +686,18 @@ fn private_mosquitto(dir: &Path, users: &[(&str, &str)]) -> Option<PrivateMosqui
         .stderr(Stdio::null())
         .spawn()
         .expect("start mosquitto");
-    let m = PrivateMosquitto { child, port };
-    for _ in 0..100 {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(m);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("private mosquitto did not listen on {port}");
+    let m = PrivateMosquitto {
+        _child: KillOnDrop(child),
+        port,
+    };
+    let addr = format!("127.0.0.1:{port}");
+    wait_for(
+        Duration::from_secs(5),
+        "private mosquitto listening",
+        || reachable(&addr).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    Some(m)
 }
 
 #[tokio::test]
@@ -940,23 +873,16 @@ async fn a_preemption_reaches_the_provider_as_a_notice_then_a_revocation() {
             "preempt_reason": "human_operator_override"
         })
     };
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&audit),
-            &lease("audit:sw-01", 65, false),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        api.request_lease(&audit, &lease("audit:sw-01", 65, false))
+            .await,
+        StatusCode::CREATED,
+    );
     let held = r.1["lease_id"].as_str().unwrap().to_string();
-    let r = api
-        .post(
-            "/api/v1/capability-leases/request",
-            Some(&operator),
-            &lease("op-1", 90, true),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = status_is(
+        api.request_lease(&operator, &lease("op-1", 90, true)).await,
+        StatusCode::ACCEPTED,
+    );
     let waiting = r.1["lease_id"].as_str().unwrap().to_string();
 
     let notice = p
@@ -975,12 +901,7 @@ async fn a_preemption_reaches_the_provider_as_a_notice_then_a_revocation() {
         .expect("lease_revoked after the grace period");
     assert_eq!(revoked.body["lease_id"], held.as_str());
     assert_eq!(revoked.body["capability_id"], "cam-front-01");
-    let (_, w) = api
-        .get(
-            &format!("/api/v1/capability-leases/{waiting}"),
-            Some(&operator),
-        )
-        .await;
+    let (_, w) = api.lease(&operator, &waiting).await;
     assert_eq!(w["status"], "granted");
     assert!(api.metric("benchlink_mqtt_commands_out_total").await >= 2);
     reg.shutdown().await;

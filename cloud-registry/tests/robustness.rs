@@ -6,11 +6,11 @@
 
 mod common;
 
+use benchlink_testkit::status_is;
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use shared_protocol::api::Role;
-use tempfile::TempDir;
 
 /// POST `body` with an explicit `Content-Type`.
 async fn post_with_type(
@@ -66,9 +66,7 @@ fn assert_plain(message: &str) {
 
 #[tokio::test]
 async fn json_content_type_matches_in_any_letter_case_and_with_parameters() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
+    let (_dir, reg, api, _) = registry().await;
     let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
     let body = provider_body("p1").to_string();
     let path = "/api/v1/capability-providers/register";
@@ -101,10 +99,7 @@ async fn json_content_type_matches_in_any_letter_case_and_with_parameters() {
 
 #[tokio::test]
 async fn a_body_that_is_not_an_object_is_a_plain_400() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry().await;
 
     for (path, body) in [
         ("/api/v1/capability-leases/request", "[]"),
@@ -139,26 +134,18 @@ async fn a_body_that_is_not_an_object_is_a_plain_400() {
 
 #[tokio::test]
 async fn field_errors_keep_their_path_but_name_no_server_types() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
+    let (_dir, reg, api, _) = registry().await;
     let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
     let admin = reg.admin_token.clone().unwrap();
-    let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(&p1),
-            &provider_body("p1"),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(&p1, &provider_body("p1")).await,
+        StatusCode::OK,
+    );
 
     // An unknown enum value: the path and the allowed values.
     let mut bad = capabilities_body("p1", "");
     bad["capabilities"][1]["capability_type"] = json!("toaster");
-    let r = api
-        .post("/api/v1/capabilities/register", Some(&p1), &bad)
-        .await;
+    let r = api.register_capabilities(&p1, &bad).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_envelope(&r);
     assert_eq!(
@@ -176,9 +163,7 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
     // A list element of the wrong shape.
     let mut bad = capabilities_body("p1", "");
     bad["capabilities"][1] = json!("thumb");
-    let r = api
-        .post("/api/v1/capabilities/register", Some(&p1), &bad)
-        .await;
+    let r = api.register_capabilities(&p1, &bad).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(r.1["error"]["details"]["field"], "capabilities[1]");
     let message = r.1["error"]["message"].as_str().unwrap();
@@ -188,9 +173,7 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
     // A list where an array is wanted, and a number out of its range.
     let mut bad = capabilities_body("p1", "");
     bad["capabilities"] = json!({"a": 1});
-    let r = api
-        .post("/api/v1/capabilities/register", Some(&p1), &bad)
-        .await;
+    let r = api.register_capabilities(&p1, &bad).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     let message = r.1["error"]["message"].as_str().unwrap();
     assert!(message.contains("expected a JSON array"), "{message}");
@@ -206,9 +189,7 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
         "priority": 300,
         "requested_duration_seconds": 60
     });
-    let r = api
-        .post("/api/v1/capability-leases/request", Some(&admin), &lease)
-        .await;
+    let r = api.request_lease(&admin, &lease).await;
     assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
     assert_eq!(r.1["error"]["details"]["field"], "priority");
     let message = r.1["error"]["message"].as_str().unwrap();
@@ -231,9 +212,7 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
         (&control, "purpose", "control characters"),
         (&reason, "preempt_reason", "at most 128"),
     ] {
-        let r = api
-            .post("/api/v1/capability-leases/request", Some(&admin), body)
-            .await;
+        let r = api.request_lease(&admin, body).await;
         assert_error(&r, StatusCode::UNPROCESSABLE_ENTITY, "invalid_field");
         assert_eq!(r.1["error"]["details"]["field"], field, "{}", r.1);
         let message = r.1["error"]["message"].as_str().unwrap();
@@ -255,19 +234,13 @@ async fn field_errors_keep_their_path_but_name_no_server_types() {
 /// like an unknown value; only a body that is not JSON is 400.
 #[tokio::test]
 async fn a_wrong_json_type_for_a_field_with_fixed_values_is_422_naming_the_field_everywhere() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
+    let (_dir, reg, api, _) = registry().await;
     let p1 = reg.auth.create_token(Role::Provider, "p1").await.unwrap();
     let admin = reg.admin_token.clone().unwrap();
-    let r = api
-        .post(
-            "/api/v1/capability-providers/register",
-            Some(&p1),
-            &provider_body("p1"),
-        )
-        .await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let _ = status_is(
+        api.register_provider(&p1, &provider_body("p1")).await,
+        StatusCode::OK,
+    );
 
     let mut caps = capabilities_body("p1", "");
     caps["capabilities"][0]["capability_type"] = json!(5);
@@ -280,7 +253,7 @@ async fn a_wrong_json_type_for_a_field_with_fixed_values_is_422_naming_the_field
         "priority": 50,
         "requested_duration_seconds": 60
     });
-    let mut audit = audit_request("ar-type");
+    let mut audit = audit_request("ar-type", "software", 50);
     audit["audit_type"] = json!(["software"]);
     for (path, token, body, field, found) in [
         (
@@ -338,28 +311,9 @@ async fn a_wrong_json_type_for_a_field_with_fixed_values_is_422_naming_the_field
     reg.shutdown().await;
 }
 
-/// A small software audit request.
-fn audit_request(id: &str) -> Value {
-    json!({
-        "protocol_version": "1.0",
-        "audit_request_id": id,
-        "project_id": "proj_device_assistant",
-        "task_id": "task_release_0_9_2",
-        "trigger": "merge_candidate",
-        "audit_type": "software",
-        "priority": 50,
-        "objective": "software audit of release candidate 0.9.2",
-        "time_budget_seconds": 120,
-        "response_mode": "structured_json"
-    })
-}
-
 #[tokio::test]
 async fn audit_text_past_its_limit_is_refused_naming_the_field_and_stores_nothing() {
-    let dir = TempDir::new().unwrap();
-    let reg = start(test_config(&dir)).await;
-    let api = Api::new(&reg.base_url());
-    let admin = reg.admin_token.clone().unwrap();
+    let (_dir, reg, api, admin) = registry().await;
 
     let cases: Vec<(&str, Value, &str)> = vec![
         ("objective", json!("o".repeat(10_001)), "objective"),
@@ -381,7 +335,7 @@ async fn audit_text_past_its_limit_is_refused_naming_the_field_and_stores_nothin
         ),
     ];
     for (i, (key, value, field)) in cases.into_iter().enumerate() {
-        let mut body = audit_request(&format!("ar-big-{i}"));
+        let mut body = audit_request(&format!("ar-big-{i}"), "software", 50);
         body[key] = value;
         let r = api
             .post("/api/v1/audit-requests", Some(&admin), &body)
@@ -396,14 +350,15 @@ async fn audit_text_past_its_limit_is_refused_naming_the_field_and_stores_nothin
     assert_eq!(page["audit_requests"], json!([]), "nothing stored: {page}");
 
     // At the limits: accepted.
-    let mut body = audit_request("ar-at-limit");
+    let mut body = audit_request("ar-at-limit", "software", 50);
     body["objective"] = json!("o".repeat(10_000));
     body["project_name"] = json!("名".repeat(200));
     body["acceptance_criteria"] = json!(vec!["works"; 500]);
-    let r = api
-        .post("/api/v1/audit-requests", Some(&admin), &body)
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let _ = status_is(
+        api.post("/api/v1/audit-requests", Some(&admin), &body)
+            .await,
+        StatusCode::CREATED,
+    );
 
     // Threads: too many labels, an over-long display name.
     let thread = json!({

@@ -15,10 +15,11 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use benchlink_testkit::sha256_hex;
+use benchlink_testkit::status_is;
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
 use shared_protocol::mqtt::{ActionCommand, Envelope, MessageType, TopicKind};
 use tempfile::TempDir;
@@ -140,38 +141,35 @@ impl Bench {
 
     /// A lease on `capability_id` for `holder` (its token), granted at once.
     async fn lease(&self, token: &str, holder: &str, capability_id: &str, priority: u8) -> String {
-        let (s, body) = self
-            .api
-            .post(
-                "/api/v1/capability-leases/request",
-                Some(token),
-                &json!({
-                    "capability_id": capability_id,
-                    "holder_type": "audit_agent",
-                    "holder_ref": holder,
-                    "project_id": "proj_device_assistant",
-                    "purpose": "exercise the bench",
-                    "priority": priority,
-                    "requested_duration_seconds": 300,
-                    "evidence_required": true
-                }),
-            )
-            .await;
-        assert_eq!(s, StatusCode::CREATED, "{body}");
+        let (_, body) = status_is(
+            self.api
+                .request_lease(
+                    token,
+                    &json!({
+                        "capability_id": capability_id,
+                        "holder_type": "audit_agent",
+                        "holder_ref": holder,
+                        "project_id": "proj_device_assistant",
+                        "purpose": "exercise the bench",
+                        "priority": priority,
+                        "requested_duration_seconds": 300,
+                        "evidence_required": true
+                    }),
+                )
+                .await,
+            StatusCode::CREATED,
+        );
         body["lease_id"].as_str().unwrap().to_string()
     }
 
     /// Release `lease_id` as `token`'s holder: 200.
     async fn release(&self, token: &str, lease_id: &str) {
-        let (s, body) = self
-            .api
-            .post(
-                &format!("/api/v1/capability-leases/{lease_id}/release"),
-                Some(token),
-                &json!({}),
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK, "{body}");
+        let _ = status_is(
+            self.api
+                .lease_post(token, lease_id, "release", &json!({}))
+                .await,
+            StatusCode::OK,
+        );
     }
 
     /// Invoke an action in the background; the answer comes from the task.
@@ -183,14 +181,24 @@ impl Bench {
     ) -> tokio::task::JoinHandle<(StatusCode, Value)> {
         let api = self.api.clone();
         let (token, lease_id) = (token.to_string(), lease_id.to_string());
-        tokio::spawn(async move {
-            api.post(
-                &format!("/api/v1/capability-leases/{lease_id}/actions"),
-                Some(&token),
-                &body,
-            )
-            .await
-        })
+        tokio::spawn(async move { api.lease_post(&token, &lease_id, "actions", &body).await })
+    }
+
+    /// The first agent leases `capability_id` (priority 60) and starts the
+    /// action `body` on it in the background: the lease id, the command
+    /// the provider got, and the call ([`Bench::invoke`]).
+    async fn act(
+        &mut self,
+        capability_id: &str,
+        body: Value,
+    ) -> (
+        String,
+        ActionCommand,
+        tokio::task::JoinHandle<(StatusCode, Value)>,
+    ) {
+        let lease = self.lease(&self.agent, AGENT, capability_id, 60).await;
+        let call = self.invoke(&self.agent, &lease, body);
+        (lease, self.next_command().await, call)
     }
 
     /// The next `action_invoke` the provider receives.
@@ -222,6 +230,21 @@ impl Bench {
                 &body,
             )
             .await;
+    }
+
+    /// The provider reports `cmd` `completed` with `extra` (e.g. its
+    /// `result_summary` and `artifacts`); the action's `call` must answer
+    /// a `completed` session, which is returned.
+    async fn complete(
+        &self,
+        cmd: &ActionCommand,
+        call: tokio::task::JoinHandle<(StatusCode, Value)>,
+        extra: Value,
+    ) -> Value {
+        self.report(cmd, "completed", extra).await;
+        let (_, session) = call.await.unwrap();
+        assert_eq!(session["status"], "completed", "{session}");
+        session
     }
 
     async fn put_bytes(
@@ -323,32 +346,35 @@ impl Bench {
     }
 
     async fn sessions_of(&self, lease_id: &str) -> Vec<Value> {
-        let (s, body) = self
-            .api
-            .get(
-                &format!("/api/v1/capability-leases/{lease_id}/sessions"),
-                Some(&self.admin),
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK, "{body}");
+        let (_, body) = status_is(
+            self.api
+                .get(
+                    &format!("/api/v1/capability-leases/{lease_id}/sessions"),
+                    Some(&self.admin),
+                )
+                .await,
+            StatusCode::OK,
+        );
         body["sessions"].as_array().cloned().unwrap_or_default()
     }
 
     async fn running_sessions(&self) -> Vec<Value> {
-        let (s, body) = self
-            .api
-            .get("/api/v1/sessions?status=running", Some(&self.admin))
-            .await;
-        assert_eq!(s, StatusCode::OK, "{body}");
+        let (_, body) = status_is(
+            self.api
+                .get("/api/v1/sessions?status=running", Some(&self.admin))
+                .await,
+            StatusCode::OK,
+        );
         body["sessions"].as_array().cloned().unwrap_or_default()
     }
 
     async fn session(&self, session_id: &str) -> Value {
-        let (s, body) = self
-            .api
-            .get(&format!("/api/v1/sessions/{session_id}"), Some(&self.agent))
-            .await;
-        assert_eq!(s, StatusCode::OK, "{body}");
+        let (_, body) = status_is(
+            self.api
+                .get(&format!("/api/v1/sessions/{session_id}"), Some(&self.agent))
+                .await,
+            StatusCode::OK,
+        );
         body
     }
 
@@ -363,10 +389,6 @@ impl Bench {
             .map(|e| serde_json::to_value(e).unwrap())
             .collect()
     }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 /// Artifact metadata as the edge sends it in a session update.
@@ -396,13 +418,12 @@ fn jpeg_like(n: usize) -> Vec<u8> {
 async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evidence_downloads_intact(
 ) {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "params": {"format": "jpeg"}, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (lease, cmd, call) = b
+        .act(
+            "cam-1",
+            json!({"action": "snapshot", "params": {"format": "jpeg"}, "wait_ms": 5000}),
+        )
+        .await;
     assert_eq!(cmd.lease_id, lease);
     assert_eq!(cmd.capability_id, "cam-1");
     assert_eq!(cmd.params["format"], "jpeg");
@@ -420,8 +441,7 @@ async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evid
         }),
     )
     .await;
-    let (status, session) = call.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{session}");
+    let (_, session) = status_is(call.await.unwrap(), StatusCode::OK);
     assert_eq!(session["status"], "completed");
     assert_eq!(session["result_summary"]["width"], 640);
     assert_eq!(session["input_summary"]["format"], "jpeg");
@@ -434,16 +454,18 @@ async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evid
     assert_eq!(stored["ended_at"], session["ended_at"]);
 
     // Metadata first, bytes after: the usual order.
-    let (s, meta) = b
-        .api
-        .get(&format!("/api/v1/artifacts/{artifact_id}"), Some(&b.agent))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{meta}");
+    let (_, meta) = status_is(
+        b.api
+            .get(&format!("/api/v1/artifacts/{artifact_id}"), Some(&b.agent))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(meta["uploaded"], false);
-    let (s, body) = b
-        .put_bytes(&b.provider_token, &artifact_id, &sha256_hex(&bytes), &bytes)
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let (_, body) = status_is(
+        b.put_bytes(&b.provider_token, &artifact_id, &sha256_hex(&bytes), &bytes)
+            .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(body["checksum"], sha256_hex(&bytes));
     assert_eq!(body["uploaded"], true);
     assert_eq!(
@@ -487,14 +509,7 @@ async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evid
     assert_eq!(completed[0]["session_id"], cmd.session_id);
     assert_eq!(uploaded.len(), 1);
     assert_eq!(uploaded[0]["artifact_id"], artifact_id);
-    let lease_now = b
-        .api
-        .get(
-            &format!("/api/v1/capability-leases/{lease}"),
-            Some(&b.agent),
-        )
-        .await
-        .1;
+    let lease_now = b.api.lease(&b.agent, &lease).await.1;
     assert_eq!(lease_now["status"], "active", "the first action activates");
     b.reg.shutdown().await;
 }
@@ -502,21 +517,16 @@ async fn an_action_on_a_held_lease_completes_with_the_driver_result_and_its_evid
 #[tokio::test]
 async fn an_upload_whose_bytes_do_not_match_the_declared_sha256_is_refused_and_nothing_is_stored() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
     let bytes = jpeg_like(10_000);
-    b.report(
+    b.complete(
         &cmd,
-        "completed",
+        call,
         json!({"artifacts": [artifact_meta("art-mismatch", &cmd.session_id, &bytes)]}),
     )
     .await;
-    assert_eq!(call.await.unwrap().1["status"], "completed");
 
     // The bytes were damaged on the way: the header says one thing, the
     // body hashes to another.
@@ -573,13 +583,12 @@ async fn an_upload_whose_bytes_do_not_match_the_declared_sha256_is_refused_and_n
 #[tokio::test]
 async fn repeating_an_upload_answers_200_with_the_same_record() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "capture_log", "params": {"duration_ms": 100}, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act(
+            "console-1",
+            json!({"action": "capture_log", "params": {"duration_ms": 100}, "wait_ms": 5000}),
+        )
+        .await;
     let bytes = b"[    0.000000] Booting Linux on physical CPU 0x0\n".repeat(200);
     let mut meta = artifact_meta("art-log-1", &cmd.session_id, &bytes);
     meta["artifact_type"] = json!("serial_log");
@@ -618,21 +627,18 @@ async fn repeating_an_upload_answers_200_with_the_same_record() {
 #[tokio::test]
 async fn bytes_that_arrive_before_their_metadata_are_bound_when_it_arrives() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
     let bytes = jpeg_like(50_000);
     let sum = sha256_hex(&bytes);
 
     // The upload overtakes the session update.
-    let r = b
-        .put_bytes(&b.provider_token, "art-early", &sum, &bytes)
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        b.put_bytes(&b.provider_token, "art-early", &sum, &bytes)
+            .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(r.1["checksum"], sum);
     assert_eq!(r.1["metadata_received"], false);
     let r = b
@@ -641,13 +647,12 @@ async fn bytes_that_arrive_before_their_metadata_are_bound_when_it_arrives() {
         .await;
     assert_error(&r, StatusCode::NOT_FOUND, "not_found");
 
-    b.report(
+    b.complete(
         &cmd,
-        "completed",
+        call,
         json!({"artifacts": [artifact_meta("art-early", &cmd.session_id, &bytes)]}),
     )
     .await;
-    assert_eq!(call.await.unwrap().1["status"], "completed");
     let meta = eventually(Duration::from_secs(5), "artifact bound", || async {
         let (s, m) = b
             .api
@@ -750,14 +755,7 @@ async fn an_unsupported_action_is_refused_naming_the_action_field() {
         .next_of(MessageType::ActionInvoke, Duration::from_millis(300))
         .await
         .is_none());
-    let lease_now = b
-        .api
-        .get(
-            &format!("/api/v1/capability-leases/{lease}"),
-            Some(&b.agent),
-        )
-        .await
-        .1;
+    let lease_now = b.api.lease(&b.agent, &lease).await.1;
     assert_eq!(
         lease_now["status"], "granted",
         "a refused action does not activate"
@@ -828,13 +826,12 @@ async fn a_provider_going_offline_mid_session_ends_its_sessions_failed_or_incomp
     );
     let log_cmd = b.next_command().await;
     let log_bytes = b"login: ".repeat(100);
-    b.report(
+    b.complete(
         &log_cmd,
-        "completed",
+        log,
         json!({"artifacts": [artifact_meta("art-log", &log_cmd.session_id, &log_bytes)]}),
     )
     .await;
-    assert_eq!(log.await.unwrap().1["status"], "completed");
     // 3: a tap that completed with no evidence: not touched.
     let tap = b.invoke(
         &b.agent,
@@ -842,13 +839,8 @@ async fn a_provider_going_offline_mid_session_ends_its_sessions_failed_or_incomp
         json!({"action": "tap", "params": {"x_mm": 10, "y_mm": 20}, "wait_ms": 5000}),
     );
     let tap_cmd = b.next_command().await;
-    b.report(
-        &tap_cmd,
-        "completed",
-        json!({"result_summary": {"pressed": true}}),
-    )
-    .await;
-    assert_eq!(tap.await.unwrap().1["status"], "completed");
+    b.complete(&tap_cmd, tap, json!({"result_summary": {"pressed": true}}))
+        .await;
 
     // The bench drops off the network (its last will).
     b.provider.task.abort();
@@ -875,10 +867,11 @@ async fn a_provider_going_offline_mid_session_ends_its_sessions_failed_or_incomp
     // The bench comes back and its outbox delivers the log: the evidence
     // is complete after all.
     let sum = sha256_hex(&log_bytes);
-    let r = b
-        .put_bytes(&b.provider_token, "art-log", &sum, &log_bytes)
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let _ = status_is(
+        b.put_bytes(&b.provider_token, "art-log", &sum, &log_bytes)
+            .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(b.session(&log_cmd.session_id).await["status"], "completed");
     b.reg.shutdown().await;
 }
@@ -886,9 +879,7 @@ async fn a_provider_going_offline_mid_session_ends_its_sessions_failed_or_incomp
 #[tokio::test]
 async fn a_running_session_with_evidence_still_uploading_becomes_incomplete_evidence_on_restart() {
     let mut b = Bench::start().await;
-    let cam = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(&b.agent, &cam, json!({"action": "record_clip"}));
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b.act("cam-1", json!({"action": "record_clip"})).await;
     call.await.unwrap();
     let bytes = jpeg_like(1000);
     // Keyframes of the clip are announced while it still records.
@@ -931,9 +922,7 @@ async fn a_running_session_with_evidence_still_uploading_becomes_incomplete_evid
 #[tokio::test]
 async fn a_session_update_from_another_provider_is_refused() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(&b.agent, &lease, json!({"action": "snapshot"}));
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b.act("cam-1", json!({"action": "snapshot"})).await;
     call.await.unwrap();
 
     // A second bench with its own camera claims the session.
@@ -1033,25 +1022,26 @@ async fn a_preempted_holders_running_action_is_cancelled_and_its_next_action_ref
     b.report(&cmd, "running", json!({})).await;
 
     // A higher-priority holder with a whitelisted reason preempts.
-    let (s, new) = b
-        .api
-        .post(
-            "/api/v1/capability-leases/request?wait_seconds=10",
-            Some(&b.other_agent),
-            &json!({
-                "capability_id": "cam-1",
-                "holder_type": "audit_agent",
-                "holder_ref": OTHER_AGENT,
-                "project_id": "proj_device_assistant",
-                "purpose": "safety check",
-                "priority": 90,
-                "requested_duration_seconds": 60,
-                "preempt_if_needed": true,
-                "preempt_reason": "safety_stop"
-            }),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{new}");
+    let (_, new) = status_is(
+        b.api
+            .post(
+                "/api/v1/capability-leases/request?wait_seconds=10",
+                Some(&b.other_agent),
+                &json!({
+                    "capability_id": "cam-1",
+                    "holder_type": "audit_agent",
+                    "holder_ref": OTHER_AGENT,
+                    "project_id": "proj_device_assistant",
+                    "purpose": "safety check",
+                    "priority": 90,
+                    "requested_duration_seconds": 60,
+                    "preempt_if_needed": true,
+                    "preempt_reason": "safety_stop"
+                }),
+            )
+            .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(new["status"], "granted");
     let new_lease = new["lease_id"].as_str().unwrap().to_string();
 
@@ -1080,8 +1070,7 @@ async fn a_preempted_holders_running_action_is_cancelled_and_its_next_action_ref
         json!({"error_message": "cancelled: lease revoked"}),
     )
     .await;
-    let (status, ended) = clip.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{ended}");
+    let (_, ended) = status_is(clip.await.unwrap(), StatusCode::OK);
     assert_eq!(ended["status"], "failed");
     let message = ended["error_message"].as_str().unwrap();
     assert!(
@@ -1109,8 +1098,7 @@ async fn a_preempted_holders_running_action_is_cancelled_and_its_next_action_ref
     );
     let cmd2 = b.next_command().await;
     assert_eq!(cmd2.lease_id, new_lease);
-    b.report(&cmd2, "completed", json!({})).await;
-    assert_eq!(call.await.unwrap().1["status"], "completed");
+    b.complete(&cmd2, call, json!({})).await;
     assert!(b.running_sessions().await.is_empty());
     b.reg.shutdown().await;
 }
@@ -1118,16 +1106,9 @@ async fn a_preempted_holders_running_action_is_cancelled_and_its_next_action_ref
 #[tokio::test]
 async fn a_session_whose_provider_never_reports_fails_after_its_deadline() {
     let mut b = Bench::start_with(|cfg| cfg.sessions.result_grace_ms = 300).await;
-    let lease = b.lease(&b.agent, AGENT, "robot-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "tap", "params": {"x_mm": 1, "y_mm": 1}, "timeout_ms": 200, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b.act("robot-1", json!({"action": "tap", "params": {"x_mm": 1, "y_mm": 1}, "timeout_ms": 200, "wait_ms": 5000})).await;
     assert_eq!(cmd.timeout_ms, 200);
-    let (status, s) = call.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{s}");
+    let (_, s) = status_is(call.await.unwrap(), StatusCode::OK);
     assert_eq!(s["status"], "failed");
     assert!(
         s["error_message"]
@@ -1163,8 +1144,10 @@ async fn an_online_status_is_answered_with_the_open_sessions_to_report_again() {
     assert_eq!(presumed["status"], "failed", "{presumed}");
     b.next_command().await;
     let write = json!({"action": "write", "params": {"data": "x"}, "wait_ms": 0});
-    let (s, ended) = b.invoke(&b.agent, &console, write.clone()).await.unwrap();
-    assert_eq!(s, StatusCode::ACCEPTED, "{ended}");
+    let (_, ended) = status_is(
+        b.invoke(&b.agent, &console, write.clone()).await.unwrap(),
+        StatusCode::ACCEPTED,
+    );
     let cmd = b.next_command().await;
     b.report(&cmd, "completed", json!({})).await;
     eventually(Duration::from_secs(5), "first write completed", || async {
@@ -1261,15 +1244,16 @@ async fn an_online_status_is_answered_with_the_open_sessions_to_report_again() {
 async fn without_wait_the_answer_is_202_with_the_running_session() {
     let mut b = Bench::start().await;
     let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
-    let (status, s) = b
-        .invoke(
+    let (_, s) = status_is(
+        b.invoke(
             &b.agent,
             &lease,
             json!({"action": "write", "params": {"data": "reboot\n"}}),
         )
         .await
-        .unwrap();
-    assert_eq!(status, StatusCode::ACCEPTED, "{s}");
+        .unwrap(),
+        StatusCode::ACCEPTED,
+    );
     assert_eq!(s["status"], "running");
     let cmd = b.next_command().await;
     assert_eq!(cmd.session_id, s["session_id"]);
@@ -1292,13 +1276,9 @@ async fn without_wait_the_answer_is_202_with_the_running_session() {
 #[tokio::test]
 async fn artifacts_are_bound_by_their_own_size_limit_not_the_json_body_limit() {
     let mut b = Bench::start_with(|cfg| cfg.sessions.max_artifact_bytes = 4 * 1024 * 1024).await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "record_clip", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "record_clip", "wait_ms": 5000}))
+        .await;
     let clip = jpeg_like(3 * 1024 * 1024);
     let huge = jpeg_like(5 * 1024 * 1024);
     let mut meta = artifact_meta("art-clip", &cmd.session_id, &clip);
@@ -1310,10 +1290,11 @@ async fn artifacts_are_bound_by_their_own_size_limit_not_the_json_body_limit() {
     call.await.unwrap();
 
     // 3 MiB: three times `http.body_limit_bytes`, within the artifact limit.
-    let r = b
-        .put_bytes(&b.provider_token, "art-clip", &sha256_hex(&clip), &clip)
-        .await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        b.put_bytes(&b.provider_token, "art-clip", &sha256_hex(&clip), &clip)
+            .await,
+        StatusCode::CREATED,
+    );
     assert_eq!(r.1["size_bytes"], clip.len());
     let r = b
         .put_bytes(&b.provider_token, "art-huge", &sha256_hex(&huge), &huge)
@@ -1362,10 +1343,7 @@ async fn a_running_robot_press_holds_off_preemption_until_it_ends() {
     });
     // Longer than the 1 s grace period: the press window keeps the holder.
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    let (_, lease) = b
-        .api
-        .get(&format!("/api/v1/capability-leases/{old}"), Some(&b.agent))
-        .await;
+    let (_, lease) = b.api.lease(&b.agent, &old).await;
     assert_eq!(
         lease["status"], "active",
         "not preempted mid-press: {lease}"
@@ -1375,16 +1353,11 @@ async fn a_running_robot_press_holds_off_preemption_until_it_ends() {
     // The press ends; now the preemption runs its course.
     b.report(&cmd, "completed", json!({"result_summary": {"presses": 1}}))
         .await;
-    let (status, session) = press.await.unwrap();
-    assert_eq!(status, StatusCode::OK);
+    let (_, session) = status_is(press.await.unwrap(), StatusCode::OK);
     assert_eq!(session["status"], "completed", "{session}");
-    let (s, new) = preempt.await.unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{new}");
+    let (_, new) = status_is(preempt.await.unwrap(), StatusCode::CREATED);
     assert_eq!(new["status"], "granted");
-    let (_, lease) = b
-        .api
-        .get(&format!("/api/v1/capability-leases/{old}"), Some(&b.agent))
-        .await;
+    let (_, lease) = b.api.lease(&b.agent, &old).await;
     assert_eq!(lease["status"], "revoked", "{lease}");
     assert_eq!(b.events_of("lease_preempt_requested").await.len(), 1);
     b.reg.shutdown().await;
@@ -1459,23 +1432,24 @@ async fn an_action_of_the_wrong_json_type_is_422_naming_the_field_and_starts_not
 #[tokio::test]
 async fn a_session_cut_by_its_lease_ending_names_the_reason_once() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let clip = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "record_clip", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
-    );
-    let cmd = b.next_command().await;
-    b.report(&cmd, "running", json!({})).await;
-    let (s, body) = b
-        .api
-        .post(
-            &format!("/api/v1/capability-leases/{lease}/release"),
-            Some(&b.agent),
-            &json!({"reason": "operator done"}),
+    let (lease, cmd, clip) = b
+        .act(
+            "cam-1",
+            json!({"action": "record_clip", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    b.report(&cmd, "running", json!({})).await;
+    let _ = status_is(
+        b.api
+            .lease_post(
+                &b.agent,
+                &lease,
+                "release",
+                &json!({"reason": "operator done"}),
+            )
+            .await,
+        StatusCode::OK,
+    );
 
     // The bench is told to cancel, and answers as the edge daemon does:
     // "cancelled: " and the reason it was given.
@@ -1495,8 +1469,7 @@ async fn a_session_cut_by_its_lease_ending_names_the_reason_once() {
         json!({"error_message": format!("cancelled: {reason}")}),
     )
     .await;
-    let (status, ended) = clip.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{ended}");
+    let (_, ended) = status_is(clip.await.unwrap(), StatusCode::OK);
     assert_eq!(ended["status"], "failed");
     let expected = "lease released by its holder (operator done) before the action ended \
                     (provider: cancelled)";
@@ -1504,23 +1477,19 @@ async fn a_session_cut_by_its_lease_ending_names_the_reason_once() {
     assert_eq!(b.session(&cmd.session_id).await["error_message"], expected);
 
     // A provider message of its own is kept after the reason.
-    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
-    let log = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "capture_log", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
-    );
-    let cmd = b.next_command().await;
-    b.report(&cmd, "running", json!({})).await;
-    let (s, body) = b
-        .api
-        .post(
-            &format!("/api/v1/capability-leases/{lease}/release"),
-            Some(&b.agent),
-            &json!({}),
+    let (lease, cmd, log) = b
+        .act(
+            "console-1",
+            json!({"action": "capture_log", "params": {"duration_ms": 60000}, "wait_ms": 20000}),
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    b.report(&cmd, "running", json!({})).await;
+    let _ = status_is(
+        b.api
+            .lease_post(&b.agent, &lease, "release", &json!({}))
+            .await,
+        StatusCode::OK,
+    );
     b.provider
         .next_of(MessageType::ActionCancel, Duration::from_secs(5))
         .await
@@ -1562,8 +1531,7 @@ async fn large_params_reach_the_provider_whole_and_the_session_keeps_a_summary()
         json!({"result_summary": {"bytes_written": 500_000}}),
     )
     .await;
-    let (status, session) = call.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{session}");
+    let (_, session) = status_is(call.await.unwrap(), StatusCode::OK);
     assert_eq!(session["status"], "completed");
     let summary = json!({
         "truncated": true,
@@ -1589,11 +1557,12 @@ async fn large_params_reach_the_provider_whole_and_the_session_keeps_a_summary()
     let many: serde_json::Map<String, Value> = (0..20_000)
         .map(|i| (format!("k{i:05}"), json!(i)))
         .collect();
-    let (status, running) = b
-        .invoke(&b.agent, &lease, json!({"action": "write", "params": many}))
-        .await
-        .unwrap();
-    assert_eq!(status, StatusCode::ACCEPTED);
+    let (_, running) = status_is(
+        b.invoke(&b.agent, &lease, json!({"action": "write", "params": many}))
+            .await
+            .unwrap(),
+        StatusCode::ACCEPTED,
+    );
     let cmd = b.next_command().await;
     assert_eq!(cmd.params.len(), 20_000, "the command carries every key");
     let summary = &running["input_summary"];
@@ -1645,26 +1614,25 @@ async fn bytes_no_artifact_binds_are_deleted_after_the_grace_time_and_bound_byte
         assert_eq!(r.1["metadata_received"], false, "{id}: {}", r.1);
         assert!(b.blob_file(bytes).is_file(), "{id} stored");
     }
-    b.report(
+    b.complete(
         &cmd,
-        "completed",
+        call,
         json!({"artifacts": [
             artifact_meta("art-early", &cmd.session_id, &early),
             artifact_meta("art-bound", &cmd.session_id, &bound),
         ]}),
     )
     .await;
-    assert_eq!(call.await.unwrap().1["status"], "completed");
     // `art-early` was bound by its metadata; `art-bound`'s bytes come
     // after it, and share the blob `art-copy` stored.
-    let r = b.put("art-bound", &bound).await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(b.put("art-bound", &bound).await, StatusCode::CREATED);
     assert_eq!(r.1["uploaded"], true, "{}", r.1);
-    let (s, meta) = b
-        .api
-        .get("/api/v1/artifacts/art-early", Some(&b.agent))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{meta}");
+    let (_, meta) = status_is(
+        b.api
+            .get("/api/v1/artifacts/art-early", Some(&b.agent))
+            .await,
+        StatusCode::OK,
+    );
     assert_eq!(meta["uploaded"], true, "{meta}");
 
     // Past the grace time the watchdog deletes what nothing binds.
@@ -1697,8 +1665,7 @@ async fn bytes_no_artifact_binds_are_deleted_after_the_grace_time_and_bound_byte
     let r = b.put("art-stray", &stray).await;
     assert_eq!(r.0, StatusCode::OK, "held again: {}", r.1);
     // Bound artifacts answer as before.
-    let r = b.put("art-early", &early).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let r = status_is(b.put("art-early", &early).await, StatusCode::OK);
     assert_eq!(r.1["uploaded"], true, "{}", r.1);
     b.reg.shutdown().await;
 }
@@ -1711,8 +1678,7 @@ async fn a_provider_holding_too_many_unbound_bytes_is_refused_until_metadata_bin
     let second = jpeg_like(30_001);
     let big = jpeg_like(60_000);
 
-    let r = b.put("art-1", &first).await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let _ = status_is(b.put("art-1", &first).await, StatusCode::CREATED);
     let r = b.put("art-2", &second).await;
     assert_error(&r, StatusCode::CONFLICT, "unbound_upload_limit");
     let details = &r.1["error"]["details"];
@@ -1725,30 +1691,25 @@ async fn a_provider_holding_too_many_unbound_bytes_is_refused_until_metadata_bin
 
     // Bytes the provider already stored add nothing: a repeat, and the
     // same bytes under another id, pass.
-    let r = b.put("art-1", &first).await;
-    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
-    let r = b.put("art-1-copy", &first).await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let _ = status_is(b.put("art-1", &first).await, StatusCode::OK);
+    let _ = status_is(b.put("art-1-copy", &first).await, StatusCode::CREATED);
 
     // The metadata binds `art-1`; an artifact whose metadata is known is
     // never limited, whatever its size.
-    b.report(
+    b.complete(
         &cmd,
-        "completed",
+        call,
         json!({"artifacts": [
             artifact_meta("art-1", &cmd.session_id, &first),
             artifact_meta("art-big", &cmd.session_id, &big),
         ]}),
     )
     .await;
-    assert_eq!(call.await.unwrap().1["status"], "completed");
-    let r = b.put("art-big", &big).await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(b.put("art-big", &big).await, StatusCode::CREATED);
     assert_eq!(r.1["uploaded"], true, "{}", r.1);
 
     // `art-1`'s bytes are evidence now and no longer count.
-    let r = b.put("art-2", &second).await;
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(b.put("art-2", &second).await, StatusCode::CREATED);
     assert_eq!(r.1["metadata_received"], false, "{}", r.1);
     b.reg.shutdown().await;
 }
@@ -1917,8 +1878,7 @@ async fn a_command_too_large_for_mqtt_is_refused_with_413_and_starts_nothing() {
     );
     let cmd = b.next_command().await;
     b.report(&cmd, "completed", json!({})).await;
-    let (status, session) = call.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{session}");
+    let (_, session) = status_is(call.await.unwrap(), StatusCode::OK);
     assert_eq!(session["status"], "completed");
     b.reg.shutdown().await;
 }
@@ -1926,18 +1886,16 @@ async fn a_command_too_large_for_mqtt_is_refused_with_413_and_starts_nothing() {
 #[tokio::test]
 async fn a_providers_long_error_message_is_cut_in_the_session() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "console-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "write", "params": {"data": "x"}, "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act(
+            "console-1",
+            json!({"action": "write", "params": {"data": "x"}, "wait_ms": 5000}),
+        )
+        .await;
     let long = format!("unknown parameter `{}`", "é".repeat(5000));
     b.report(&cmd, "failed", json!({ "error_message": long }))
         .await;
-    let (status, session) = call.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{session}");
+    let (_, session) = status_is(call.await.unwrap(), StatusCode::OK);
     assert_eq!(session["status"], "failed");
     let expected = format!(
         "{}… ({} more characters)",
@@ -1958,20 +1916,10 @@ async fn a_providers_long_error_message_is_cut_in_the_session() {
 #[tokio::test]
 async fn every_action_invoke_carries_its_lease_fence() {
     let mut b = Bench::start().await;
-    let first = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &first,
-        json!({"action": "snapshot", "timeout_ms": 4000}),
-    );
-    let cmd = b.next_command().await;
-    let (_, lease) = b
-        .api
-        .get(
-            &format!("/api/v1/capability-leases/{first}"),
-            Some(&b.admin),
-        )
+    let (first, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "timeout_ms": 4000}))
         .await;
+    let (_, lease) = b.api.lease(&b.admin, &first).await;
     let generation = lease["generation"]
         .as_u64()
         .expect("a granted lease has a generation");
@@ -2007,9 +1955,7 @@ async fn every_action_invoke_carries_its_lease_fence() {
 #[tokio::test]
 async fn a_report_of_an_action_started_after_its_lease_ended_is_kept_but_never_applied() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(&b.agent, &lease, json!({"action": "snapshot"}));
-    let cmd = b.next_command().await;
+    let (lease, cmd, call) = b.act("cam-1", json!({"action": "snapshot"})).await;
     assert_eq!(call.await.unwrap().0, StatusCode::ACCEPTED);
     b.release(&b.agent, &lease).await;
     // A bench without a fence ran it anyway, a second after the release.
@@ -2052,21 +1998,16 @@ async fn a_report_of_an_action_started_after_its_lease_ended_is_kept_but_never_a
 #[tokio::test]
 async fn a_report_of_an_action_started_inside_its_fence_completes_the_session() {
     let mut b = Bench::start().await;
-    let lease = b.lease(&b.agent, AGENT, "cam-1", 60).await;
-    let call = b.invoke(
-        &b.agent,
-        &lease,
-        json!({"action": "snapshot", "wait_ms": 5000}),
-    );
-    let cmd = b.next_command().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
     b.report(
         &cmd,
         "completed",
         json!({"started_at": chrono::Utc::now(), "result_summary": {"width": 640}}),
     )
     .await;
-    let (s, session) = call.await.unwrap();
-    assert_eq!(s, StatusCode::OK, "{session}");
+    let (_, session) = status_is(call.await.unwrap(), StatusCode::OK);
     assert_eq!(session["status"], "completed");
     assert!(session.get("late_report").is_none(), "{session}");
     assert!(b.events_of("session_late_report").await.is_empty());
@@ -2118,14 +2059,15 @@ impl Bench {
     }
 
     async fn upload_status(&self, artifact_id: &str, sum: &str) -> Value {
-        let (s, v) = self
-            .api
-            .get(
-                &format!("/api/v1/artifacts/{artifact_id}/content/upload-status?sha256={sum}"),
-                Some(&self.provider_token),
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK, "{v}");
+        let (_, v) = status_is(
+            self.api
+                .get(
+                    &format!("/api/v1/artifacts/{artifact_id}/content/upload-status?sha256={sum}"),
+                    Some(&self.provider_token),
+                )
+                .await,
+            StatusCode::OK,
+        );
         v
     }
 }
@@ -2140,11 +2082,12 @@ async fn a_resumable_upload_continues_after_a_dropped_connection_and_is_verified
     assert_eq!(b.upload_status("art-big", &sum).await["received_bytes"], 0);
 
     // A first piece arrives whole: 202 and what is held.
-    let r = b
-        .put_range("art-big", &sum, 0, total, &bytes[..1_000_000], None)
-        .await
-        .expect("sent");
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = status_is(
+        b.put_range("art-big", &sum, 0, total, &bytes[..1_000_000], None)
+            .await
+            .expect("sent"),
+        StatusCode::ACCEPTED,
+    );
     assert_eq!(r.1["received_bytes"], 1_000_000);
     assert_eq!(r.1["complete"], false);
 
@@ -2174,31 +2117,32 @@ async fn a_resumable_upload_continues_after_a_dropped_connection_and_is_verified
     assert_error(&r, StatusCode::CONFLICT, "upload_offset_mismatch");
     assert_eq!(r.1["error"]["details"]["received_bytes"], held);
     let h = held as usize;
-    let r = b
-        .put_range("art-big", &sum, held, total, &bytes[h..h + 10], None)
-        .await
-        .expect("sent");
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let r = status_is(
+        b.put_range("art-big", &sum, held, total, &bytes[h..h + 10], None)
+            .await
+            .expect("sent"),
+        StatusCode::ACCEPTED,
+    );
     assert_eq!(r.1["received_bytes"], held + 10);
 
     // The rest completes it: stored, verified against the sha256.
-    let r = b
-        .put_range("art-big", &sum, held + 10, total, &bytes[h + 10..], None)
-        .await
-        .expect("sent");
-    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    let r = status_is(
+        b.put_range("art-big", &sum, held + 10, total, &bytes[h + 10..], None)
+            .await
+            .expect("sent"),
+        StatusCode::CREATED,
+    );
     assert_eq!(r.1["checksum"], sum);
     let status = b.upload_status("art-big", &sum).await;
     assert_eq!(status["complete"], true);
     assert_eq!(status["received_bytes"], total);
 
-    b.report(
+    b.complete(
         &cmd,
-        "completed",
+        call,
         json!({"artifacts": [artifact_meta("art-big", &cmd.session_id, &bytes)]}),
     )
     .await;
-    assert_eq!(call.await.unwrap().1["status"], "completed");
     let status = b.upload_status("art-big", &sum).await;
     assert_eq!(status["metadata_received"], true);
     let got = b
@@ -2222,11 +2166,12 @@ async fn a_resumable_upload_whose_bytes_hash_to_another_sha256_is_refused_and_st
     let bytes = jpeg_like(200_000);
     let wrong = sha256_hex(b"other bytes");
     let total = bytes.len() as u64;
-    let r = b
-        .put_range("art-x", &wrong, 0, total, &bytes[..100_000], None)
-        .await
-        .expect("sent");
-    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let _ = status_is(
+        b.put_range("art-x", &wrong, 0, total, &bytes[..100_000], None)
+            .await
+            .expect("sent"),
+        StatusCode::ACCEPTED,
+    );
     let r = b
         .put_range("art-x", &wrong, 100_000, total, &bytes[100_000..], None)
         .await

@@ -13,25 +13,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use benchlink_testkit::{free_port, mosquitto, sha256_hex};
 use edge_agent::config::EdgeConfig;
 use edge_agent::daemon::Daemon;
 use edge_agent::link::envelope;
 use edge_agent::outbox::{Outbox, UploadState};
 use serde_json::json;
-use sha2::{Digest, Sha256};
+
 use shared_protocol::mqtt::MessageType;
-
-mod broker_support;
-use broker_support::broker_available;
-
-/// A port nothing listens on (bound, then released).
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Artifact ids the fake content endpoint stored, with the sha256 of the
 /// bytes it received.
@@ -88,7 +77,7 @@ fn serve(mut stream: TcpStream, stored: &Stored) {
         .and_then(|p| p.strip_suffix("/content"))
         .unwrap_or("")
         .to_string();
-    let sum = hex::encode(Sha256::digest(&body));
+    let sum = sha256_hex(&body);
     let first = {
         let mut stored = stored.lock().unwrap();
         let first = !stored.iter().any(|(i, _)| *i == id);
@@ -159,7 +148,7 @@ async fn an_uploaded_file_stays_until_the_update_with_its_metadata_is_acknowledg
 
     // The registry's HTTP side answers; the broker is unreachable, so the
     // session update carrying the artifact's metadata stays queued.
-    let config = write_config(dir.path(), &provider_id, closed_port(), http_port);
+    let config = write_config(dir.path(), &provider_id, free_port(), http_port);
     let daemon = Daemon::start(EdgeConfig::load(&config).unwrap())
         .await
         .expect("daemon starts without a broker");
@@ -231,7 +220,7 @@ async fn an_uploaded_file_stays_until_the_update_with_its_metadata_is_acknowledg
 
     // Restart with the same state against the broker: the queued update
     // is acknowledged and the file goes.
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let config = write_config(dir.path(), &provider_id, 1883, http_port);

@@ -3,25 +3,17 @@
 //! commands, cancellation, non-interruptible actions, deadlines, lease
 //! revocation; and the systemd notify protocol of the real binary.
 
-use std::net::TcpListener;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use benchlink_testkit::free_port;
 use edge_agent::config::EdgeConfig;
 use edge_agent::daemon::Daemon;
 use edge_agent::link::envelope;
 use serde_json::{json, Value};
 use shared_protocol::mqtt::{Envelope, MessageType};
-
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A camera and a thumb robot, simulated; a broker that is not there.
 fn bench_config(dir: &Path) -> std::path::PathBuf {
@@ -56,7 +48,7 @@ press_z_mm = 2.0
 speedup = 20.0
 "#,
         state = dir.join("state").display(),
-        port = closed_port(),
+        port = free_port(),
     );
     let path = dir.join("edge.toml");
     std::fs::write(&path, text).unwrap();

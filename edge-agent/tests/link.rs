@@ -5,12 +5,11 @@
 //! Without a reachable Mosquitto these tests are skipped with a printed
 //! reason, except under `CI=true`, where they fail.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use benchlink_testkit::{free_port, mosquitto};
 use edge_agent::config::EdgeConfig;
 use edge_agent::daemon::Daemon;
 use edge_agent::link::envelope;
@@ -18,9 +17,6 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::{json, Value};
 use shared_protocol::mqtt::{Envelope, MessageType};
 use tokio::sync::mpsc;
-
-mod broker_support;
-use broker_support::broker_available;
 
 /// A bench under its own topic prefix and provider id.
 struct Bench {
@@ -37,6 +33,21 @@ impl Bench {
             prefix: format!("benchlink-test/{id}"),
             provider_id: format!("prov-{}", &id[..12]),
         }
+    }
+
+    /// A new bench when Mosquitto is there; `None` (the test returns)
+    /// by the kit's rule otherwise ([`mosquitto`]).
+    fn on_mosquitto() -> Option<Self> {
+        mosquitto().then(Bench::new)
+    }
+
+    /// An observer named `name-<provider>` of every topic of this bench.
+    async fn observe_all(&self, name: &str) -> Observer {
+        Observer::connect(
+            &format!("{name}-{}", self.provider_id),
+            &format!("{}/providers/{}/#", self.prefix, self.provider_id),
+        )
+        .await
     }
 
     fn topic(&self, kind: &str) -> String {
@@ -78,7 +89,7 @@ mqtt_keep_alive_seconds = 5
             state = self.dir.path().join("state").display(),
             provider = self.provider_id,
             prefix = self.prefix,
-            http_port = closed_port(),
+            http_port = free_port(),
             heartbeat = heartbeat_s
                 .map(|s| format!("heartbeat_interval_seconds = {s}"))
                 .unwrap_or_default(),
@@ -111,15 +122,6 @@ safe_z_mm = 10.0
 press_z_mm = 2.0
 "#;
 
-/// A port nothing listens on (bound, then released).
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The real binary, killed on drop; stderr goes to a log file shown on
 /// failure.
 struct Agent {
@@ -140,13 +142,7 @@ impl Agent {
             .spawn()
             .expect("start edge-agent");
         // Wait for the ready line.
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let rx = benchlink_testkit::stdout_lines(&mut child);
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("no ready line; log:\n{}", read(&log)));
@@ -337,17 +333,42 @@ fn invoke(session_id: &str, capability_id: &str, action: &str) -> Envelope {
 
 const WAIT: Duration = Duration::from_secs(15);
 
+/// SIGTERM: the daemon must exit 0 within 15 s (its log otherwise); then
+/// the bench's retained status is cleared from the broker.
+async fn stop_cleanly(bench: &Bench, mut agent: Agent) {
+    agent.signal(libc::SIGTERM);
+    assert_eq!(
+        agent.wait_exit(Duration::from_secs(15)),
+        Some(0),
+        "log:\n{}",
+        agent.log()
+    );
+    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
+    cleaner.clear_retained(&bench.topic("status")).await;
+}
+
+/// Wait up to 10 s until the bench's outbox holds no queued session
+/// update; the failure names how many are `still` left.
+async fn wait_queue_empty(bench: &Bench, cfg: &EdgeConfig, still: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (outbox, _) =
+            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
+        let left = outbox.stats().unwrap().queued_updates;
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "{left} {still}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats() {
-    if !broker_available() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
-    let mut obs = Observer::connect(
-        &format!("obs-{}", bench.provider_id),
-        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
-    )
-    .await;
+    };
+    let mut obs = bench.observe_all("obs").await;
     let agent = Agent::start(&bench.write_config(1883, true));
 
     let online = obs
@@ -415,15 +436,10 @@ async fn an_observer_sees_retained_online_status_the_registration_and_heartbeats
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interruptible_actions() {
-    if !broker_available() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
-    let mut obs = Observer::connect(
-        &format!("obs-{}", bench.provider_id),
-        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
-    )
-    .await;
+    };
+    let mut obs = bench.observe_all("obs").await;
     // Default period (10 s) until the registry answers.
     let agent = Agent::start(&bench.write_config_with(1883, None, ROBOT));
     obs.expect(WAIT, "register", |s| {
@@ -496,10 +512,9 @@ async fn register_ack_sets_the_heartbeat_period_and_heartbeats_show_non_interrup
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_publishes_the_offline_lwt_when_the_daemon_is_killed() {
-    if !broker_available() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let mut obs = Observer::connect(
         &format!("obs-{}", bench.provider_id),
         &bench.topic("status"),
@@ -532,10 +547,9 @@ async fn the_broker_publishes_the_offline_lwt_when_the_daemon_is_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_publishes_offline_and_exits_cleanly() {
-    if !broker_available() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let mut obs = Observer::connect(
         &format!("obs-{}", bench.provider_id),
         &bench.topic("status"),
@@ -561,15 +575,10 @@ async fn sigterm_publishes_offline_and_exits_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_are_resubscribed_after_a_session_takeover_and_deduplicated() {
-    if !broker_available() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
-    let mut obs = Observer::connect(
-        &format!("obs-{}", bench.provider_id),
-        &format!("{}/providers/{}/#", bench.prefix, bench.provider_id),
-    )
-    .await;
+    };
+    let mut obs = bench.observe_all("obs").await;
     let agent = Agent::start(&bench.write_config(1883, false));
     obs.expect(WAIT, "first register", |s| {
         is(s, &bench.topic("register"), MessageType::Register)
@@ -647,7 +656,7 @@ async fn commands_are_resubscribed_after_a_session_takeover_and_deduplicated() {
 async fn an_unreachable_broker_leaves_the_daemon_running_and_stoppable() {
     // No broker needed: the point is that there is none.
     let bench = Bench::new();
-    let port = closed_port();
+    let port = free_port();
     let mut agent = Agent::start(&bench.write_config(port, true));
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(agent.still_running(), "log:\n{}", agent.log());
@@ -667,7 +676,7 @@ async fn an_unreachable_broker_leaves_the_daemon_running_and_stoppable() {
 async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_sent_after_a_restart()
 {
     let bench = Bench::new();
-    let offline_config = bench.write_config(closed_port(), true);
+    let offline_config = bench.write_config(free_port(), true);
     let cfg = EdgeConfig::load(&offline_config).expect("config");
     let daemon = Daemon::start(cfg)
         .await
@@ -714,7 +723,7 @@ async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_se
 
     // Restart against the real broker with the same state: the queued
     // updates go out.
-    if !broker_available() {
+    if !mosquitto() {
         return;
     }
     let mut obs = Observer::connect(
@@ -758,10 +767,9 @@ async fn without_a_broker_drivers_and_the_outbox_keep_working_and_updates_are_se
 /// each once the broker acknowledged it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten() {
-    if !broker_available() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let config = bench.write_config(1883, true);
     let cfg = EdgeConfig::load(&config).expect("config");
     const BACKLOG: usize = 300;
@@ -787,7 +795,7 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
         &bench.topic("results"),
     )
     .await;
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     let mut seen = Vec::new();
     while seen.len() < BACKLOG {
         let s = obs
@@ -805,29 +813,8 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
     assert_eq!(seen, expected, "every queued update, once, in queue order");
 
     // Acknowledged rows are deleted (off the publisher's path: allow a moment).
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (outbox, _) =
-            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
-        let left = outbox.stats().unwrap().queued_updates;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "{left} acknowledged updates still queued"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    agent.signal(libc::SIGTERM);
-    assert_eq!(
-        agent.wait_exit(Duration::from_secs(15)),
-        Some(0),
-        "log:\n{}",
-        agent.log()
-    );
-    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
-    cleaner.clear_retained(&bench.topic("status")).await;
+    wait_queue_empty(&bench, &cfg, "acknowledged updates still queued").await;
+    stop_cleanly(&bench, agent).await;
 }
 
 /// A session update queued too large to publish (by an older version:
@@ -836,10 +823,9 @@ async fn a_backlog_of_queued_updates_arrives_complete_in_order_and_is_forgotten(
 /// the updates queued after it arrive too and nothing stays queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_later_ones() {
-    if !broker_available() {
+    let Some(bench) = Bench::on_mosquitto() else {
         return;
-    }
-    let bench = Bench::new();
+    };
     let config = bench.write_config(1883, true);
     let cfg = EdgeConfig::load(&config).expect("config");
     let key = "K".repeat(1_000_000);
@@ -871,7 +857,7 @@ async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_la
         &bench.topic("results"),
     )
     .await;
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     let mut seen = Vec::new();
     while seen.len() < 3 {
         let s = obs
@@ -902,24 +888,6 @@ async fn a_queued_update_too_large_to_publish_is_shortened_and_does_not_block_la
     );
     assert!(huge.to_bytes().len() <= edge_agent::update_size::MAX_SESSION_UPDATE_BYTES);
 
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (outbox, _) =
-            edge_agent::outbox::Outbox::open(&cfg.outbox, &bench.provider_id).unwrap();
-        let left = outbox.stats().unwrap().queued_updates;
-        if left == 0 {
-            break;
-        }
-        assert!(Instant::now() < until, "{left} updates still queued");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    agent.signal(libc::SIGTERM);
-    assert_eq!(
-        agent.wait_exit(Duration::from_secs(15)),
-        Some(0),
-        "log:\n{}",
-        agent.log()
-    );
-    let cleaner = Observer::connect(&format!("clean-{}", bench.provider_id), "unused/topic").await;
-    cleaner.clear_retained(&bench.topic("status")).await;
+    wait_queue_empty(&bench, &cfg, "updates still queued").await;
+    stop_cleanly(&bench, agent).await;
 }

@@ -93,22 +93,10 @@ fn jpeg_of(img: &image::RgbImage) -> Vec<u8> {
     out.into_inner()
 }
 
-/// Is a required tool missing? Under CI it must be there: fail loudly.
+/// Is a required tool missing? Under CI it must be there: fail loudly
+/// (the kit's rule).
 fn tool_missing(tool: &str) -> bool {
-    let found = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{tool} is required under CI=true but is not installed"
-        );
-        eprintln!("skipping: {tool} is not installed");
-    }
-    !found
+    !benchlink_testkit::tool_installed(tool)
 }
 
 // ------------------------------------------- a scripted nokhwa capture backend

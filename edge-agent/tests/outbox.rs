@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use benchlink_testkit::Tmpfs;
 use edge_agent::config::{Durability, OutboxConfig};
 use edge_agent::drivers::NewArtifact;
 use edge_agent::outbox::{
@@ -16,6 +17,20 @@ use serde_json::{json, Map};
 use shared_protocol::artifact::ArtifactType;
 
 const MIB: u64 = 1024 * 1024;
+
+/// Queue a final `completed` session update `message_id` for `session_id`
+/// naming `artifact_ids`; its queue sequence number.
+fn queue_final(outbox: &Outbox, message_id: &str, session_id: &str, artifact_ids: &[&str]) -> i64 {
+    outbox
+        .queue_update_with_artifacts(
+            message_id,
+            session_id,
+            b"completed",
+            artifact_ids,
+            UpdateKind::Final,
+        )
+        .unwrap()
+}
 
 fn config(dir: &Path, budget_bytes: u64) -> OutboxConfig {
     OutboxConfig {
@@ -190,15 +205,7 @@ fn the_disk_budget_refuses_new_captures_and_never_drops_pending_evidence() {
 
     // Bytes confirmed but metadata not yet acknowledged: the file is still
     // the evidence and still counts.
-    let seq = outbox
-        .queue_update_with_artifacts(
-            "m-1",
-            "sess-1",
-            b"completed",
-            &[&first.artifact_id],
-            UpdateKind::Final,
-        )
-        .unwrap();
+    let seq = queue_final(&outbox, "m-1", "sess-1", &[&first.artifact_id]);
     outbox.mark_uploaded(&first.artifact_id).unwrap();
     assert!(outbox.file_path(&first.artifact_id).exists());
     assert!(matches!(
@@ -632,15 +639,7 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
 
     // Bytes first, metadata later.
     let a = outbox.ingest("sess-1", artifact(1000, 1)).unwrap();
-    let seq_a = outbox
-        .queue_update_with_artifacts(
-            "m-a",
-            "sess-1",
-            b"completed",
-            &[&a.artifact_id],
-            UpdateKind::Final,
-        )
-        .unwrap();
+    let seq_a = queue_final(&outbox, "m-a", "sess-1", &[&a.artifact_id]);
     outbox.mark_uploaded(&a.artifact_id).unwrap();
     assert!(
         outbox.file_path(&a.artifact_id).exists(),
@@ -682,15 +681,7 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
 
     // Metadata first, bytes later.
     let b = outbox.ingest("sess-2", artifact(1000, 2)).unwrap();
-    let seq_b = outbox
-        .queue_update_with_artifacts(
-            "m-b",
-            "sess-2",
-            b"completed",
-            &[&b.artifact_id],
-            UpdateKind::Final,
-        )
-        .unwrap();
+    let seq_b = queue_final(&outbox, "m-b", "sess-2", &[&b.artifact_id]);
     outbox.remove_updates(&[seq_b]).unwrap();
     assert!(
         outbox.file_path(&b.artifact_id).exists(),
@@ -701,15 +692,7 @@ fn a_file_is_kept_until_both_its_bytes_and_its_metadata_are_acknowledged() {
 
     // An update dropped without acknowledgment does not free the file.
     let c = outbox.ingest("sess-3", artifact(1000, 3)).unwrap();
-    let seq_c = outbox
-        .queue_update_with_artifacts(
-            "m-c",
-            "sess-3",
-            b"completed",
-            &[&c.artifact_id],
-            UpdateKind::Final,
-        )
-        .unwrap();
+    let seq_c = queue_final(&outbox, "m-c", "sess-3", &[&c.artifact_id]);
     outbox.drop_update(seq_c).unwrap();
     outbox.mark_uploaded(&c.artifact_id).unwrap();
     assert!(outbox.file_path(&c.artifact_id).exists());
@@ -773,15 +756,7 @@ fn bytes_held_unbound_are_confirmed_by_another_upload_after_the_metadata() {
     let cfg = config(tmp.path(), 64 * MIB);
     let (outbox, _) = Outbox::open(&cfg, "p").unwrap();
     let a = outbox.ingest("sess-1", artifact(1000, 1)).unwrap();
-    let seq = outbox
-        .queue_update_with_artifacts(
-            "m-a",
-            "sess-1",
-            b"completed",
-            &[&a.artifact_id],
-            UpdateKind::Final,
-        )
-        .unwrap();
+    let seq = queue_final(&outbox, "m-a", "sess-1", &[&a.artifact_id]);
     outbox
         .mark_uploaded_unbound(&a.artifact_id, Duration::ZERO)
         .unwrap();
@@ -820,43 +795,12 @@ fn bytes_held_unbound_are_confirmed_by_another_upload_after_the_metadata() {
     assert_eq!(outbox.stats().unwrap().pending_artifacts, 0);
 }
 
-/// A tmpfs of `size` on a temporary directory, unmounted on drop; `None`
-/// (said loudly) without root, a panic under `CI=true`.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Tmpfs(dir)),
-            other => {
-                let why = format!("{other:?}");
-                if std::env::var("CI").as_deref() == Ok("true") {
-                    panic!("cannot mount a tmpfs (needs root) and CI=true: {why}");
-                }
-                eprintln!("NOT RUN: cannot mount a tmpfs (needs root): {why}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 #[test]
 fn on_a_full_disk_bookkeeping_still_fits_new_evidence_is_refused_and_room_brings_it_back() {
-    let Some(fs) = Tmpfs::mount("3m") else {
+    let Some(fs) = Tmpfs::mount_temp("benchlink-outbox-", "3m") else {
         return;
     };
-    let root = fs.0.path();
+    let root = fs.path();
     let (outbox, _) = Outbox::open(&config(root, 64 * MIB), "bench-1").unwrap();
     assert!(outbox.disk_problem().is_none());
     let kept = outbox.ingest("sess-1", artifact(100_000, 1)).unwrap();

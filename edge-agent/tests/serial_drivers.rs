@@ -8,6 +8,7 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use benchlink_testkit::wait_until;
 use edge_agent::devsim::dut_console::{DutConsoleConfig, DutConsoleSim, DutPhase, DutPower};
 use edge_agent::devsim::grbl::{GrblConfig, GrblSim, MoveKind};
 use edge_agent::devsim::korad::{KoradConfig, KoradOutcome, KoradSim};
@@ -48,11 +49,10 @@ fn request(action: CapabilityAction, params: Value) -> ActionRequest {
     }
 }
 
-fn run(
-    d: &mut dyn Driver,
-    action: CapabilityAction,
-    params: Value,
-) -> Result<ActionOutcome, DriverError> {
+/// What a driver answers to one action.
+type Outcome = Result<ActionOutcome, DriverError>;
+
+fn run(d: &mut dyn Driver, action: CapabilityAction, params: Value) -> Outcome {
     d.execute(&request(action, params))
 }
 
@@ -60,18 +60,44 @@ fn ok(d: &mut dyn Driver, action: CapabilityAction, params: Value) -> ActionOutc
     run(d, action, params).unwrap_or_else(|e| panic!("{action}: {e}"))
 }
 
+/// Each `(action, params, field)`: the driver refuses `params` as
+/// invalid ([`DriverError::InvalidParams`]), naming `field`.
+fn assert_refused_invalid(d: &mut dyn Driver, cases: Vec<(CapabilityAction, Value, &str)>) {
+    for (action, params, field) in cases {
+        let shown = params.to_string();
+        assert_eq!(
+            invalid_field(run(d, action, params)),
+            field,
+            "{action} {shown}"
+        );
+    }
+}
+
+/// Each `(action, params, field)`: the driver refuses `params` as over a
+/// limit ([`DriverError::LimitExceeded`]), naming `field`.
+fn assert_refused_limit(d: &mut dyn Driver, cases: Vec<(CapabilityAction, Value, &str)>) {
+    for (action, params, field) in cases {
+        let shown = params.to_string();
+        assert_eq!(
+            limit_field(run(d, action, params)),
+            field,
+            "{action} {shown}"
+        );
+    }
+}
+
 fn port(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn invalid_field(r: Result<ActionOutcome, DriverError>) -> String {
+fn invalid_field(r: Outcome) -> String {
     match r {
         Err(DriverError::InvalidParams { field, .. }) => field,
         other => panic!("expected InvalidParams, got {other:?}"),
     }
 }
 
-fn limit_field(r: Result<ActionOutcome, DriverError>) -> String {
+fn limit_field(r: Outcome) -> String {
     match r {
         Err(DriverError::LimitExceeded { field, .. }) => field,
         other => panic!("expected LimitExceeded, got {other:?}"),
@@ -99,17 +125,6 @@ fn s<'a>(o: &'a ActionOutcome, key: &str) -> &'a str {
         .get(key)
         .and_then(Value::as_str)
         .unwrap_or_else(|| panic!("no string `{key}` in {:?}", o.result_summary))
-}
-
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    cond()
 }
 
 fn dut(power: DutPower, pace: f64) -> DutConsoleSim {
@@ -400,66 +415,30 @@ fn bad_serial_params_are_refused_naming_the_field_and_nothing_is_sent() {
         json!({ "pattern": "login: ", "timeout_ms": 3000 }),
     );
     let w = CapabilityAction::Write;
-    assert_eq!(
-        invalid_field(run(d.as_mut(), w, json!({ "text": "root\r", "bogus": 1 }))),
-        "bogus"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), w, json!({ "text": "a", "hex": "00" }))),
-        "text"
-    );
-    assert_eq!(invalid_field(run(d.as_mut(), w, json!({}))), "text");
-    assert_eq!(
-        invalid_field(run(d.as_mut(), w, json!({ "hex": "zz" }))),
-        "hex"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            w,
-            json!({ "text": "x", "line_ending": "lfcr" })
-        )),
-        "line_ending"
-    );
     let e = CapabilityAction::ExpectPattern;
-    assert_eq!(
-        invalid_field(run(d.as_mut(), e, json!({ "timeout_ms": 10 }))),
-        "pattern"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), e, json!({ "pattern": "(unclosed" }))),
-        "pattern"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            e,
-            json!({ "pattern": "x", "timeout_ms": 0 })
-        )),
-        "timeout_ms"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            e,
-            json!({ "pattern": "x", "since": "yesterday" })
-        )),
-        "since"
-    );
     let r = CapabilityAction::Read;
-    assert_eq!(
-        invalid_field(run(d.as_mut(), r, json!({ "max_bytes": 0 }))),
-        "max_bytes"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), r, json!({ "max_bytes": "many" }))),
-        "max_bytes"
-    );
     let c = CapabilityAction::CaptureLog;
-    assert_eq!(invalid_field(run(d.as_mut(), c, json!({}))), "duration_ms");
-    assert_eq!(
-        invalid_field(run(d.as_mut(), c, json!({ "duration_ms": 700000 }))),
-        "duration_ms"
+    assert_refused_invalid(
+        d.as_mut(),
+        vec![
+            (w, json!({ "text": "root\r", "bogus": 1 }), "bogus"),
+            (w, json!({ "text": "a", "hex": "00" }), "text"),
+            (w, json!({}), "text"),
+            (w, json!({ "hex": "zz" }), "hex"),
+            (
+                w,
+                json!({ "text": "x", "line_ending": "lfcr" }),
+                "line_ending",
+            ),
+            (e, json!({ "timeout_ms": 10 }), "pattern"),
+            (e, json!({ "pattern": "(unclosed" }), "pattern"),
+            (e, json!({ "pattern": "x", "timeout_ms": 0 }), "timeout_ms"),
+            (e, json!({ "pattern": "x", "since": "yesterday" }), "since"),
+            (r, json!({ "max_bytes": 0 }), "max_bytes"),
+            (r, json!({ "max_bytes": "many" }), "max_bytes"),
+            (c, json!({}), "duration_ms"),
+            (c, json!({ "duration_ms": 700000 }), "duration_ms"),
+        ],
     );
     // None of that reached the board: it never logged in.
     std::thread::sleep(Duration::from_millis(100));
@@ -777,35 +756,18 @@ fn bad_relay_params_are_refused_before_any_byte_is_sent() {
         json!({ "port": port(board.path()), "channels": 4 }),
     );
     let p = CapabilityAction::Pulse;
-    assert_eq!(
-        invalid_field(run(d.as_mut(), p, json!({ "duration_ms": 5 }))),
-        "duration_ms"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), p, json!({ "duration_ms": 60001 }))),
-        "duration_ms"
-    );
-    assert_eq!(invalid_field(run(d.as_mut(), p, json!({}))), "duration_ms");
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            p,
-            json!({ "duration_ms": 100, "level": "half" })
-        )),
-        "level"
-    );
     let on = CapabilityAction::SwitchOn;
-    assert_eq!(
-        invalid_field(run(d.as_mut(), on, json!({ "channel": 5 }))),
-        "channel"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), on, json!({ "channel": 0 }))),
-        "channel"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), on, json!({ "channel": 1, "pin": 2 }))),
-        "pin"
+    assert_refused_invalid(
+        d.as_mut(),
+        vec![
+            (p, json!({ "duration_ms": 5 }), "duration_ms"),
+            (p, json!({ "duration_ms": 60001 }), "duration_ms"),
+            (p, json!({}), "duration_ms"),
+            (p, json!({ "duration_ms": 100, "level": "half" }), "level"),
+            (on, json!({ "channel": 5 }), "channel"),
+            (on, json!({ "channel": 0 }), "channel"),
+            (on, json!({ "channel": 1, "pin": 2 }), "pin"),
+        ],
     );
     // A pulse that cannot finish before the action deadline never starts.
     let mut short = request(p, json!({ "duration_ms": 5000 }));
@@ -1016,29 +978,25 @@ fn korad_settings_read_the_output_back_as_sensor_dump_evidence() {
 fn a_setpoint_above_the_safety_limit_is_refused_before_any_byte_is_sent() {
     let psu = KoradSim::start(KoradConfig::default(), None).unwrap();
     let mut d = korad_driver(psu.path());
-    assert_eq!(
-        limit_field(run(
-            d.as_mut(),
-            CapabilityAction::SetVoltage,
-            json!({ "voltage_v": 12.5 })
-        )),
-        "voltage_v"
-    );
-    assert_eq!(
-        limit_field(run(
-            d.as_mut(),
-            CapabilityAction::SetCurrentLimit,
-            json!({ "current_limit_a": 2.01 })
-        )),
-        "current_limit_a"
-    );
-    assert_eq!(
-        limit_field(run(
-            d.as_mut(),
-            CapabilityAction::PowerOn,
-            json!({ "voltage_v": 5.0, "current_limit_a": 3.0 })
-        )),
-        "current_limit_a"
+    assert_refused_limit(
+        d.as_mut(),
+        vec![
+            (
+                CapabilityAction::SetVoltage,
+                json!({ "voltage_v": 12.5 }),
+                "voltage_v",
+            ),
+            (
+                CapabilityAction::SetCurrentLimit,
+                json!({ "current_limit_a": 2.01 }),
+                "current_limit_a",
+            ),
+            (
+                CapabilityAction::PowerOn,
+                json!({ "voltage_v": 5.0, "current_limit_a": 3.0 }),
+                "current_limit_a",
+            ),
+        ],
     );
     std::thread::sleep(Duration::from_millis(100));
     assert!(
@@ -1053,34 +1011,16 @@ fn bad_psu_params_are_refused_naming_the_field() {
     let psu = KoradSim::start(KoradConfig::default(), None).unwrap();
     let mut d = korad_driver(psu.path());
     let sv = CapabilityAction::SetVoltage;
-    assert_eq!(invalid_field(run(d.as_mut(), sv, json!({}))), "voltage_v");
-    assert_eq!(
-        invalid_field(run(d.as_mut(), sv, json!({ "voltage_v": "12" }))),
-        "voltage_v"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), sv, json!({ "voltage_v": -1.0 }))),
-        "voltage_v"
-    );
-    assert_eq!(
-        invalid_field(run(d.as_mut(), sv, json!({ "voltage_v": 5.0, "volts": 5 }))),
-        "volts"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            CapabilityAction::PowerOff,
-            json!({ "now": true })
-        )),
-        "now"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            CapabilityAction::MeasureOutput,
-            json!({ "x": 1 })
-        )),
-        "x"
+    assert_refused_invalid(
+        d.as_mut(),
+        vec![
+            (sv, json!({}), "voltage_v"),
+            (sv, json!({ "voltage_v": "12" }), "voltage_v"),
+            (sv, json!({ "voltage_v": -1.0 }), "voltage_v"),
+            (sv, json!({ "voltage_v": 5.0, "volts": 5 }), "volts"),
+            (CapabilityAction::PowerOff, json!({ "now": true }), "now"),
+            (CapabilityAction::MeasureOutput, json!({ "x": 1 }), "x"),
+        ],
     );
     std::thread::sleep(Duration::from_millis(100));
     assert!(psu.handle().snapshot().history.is_empty());
@@ -1543,74 +1483,49 @@ fn type_keys_presses_each_key_and_stops_between_keys_when_cancelled() {
 fn coordinates_outside_the_bounds_are_refused_before_anything_is_sent() {
     let sim = grbl(GrblConfig::default());
     let mut d = robot(sim.path());
-    assert_eq!(
-        limit_field(run(
-            d.as_mut(),
-            CapabilityAction::Tap,
-            json!({ "x_mm": 95.0, "y_mm": 10.0 })
-        )),
-        "x_mm"
-    );
-    assert_eq!(
-        limit_field(run(
-            d.as_mut(),
-            CapabilityAction::Tap,
-            json!({ "x_mm": 5.0, "y_mm": -1.0 })
-        )),
-        "y_mm"
-    );
-    assert_eq!(
-        limit_field(run(
-            d.as_mut(),
-            CapabilityAction::Drag,
-            json!({ "x_mm": 5.0, "y_mm": 5.0, "to_x_mm": 5.0, "to_y_mm": 151.0 })
-        )),
-        "to_y_mm"
+    assert_refused_limit(
+        d.as_mut(),
+        vec![
+            (
+                CapabilityAction::Tap,
+                json!({ "x_mm": 95.0, "y_mm": 10.0 }),
+                "x_mm",
+            ),
+            (
+                CapabilityAction::Tap,
+                json!({ "x_mm": 5.0, "y_mm": -1.0 }),
+                "y_mm",
+            ),
+            (
+                CapabilityAction::Drag,
+                json!({ "x_mm": 5.0, "y_mm": 5.0, "to_x_mm": 5.0, "to_y_mm": 151.0 }),
+                "to_y_mm",
+            ),
+        ],
     );
     let t = CapabilityAction::Tap;
-    assert_eq!(
-        invalid_field(run(d.as_mut(), t, json!({ "x_mm": 5.0 }))),
-        "y_mm"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            t,
-            json!({ "x_mm": 5.0, "y_mm": 5.0, "z_mm": 1.0 })
-        )),
-        "z_mm"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            t,
-            json!({ "x_mm": 5.0, "y_mm": 5.0, "hold_ms": 9000 })
-        )),
-        "hold_ms"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            CapabilityAction::TypeKeys,
-            json!({ "keys": ["a", "q"] })
-        )),
-        "keys[1]"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            CapabilityAction::TypeKeys,
-            json!({ "text": "abz" })
-        )),
-        "text"
-    );
-    assert_eq!(
-        invalid_field(run(
-            d.as_mut(),
-            CapabilityAction::DoubleTap,
-            json!({ "x_mm": 5.0, "y_mm": 5.0, "interval_ms": 2500 })
-        )),
-        "interval_ms"
+    assert_refused_invalid(
+        d.as_mut(),
+        vec![
+            (t, json!({ "x_mm": 5.0 }), "y_mm"),
+            (t, json!({ "x_mm": 5.0, "y_mm": 5.0, "z_mm": 1.0 }), "z_mm"),
+            (
+                t,
+                json!({ "x_mm": 5.0, "y_mm": 5.0, "hold_ms": 9000 }),
+                "hold_ms",
+            ),
+            (
+                CapabilityAction::TypeKeys,
+                json!({ "keys": ["a", "q"] }),
+                "keys[1]",
+            ),
+            (CapabilityAction::TypeKeys, json!({ "text": "abz" }), "text"),
+            (
+                CapabilityAction::DoubleTap,
+                json!({ "x_mm": 5.0, "y_mm": 5.0, "interval_ms": 2500 }),
+                "interval_ms",
+            ),
+        ],
     );
     std::thread::sleep(Duration::from_millis(50));
     assert!(

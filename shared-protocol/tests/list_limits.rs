@@ -1,6 +1,7 @@
 //! Every list a client sends has a size limit: at the limit the request is
 //! accepted, one entry over it is refused naming the field and the limit.
 
+use benchlink_testkit::{read_json, with_at};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use shared_protocol::audit::{AuditTaskRequest, AuditTaskResult};
@@ -14,11 +15,10 @@ use shared_protocol::validate::limits::*;
 use shared_protocol::{parse_json, Validate};
 
 fn seed(name: &str) -> Value {
-    let path = format!(
+    read_json(format!(
         "{}/tests/seed_examples/{name}.json",
         env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    ))
 }
 
 /// `n` distinct strings.
@@ -29,23 +29,6 @@ fn strings(n: usize) -> Value {
 /// An object of `n` entries.
 fn object(n: usize) -> Value {
     Value::Object((0..n).map(|i| (format!("k{i}"), json!(i))).collect())
-}
-
-/// `base` with the value at `path` (`a.b[0].c`) replaced by `value`.
-fn with(mut base: Value, path: &str, value: Value) -> Value {
-    let mut at = &mut base;
-    for part in path.split('.') {
-        let (key, index) = match part.split_once('[') {
-            Some((k, i)) => (k, Some(i.trim_end_matches(']').parse::<usize>().unwrap())),
-            None => (part, None),
-        };
-        at = &mut at[key];
-        if let Some(i) = index {
-            at = &mut at[i];
-        }
-    }
-    *at = value;
-    base
 }
 
 /// `make(max)` parses; `make(max + 1)` is refused at `field`, with a
@@ -73,19 +56,19 @@ fn limit_holds<T: DeserializeOwned + Validate + std::fmt::Debug>(
 fn provider_labels_and_heartbeat_lists_are_bounded() {
     let provider = seed("001_s4.1_provider_register_request");
     limit_holds::<ProviderRegisterRequest>("labels", MAX_PROVIDER_LABELS, |n| {
-        with(provider.clone(), "labels", strings(n))
+        with_at(provider.clone(), "labels", strings(n))
     });
     let report = |i: usize| json!({"capability_id": format!("c{i}"), "health_status": "healthy"});
     let beat = json!({"provider_id": "bench-1"});
     limit_holds::<HeartbeatRequest>("capabilities", MAX_HEARTBEAT_ENTRIES, |n| {
-        with(beat.clone(), "capabilities", (0..n).map(report).collect())
+        with_at(beat.clone(), "capabilities", (0..n).map(report).collect())
     });
     let running = |i: usize| {
         json!({"session_id": format!("s{i}"), "lease_id": "l", "capability_id": "c",
                "action": "snapshot", "started_at": "2026-01-01T00:00:00Z"})
     };
     limit_holds::<HeartbeatRequest>("running_sessions", MAX_HEARTBEAT_ENTRIES, |n| {
-        with(
+        with_at(
             beat.clone(),
             "running_sessions",
             (0..n).map(running).collect(),
@@ -93,12 +76,12 @@ fn provider_labels_and_heartbeat_lists_are_bounded() {
     });
     let fault = |_| json!({"code": "x", "message": "y", "occurred_at": "2026-01-01T00:00:00Z"});
     limit_holds::<HeartbeatRequest>("faults", MAX_FAULTS, |n| {
-        with(beat.clone(), "faults", (0..n).map(fault).collect())
+        with_at(beat.clone(), "faults", (0..n).map(fault).collect())
     });
     limit_holds::<HeartbeatRequest>("capabilities[0].metrics", MAX_OBJECT_ENTRIES, |n| {
         let mut r = report(0);
         r["metrics"] = object(n);
-        with(beat.clone(), "capabilities", json!([r]))
+        with_at(beat.clone(), "capabilities", json!([r]))
     });
 }
 
@@ -106,7 +89,7 @@ fn provider_labels_and_heartbeat_lists_are_bounded() {
 fn capability_lists_are_bounded_over_http_and_mqtt() {
     let batch = seed("001_s4.2_capability_batch");
     limit_holds::<CapabilityBatchRegisterRequest>("capabilities[0].tags", MAX_TAGS, |n| {
-        with(batch.clone(), "capabilities[0].tags", strings(n))
+        with_at(batch.clone(), "capabilities[0].tags", strings(n))
     });
     limit_holds::<CapabilityBatchRegisterRequest>(
         "capabilities[0].supported_actions",
@@ -114,7 +97,7 @@ fn capability_lists_are_bounded_over_http_and_mqtt() {
         |n| {
             // Repeating an action the type has keeps each entry valid.
             let first = batch["capabilities"][0]["supported_actions"][0].clone();
-            with(
+            with_at(
                 batch.clone(),
                 "capabilities[0].supported_actions",
                 Value::Array(vec![first; n]),
@@ -125,7 +108,7 @@ fn capability_lists_are_bounded_over_http_and_mqtt() {
         "capabilities[0].evidence_modes",
         MAX_EVIDENCE_MODES,
         |n| {
-            with(
+            with_at(
                 batch.clone(),
                 "capabilities[0].evidence_modes",
                 Value::Array(vec![json!("image"); n]),
@@ -137,7 +120,7 @@ fn capability_lists_are_bounded_over_http_and_mqtt() {
             &format!("capabilities[0].{field}"),
             MAX_OBJECT_ENTRIES,
             |n| {
-                with(
+                with_at(
                     batch.clone(),
                     &format!("capabilities[0].{field}"),
                     object(n),
@@ -148,21 +131,21 @@ fn capability_lists_are_bounded_over_http_and_mqtt() {
     let one = batch["capabilities"][0].clone();
     let many = |n: usize| -> Value {
         (0..n)
-            .map(|i| with(one.clone(), "capability_id", json!(format!("cap-{i}"))))
+            .map(|i| with_at(one.clone(), "capability_id", json!(format!("cap-{i}"))))
             .collect()
     };
     limit_holds::<CapabilityBatchRegisterRequest>(
         "capabilities",
         MAX_CAPABILITIES_PER_BATCH,
-        |n| with(batch.clone(), "capabilities", many(n)),
+        |n| with_at(batch.clone(), "capabilities", many(n)),
     );
     let register = json!({"provider": seed("001_s4.1_provider_register_request")});
     limit_holds::<RegisterBody>("capabilities", MAX_CAPABILITIES_PER_BATCH, |n| {
-        with(register.clone(), "capabilities", many(n))
+        with_at(register.clone(), "capabilities", many(n))
     });
     limit_holds::<RegisterBody>("provider.labels", MAX_PROVIDER_LABELS, |n| {
-        with(
-            with(register.clone(), "capabilities", many(1)),
+        with_at(
+            with_at(register.clone(), "capabilities", many(1)),
             "provider.labels",
             strings(n),
         )
@@ -185,19 +168,19 @@ fn selectors_groups_and_requirements_are_bounded() {
     });
     let ids = |n: usize| -> Value { (0..n).map(|i| json!(format!("cap-{i}"))).collect() };
     limit_holds::<LeaseGroupRequest>("capability_ids", MAX_GROUP_MEMBERS, |n| {
-        with(group.clone(), "capability_ids", ids(n))
+        with_at(group.clone(), "capability_ids", ids(n))
     });
     let requirement = seed("001_s13_capability_requirements")[0].clone();
     limit_holds::<LeaseGroupRequest>("requirements", MAX_GROUP_MEMBERS, |n| {
-        with(
+        with_at(
             group.clone(),
             "requirements",
             Value::Array(vec![requirement.clone(); n]),
         )
     });
     limit_holds::<LeaseGroupRequest>("requirements[0].preferred_node_tags", MAX_TAGS, |n| {
-        let r = with(requirement.clone(), "preferred_node_tags", strings(n));
-        with(group.clone(), "requirements", json!([r]))
+        let r = with_at(requirement.clone(), "preferred_node_tags", strings(n));
+        with_at(group.clone(), "requirements", json!([r]))
     });
 }
 
@@ -206,7 +189,7 @@ fn audit_requests_and_results_are_bounded() {
     let request = seed("001_s8.1_audit_task_request");
     let requirement = seed("001_s13_capability_requirements")[0].clone();
     limit_holds::<AuditTaskRequest>("capability_requirements", MAX_GROUP_MEMBERS, |n| {
-        with(
+        with_at(
             request.clone(),
             "capability_requirements",
             Value::Array(vec![requirement.clone(); n]),
@@ -219,11 +202,11 @@ fn audit_requests_and_results_are_bounded() {
         "frame_refs",
     ] {
         limit_holds::<AuditTaskRequest>(field, MAX_AUDIT_LIST_ITEMS, |n| {
-            with(request.clone(), field, strings(n))
+            with_at(request.clone(), field, strings(n))
         });
     }
     limit_holds::<AuditTaskRequest>("metadata_json", MAX_OBJECT_ENTRIES, |n| {
-        with(request.clone(), "metadata_json", object(n))
+        with_at(request.clone(), "metadata_json", object(n))
     });
     let result = json!({
         "protocol_version": "1.0", "audit_request_id": "ar-1", "audit_type": "software",
@@ -241,16 +224,16 @@ fn audit_requests_and_results_are_bounded() {
         "release_blockers",
     ] {
         limit_holds::<AuditTaskResult>(field, MAX_AUDIT_LIST_ITEMS, |n| {
-            with(result.clone(), field, strings(n))
+            with_at(result.clone(), field, strings(n))
         });
     }
     let finding = |i: usize| json!({"finding_id": format!("f{i}"), "severity": "low", "title": "t", "description": "d"});
     limit_holds::<AuditTaskResult>("findings", MAX_AUDIT_LIST_ITEMS, |n| {
-        with(result.clone(), "findings", (0..n).map(finding).collect())
+        with_at(result.clone(), "findings", (0..n).map(finding).collect())
     });
     limit_holds::<AuditTaskResult>("findings[0].evidence_ref_ids", MAX_AUDIT_LIST_ITEMS, |n| {
-        let f = with(finding(0), "evidence_ref_ids", strings(n));
-        with(result.clone(), "findings", json!([f]))
+        let f = with_at(finding(0), "evidence_ref_ids", strings(n));
+        with_at(result.clone(), "findings", json!([f]))
     });
 }
 
@@ -269,15 +252,15 @@ fn session_updates_and_earth_commands_are_bounded_action_params_are_not() {
     let update = json!({"session_id": "s1", "capability_id": "c1", "status": "completed",
                         "occurred_at": "2026-01-01T00:00:00Z"});
     limit_holds::<SessionUpdate>("artifacts", MAX_ARTIFACTS_PER_UPDATE, |n| {
-        with(update.clone(), "artifacts", (0..n).map(artifact).collect())
+        with_at(update.clone(), "artifacts", (0..n).map(artifact).collect())
     });
     limit_holds::<SessionUpdate>("artifacts[0].metadata_json", MAX_OBJECT_ENTRIES, |n| {
-        let a = with(artifact(0), "metadata_json", object(n));
-        with(update.clone(), "artifacts", json!([a]))
+        let a = with_at(artifact(0), "metadata_json", object(n));
+        with_at(update.clone(), "artifacts", json!([a]))
     });
     let earth = seed("000_earth_command_request");
     limit_holds::<EarthCommandRequest>("client_context.visible_layers", MAX_VISIBLE_LAYERS, |n| {
-        with(
+        with_at(
             earth.clone(),
             "client_context.visible_layers",
             Value::Array(vec![json!("satellites"); n]),

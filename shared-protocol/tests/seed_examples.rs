@@ -17,8 +17,7 @@ fn example(name: &str) -> Value {
         "{}/tests/seed_examples/{name}.json",
         env!("CARGO_MANIFEST_DIR")
     );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    benchlink_testkit::read_json(path)
 }
 
 /// Every key and value of `original` is present and equal in `back`

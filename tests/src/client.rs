@@ -11,7 +11,6 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 /// An API client with one bearer token (one principal).
 #[derive(Clone)]
@@ -23,9 +22,16 @@ pub struct Agent {
     http: reqwest::Client,
 }
 
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+pub use benchlink_testkit::sha256_hex;
+
+/// The string `key` of the JSON object `v`.
+///
+/// Errors: `v` has no string `key` (the message shows `v`).
+fn string_at(v: &Value, key: &str) -> Result<String> {
+    v[key]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("no {key} in {v}"))
 }
 
 /// Capability id → lease id of a lease group answer
@@ -164,6 +170,35 @@ impl Agent {
             &body,
         )
         .await
+    }
+
+    /// [`Agent::lease`] at priority 50, without preempting and waiting up
+    /// to 10 s, that must be granted (201); returns the lease id.
+    ///
+    /// Errors: the request failed or was answered otherwise.
+    pub async fn lease_ok(&self, capability_id: &str, purpose: &str) -> Result<String> {
+        let (s, lease) = self.lease(capability_id, 50, purpose, None, 10).await?;
+        if s != StatusCode::CREATED {
+            bail!("lease of {capability_id}: {s}: {lease}");
+        }
+        string_at(&lease, "lease_id")
+    }
+
+    /// Start `body` (an action request) under `lease_id`; it must be
+    /// accepted (202, the caller does not wait). Returns the session id.
+    ///
+    /// Errors: the request failed or was answered otherwise.
+    pub async fn start_action(&self, lease_id: &str, body: &Value) -> Result<String> {
+        let (s, v) = self
+            .post(
+                &format!("/api/v1/capability-leases/{lease_id}/actions"),
+                body,
+            )
+            .await?;
+        if s != StatusCode::ACCEPTED {
+            bail!("action on lease {lease_id}: {s}: {v}");
+        }
+        string_at(&v, "session_id")
     }
 
     /// Renew a lease.

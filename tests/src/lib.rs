@@ -8,7 +8,6 @@ pub mod client;
 pub mod scenario;
 
 use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -35,34 +34,14 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     path
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
-}
+pub use benchlink_testkit::{free_port, reachable, sha256_hex};
 
-/// True when something accepts TCP connections at `addr`.
-pub fn reachable(addr: &str) -> bool {
-    addr.parse()
-        .ok()
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
-        .is_some()
-}
-
-/// Mosquitto at 127.0.0.1:1883 for tests of the external-broker path.
-/// Under `CI=true` a missing broker fails the test; elsewhere the test is
-/// skipped with a printed reason (returns false).
+/// Mosquitto at 127.0.0.1:1883 for tests of the external-broker path:
+/// the kit's rule ([`benchlink_testkit::mosquitto`]), a missing broker
+/// fails under `CI=true` and is skipped with a printed reason elsewhere
+/// (returns false).
 pub fn require_mosquitto() -> bool {
-    if reachable("127.0.0.1:1883") {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("Mosquitto is not reachable at 127.0.0.1:1883 and CI=true: start it (mosquitto -d)");
-    }
-    eprintln!("SKIPPED: Mosquitto is not reachable at 127.0.0.1:1883");
-    false
+    benchlink_testkit::mosquitto()
 }
 
 /// A child process that is killed (SIGKILL) and reaped on drop.
@@ -209,51 +188,26 @@ impl Drop for Paused {
     }
 }
 
-/// Poll `f` every 50 ms until it returns `Some`, for at most `timeout`.
-pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Ok(v);
-        }
-        if Instant::now() >= deadline {
-            return Err(anyhow!("timed out after {timeout:?} waiting for {what}"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+pub use benchlink_testkit::eventually;
+
+/// Poll `f` every 50 ms until it returns `Some`, for at most `timeout`
+/// ([`benchlink_testkit::wait_for`] with an `anyhow` error).
+pub fn wait_for<T>(timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> Result<T> {
+    benchlink_testkit::wait_for(timeout, what, f).map_err(|e| anyhow!(e))
 }
 
-/// Poll the async `check` every 100 ms until it returns `Some`, for at
-/// most `timeout`.
+/// Poll the async `check` until it returns `Some`, for at most `timeout`
+/// ([`benchlink_testkit::poll_until`] with an `anyhow` error).
 ///
 /// Errors: `timeout` passed first; the message names `what`.
-pub async fn poll_until<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<T>
+pub async fn poll_until<T, F, Fut>(timeout: Duration, what: &str, check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if Instant::now() >= deadline {
-            return Err(anyhow!("timed out after {timeout:?} waiting for {what}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// [`poll_until`] for a test: panics (failing the test) with its message
-/// when `timeout` passes first.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    poll_until(timeout, what, check)
+    benchlink_testkit::poll_until(timeout, what, check)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .map_err(|e| anyhow!(e))
 }
 
 /// Read a file to a string, naming it on error.

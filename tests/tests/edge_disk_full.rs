@@ -11,58 +11,14 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT};
 use benchlink_e2e::client::{sha256_hex, Agent};
 use benchlink_e2e::eventually;
+use benchlink_testkit::Tmpfs;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-/// A tmpfs mounted on a temporary directory; unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::Builder::new()
-            .prefix("benchlink-full-disk-")
-            .tempdir()
-            .expect("temp dir");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Tmpfs { dir }),
-            other => {
-                let why = match other {
-                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
-                    Err(e) => e.to_string(),
-                };
-                if std::env::var("CI").as_deref() == Ok("true") {
-                    panic!("cannot mount a tmpfs (needs root) and CI=true: {why}");
-                }
-                eprintln!(
-                    "NOT RUN: cannot mount a tmpfs for the full-disk test (needs root): {why}"
-                );
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
 
 /// Write zeros to `path` until the file system is full; returns the bytes
 /// written.
@@ -112,7 +68,7 @@ async fn wait_uploaded(agent: &Agent, artifact_id: &str) {
 #[tokio::test]
 async fn a_full_edge_disk_fails_the_action_at_once_reports_unhealthy_and_loses_nothing_acknowledged(
 ) {
-    let Some(fs) = Tmpfs::mount("4m") else {
+    let Some(fs) = Tmpfs::mount_temp("benchlink-full-disk-", "4m") else {
         return;
     };
     let state: PathBuf = fs.path().join("state");
@@ -123,12 +79,10 @@ async fn a_full_edge_disk_fails_the_action_at_once_reports_unhealthy_and_loses_n
     .await
     .expect("lab starts");
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
-    let (s, lease) = hw
-        .lease(caps::CAMERA, 50, "evidence on a full disk", None, 10)
+    let lease_id = hw
+        .lease_ok(caps::CAMERA, "evidence on a full disk")
         .await
         .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{lease}");
-    let lease_id = lease["lease_id"].as_str().unwrap().to_string();
 
     // Evidence taken and acknowledged before the disk fills.
     let before = snapshot_artifact(&hw, &lease_id).await;

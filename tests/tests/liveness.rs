@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use benchlink_e2e::bench::{caps, Lab, LabOptions, Mosquitto, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::{follow_events, group_leases, Agent, EventLog};
 use benchlink_e2e::{eventually, Paused};
+use benchlink_testkit::status_is;
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -95,8 +96,8 @@ async fn provider(admin: &Agent, provider_id: &str) -> Value {
 
 /// Register [`HTTP_PROVIDER`] with one camera over HTTP, as a provider.
 async fn register_http_provider(p: &Agent) {
-    let (s, v) = p
-        .post(
+    let _ = status_is(
+        p.post(
             "/api/v1/capability-providers/register",
             &json!({
                 "provider_id": HTTP_PROVIDER,
@@ -110,10 +111,11 @@ async fn register_http_provider(p: &Agent) {
             }),
         )
         .await
-        .unwrap();
-    assert_eq!(s, StatusCode::OK, "{v}");
-    let (s, v) = p
-        .post(
+        .unwrap(),
+        StatusCode::OK,
+    );
+    let _ = status_is(
+        p.post(
             "/api/v1/capabilities/register",
             &json!({
                 "provider_id": HTTP_PROVIDER,
@@ -129,8 +131,9 @@ async fn register_http_provider(p: &Agent) {
             }),
         )
         .await
-        .unwrap();
-    assert_eq!(s, StatusCode::OK, "{v}");
+        .unwrap(),
+        StatusCode::OK,
+    );
 }
 
 /// Heartbeats of [`HTTP_PROVIDER`] over HTTP every interval until `stop`
@@ -170,14 +173,16 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
     };
 
     // A second provider that heartbeats over HTTP only, through the outage.
-    let (s, minted) = admin
-        .post(
-            "/api/v1/auth/tokens",
-            &json!({"role": "provider", "name": HTTP_PROVIDER}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{minted}");
+    let (_, minted) = status_is(
+        admin
+            .post(
+                "/api/v1/auth/tokens",
+                &json!({"role": "provider", "name": HTTP_PROVIDER}),
+            )
+            .await
+            .unwrap(),
+        StatusCode::CREATED,
+    );
     let http_provider = Agent::new(
         &lab.base_url,
         HTTP_PROVIDER,
@@ -200,9 +205,9 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
         .unwrap();
     let leases = group_leases(&group);
     let (camera_lease, console_lease) = (&leases[caps::CAMERA], &leases[caps::CONSOLE]);
-    let (s, v) = hw
-        .post(
-            &format!("/api/v1/capability-leases/{console_lease}/actions"),
+    let session_id = hw
+        .start_action(
+            console_lease,
             &json!({
                 "action": "capture_log",
                 "params": {"duration_ms": 8000},
@@ -212,8 +217,6 @@ async fn a_broker_outage_longer_than_the_offline_timeout_takes_no_provider_offli
         )
         .await
         .unwrap();
-    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-    let session_id = v["session_id"].as_str().unwrap().to_string();
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // The broker goes away for twice the offline timeout.
@@ -317,8 +320,8 @@ async fn start_capture_with_timeout(
         .await
         .unwrap();
     let leases = group_leases(&group);
-    let (s, v) = hw
-        .post(
+    let (_, v) = status_is(
+        hw.post(
             &format!(
                 "/api/v1/capability-leases/{}/actions",
                 leases[caps::CONSOLE]
@@ -331,8 +334,9 @@ async fn start_capture_with_timeout(
             }),
         )
         .await
-        .unwrap();
-    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        .unwrap(),
+        StatusCode::ACCEPTED,
+    );
     (
         leases[caps::CAMERA].to_string(),
         v["session_id"].as_str().unwrap().to_string(),
@@ -715,11 +719,12 @@ async fn after_an_embedded_registry_restart_a_dead_edge_is_offline_at_once() {
         session["status"], "running",
         "not a false failure: {session}"
     );
-    let (s, refused) = hw
-        .act(&camera_lease, "snapshot", json!({}), 0)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    let (_, refused) = status_is(
+        hw.act(&camera_lease, "snapshot", json!({}), 0)
+            .await
+            .unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE,
+    );
     assert_eq!(refused["error"]["code"], "provider_offline", "{refused}");
     let went = events
         .wait_for(

@@ -17,6 +17,7 @@ use benchlink_e2e::bench::{
 use benchlink_e2e::client::{follow_events, group_leases, sha256_hex, Agent, EventLog};
 use benchlink_e2e::scenario::{run_main_job, MainJobReport};
 use benchlink_e2e::{eventually, require_mosquitto};
+use benchlink_testkit::status_is;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -179,12 +180,13 @@ async fn refused_actions_say_why_and_leave_no_session_running() {
     let psu = lease["lease_id"].as_str().unwrap().to_string();
 
     // Not the holder.
-    let (s, body) = a
-        .chief
-        .act(&psu, "measure_output", json!({}), 5000)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    let (_, body) = status_is(
+        a.chief
+            .act(&psu, "measure_output", json!({}), 5000)
+            .await
+            .unwrap(),
+        StatusCode::FORBIDDEN,
+    );
     assert_eq!(body["error"]["code"], "not_lease_holder");
 
     // Parameters the driver rejects: above the bench's 12 V limit.
@@ -269,8 +271,7 @@ async fn after_a_broker_restart_mid_lease_the_lease_renews_and_actions_work() {
         .await
         .unwrap();
 
-    let (s, renewed) = a.hw.renew(&cam).await.unwrap();
-    assert_eq!(s, StatusCode::OK, "{renewed}");
+    let (_, renewed) = status_is(a.hw.renew(&cam).await.unwrap(), StatusCode::OK);
     assert_eq!(renewed["status"], "active");
     let snap = a.hw.act_ok(&cam, "snapshot", json!({})).await.unwrap();
     let uploaded =
@@ -426,8 +427,10 @@ async fn captures_continue_through_a_30_second_broker_outage_and_nothing_is_lost
         (&lease_ids[1], "record_audio", json!({"duration_ms": 8000})),
         (&lease_ids[2], "capture_log", json!({"duration_ms": 8000})),
     ] {
-        let (s, v) = a.hw.act(l, action, params, 0).await.unwrap();
-        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        let (_, v) = status_is(
+            a.hw.act(l, action, params, 0).await.unwrap(),
+            StatusCode::ACCEPTED,
+        );
         sessions.push(v["session_id"].as_str().unwrap().to_string());
     }
     // The broker goes away for 30 s while the captures run (once the

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::{follow_events, Agent};
+use benchlink_testkit::status_is;
 use reqwest::StatusCode;
 use serde_json::{json, Map, Value};
 
@@ -17,11 +18,12 @@ async fn a_write_with_a_megabyte_parameter_name_fails_bounded_and_the_bench_stay
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let admin = Agent::new(&lab.base_url, "bootstrap-admin", &lab.admin_token);
     let (events, follower) = follow_events(&admin, |_| {});
-    let (s, lease) = hw
-        .lease(caps::CONSOLE, 50, "oversized parameter name", None, 10)
-        .await
-        .expect("lease request");
-    assert_eq!(s, StatusCode::CREATED, "{lease}");
+    let (_, lease) = status_is(
+        hw.lease(caps::CONSOLE, 50, "oversized parameter name", None, 10)
+            .await
+            .expect("lease request"),
+        StatusCode::CREATED,
+    );
     let lease_id = lease["lease_id"].as_str().unwrap().to_string();
     hw.act_ok(&lease_id, "open", json!({}))
         .await

@@ -11,6 +11,7 @@ use std::time::Duration;
 use benchlink_e2e::bench::{caps, Lab, LabOptions, CHIEF_AGENT, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::Agent;
 use benchlink_e2e::{eventually, Paused};
+use benchlink_testkit::status_is;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -50,15 +51,16 @@ async fn revocations_queued_while_the_broker_was_down_reach_the_bench_first() {
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let chief = Agent::new(&lab.base_url, CHIEF_AGENT, &lab.chief_token);
 
-    let (s, lease) = hw
-        .lease(caps::CAMERA, 70, "clip across an outage", None, 10)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{lease}");
+    let (_, lease) = status_is(
+        hw.lease(caps::CAMERA, 70, "clip across an outage", None, 10)
+            .await
+            .unwrap(),
+        StatusCode::CREATED,
+    );
     let lease_id = lease["lease_id"].as_str().unwrap().to_string();
-    let (s, session) = hw
-        .post(
-            &format!("/api/v1/capability-leases/{lease_id}/actions"),
+    let session_id = hw
+        .start_action(
+            &lease_id,
             &json!({
                 "action": "record_clip",
                 "params": {"duration_ms": 20_000},
@@ -68,18 +70,18 @@ async fn revocations_queued_while_the_broker_was_down_reach_the_bench_first() {
         )
         .await
         .unwrap();
-    assert_eq!(s, StatusCode::ACCEPTED, "{session}");
-    let session_id = session["session_id"].as_str().unwrap().to_string();
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // The broker goes away; the lease is preempted meanwhile (3 s grace).
     broker.stop();
     admin.wait_mqtt_down(Duration::from_secs(10)).await.unwrap();
-    let (s, taken) = chief
-        .lease(caps::CAMERA, 80, "safety check", Some("safety_stop"), 15)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{taken}");
+    let (_, taken) = status_is(
+        chief
+            .lease(caps::CAMERA, 80, "safety check", Some("safety_stop"), 15)
+            .await
+            .unwrap(),
+        StatusCode::CREATED,
+    );
     assert_eq!(taken["status"], "granted", "{taken}");
     let revoked = lease_id.as_str();
     assert_eq!(line_with(&edge_log(&lab.root), &["lease revoked"]), None);

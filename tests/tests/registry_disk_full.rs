@@ -10,50 +10,15 @@
 //! when `CI=true`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::{sha256_hex, Agent};
 use benchlink_e2e::poll_until;
+use benchlink_testkit::status_is;
+use benchlink_testkit::Tmpfs;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-/// A tmpfs mounted for the test, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    /// Mount a `size` tmpfs at `dir`; `None` (after saying why, and
-    /// panicking under `CI=true`) when this machine does not allow it.
-    fn mount(dir: &Path, size: &str) -> Option<Self> {
-        std::fs::create_dir_all(dir).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Self(dir.to_path_buf())),
-            other => {
-                let why = match other {
-                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
-                    Err(e) => e.to_string(),
-                };
-                assert!(
-                    std::env::var("CI").as_deref() != Ok("true"),
-                    "cannot mount a tmpfs (root needed): {why}"
-                );
-                eprintln!("SKIPPED: cannot mount a tmpfs (root needed): {why}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 /// Fill the file system of `dir` with one file until it has no space left.
 fn fill(dir: &Path) -> PathBuf {
@@ -96,16 +61,17 @@ async fn a_full_registry_disk_refuses_writes_clearly_and_loses_no_result() {
     .await
     .expect("lab starts");
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
-    let (s, lease) = hw
-        .lease(caps::CONSOLE, 50, "disk full", None, 10)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{lease}");
+    let (_, lease) = status_is(
+        hw.lease(caps::CONSOLE, 50, "disk full", None, 10)
+            .await
+            .unwrap(),
+        StatusCode::CREATED,
+    );
     let lease_id = lease["lease_id"].as_str().unwrap().to_string();
     // A capture that ends while the disk is full.
-    let (s, started) = hw
-        .post(
-            &format!("/api/v1/capability-leases/{lease_id}/actions"),
+    let session_id = hw
+        .start_action(
+            &lease_id,
             &json!({
                 "action": "capture_log",
                 "params": {"duration_ms": 6000},
@@ -115,8 +81,6 @@ async fn a_full_registry_disk_refuses_writes_clearly_and_loses_no_result() {
         )
         .await
         .unwrap();
-    assert_eq!(s, StatusCode::ACCEPTED, "{started}");
-    let session_id = started["session_id"].as_str().unwrap().to_string();
 
     let filler = fill(&store_dir);
     // Writes until the store refuses one (SQLite may still fit a few in
@@ -137,8 +101,10 @@ async fn a_full_registry_disk_refuses_writes_clearly_and_loses_no_result() {
             }
         }
     }
-    let (s, v) = refused.expect("a lease request refused once the disk is full");
-    assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    let (_, v) = status_is(
+        refused.expect("a lease request refused once the disk is full"),
+        StatusCode::INSUFFICIENT_STORAGE,
+    );
     assert_eq!(v["error"]["code"], "storage_full", "{v}");
     let store = store_dir.display().to_string();
     assert!(
@@ -164,8 +130,7 @@ async fn a_full_registry_disk_refuses_writes_clearly_and_loses_no_result() {
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "storage_full", "{v}");
 
-    let (s, h) = healthz(&lab).await;
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{h}");
+    let (_, h) = status_is(healthz(&lab).await, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(h["status"], "degraded", "{h}");
     assert_eq!(h["store"]["writable"], false, "{h}");
     assert_eq!(h["store"]["path"], store.as_str(), "{h}");

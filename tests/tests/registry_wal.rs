@@ -12,19 +12,20 @@ use std::time::{Duration, Instant};
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT};
 use benchlink_e2e::client::Agent;
 use benchlink_e2e::workspace_bin;
+use benchlink_testkit::status_is;
 use reqwest::StatusCode;
 use serde_json::Value;
 
 /// One lease requested and released: a few writes.
 async fn lease_cycle(hw: &Agent) -> String {
-    let (s, v) = hw
-        .lease(caps::SPEAKER, 10, "wal growth", None, 5)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, v) = status_is(
+        hw.lease(caps::SPEAKER, 10, "wal growth", None, 5)
+            .await
+            .unwrap(),
+        StatusCode::CREATED,
+    );
     let id = v["lease_id"].as_str().unwrap().to_string();
-    let (s, v) = hw.release(&id).await.unwrap();
-    assert_eq!(s, StatusCode::OK, "{v}");
+    let _ = status_is(hw.release(&id).await.unwrap(), StatusCode::OK);
     id
 }
 

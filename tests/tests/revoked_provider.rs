@@ -10,6 +10,7 @@ use std::time::Duration;
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::Agent;
 use benchlink_e2e::poll_until;
+use benchlink_testkit::status_is;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -17,12 +18,7 @@ use serde_json::json;
 async fn a_bench_whose_token_is_revoked_gets_no_more_actions_and_is_told_why() {
     let lab = Lab::start(LabOptions::default()).await.expect("lab starts");
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
-    let (s, lease) = hw
-        .lease(caps::RELAY, 50, "revoked bench", None, 10)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{lease}");
-    let lease_id = lease["lease_id"].as_str().unwrap().to_string();
+    let lease_id = hw.lease_ok(caps::RELAY, "revoked bench").await.unwrap();
     hw.act_ok(&lease_id, "switch_on", json!({"channel": 1}))
         .await
         .expect("an action before the revocation works");
@@ -37,11 +33,12 @@ async fn a_bench_whose_token_is_revoked_gets_no_more_actions_and_is_told_why() {
     assert_eq!(resp.status(), StatusCode::OK);
 
     // At once: refused with a clear code, nothing reaches the bench.
-    let (s, v) = hw
-        .act(&lease_id, "switch_off", json!({"channel": 1}), 5_000)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    let (_, v) = status_is(
+        hw.act(&lease_id, "switch_off", json!({"channel": 1}), 5_000)
+            .await
+            .unwrap(),
+        StatusCode::FORBIDDEN,
+    );
     assert_eq!(v["error"]["code"], "provider_credentials_revoked", "{v}");
     assert_eq!(v["error"]["details"]["provider_id"], PROVIDER_ID, "{v}");
     let sessions = hw

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use benchlink_e2e::bench::{caps, child_command, Lab, LabOptions, HW_AGENT};
 use benchlink_e2e::client::Agent;
 use benchlink_e2e::eventually;
+use benchlink_testkit::status_is;
 use chrono::Utc;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -72,12 +73,7 @@ async fn a_copied_bench_is_a_conflict_refused_until_the_copy_stops() {
     .await
     .expect("lab");
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
-    let (s, l) = hw
-        .lease(caps::RELAY, 50, "twin benches", None, 10)
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{l}");
-    let lease = l["lease_id"].as_str().unwrap().to_string();
+    let lease = hw.lease_ok(caps::RELAY, "twin benches").await.unwrap();
     let (s, v) = switch(&hw, &lease, "switch_on").await;
     assert_eq!(
         (s, v["status"].as_str()),
@@ -102,8 +98,10 @@ async fn a_copied_bench_is_a_conflict_refused_until_the_copy_stops() {
     )
     .await;
     let detected_in = copy_started.elapsed();
-    let (s, refusal) = switch(&hw, &lease, "switch_off").await;
-    assert_eq!(s, StatusCode::CONFLICT, "{refusal}");
+    let (_, refusal) = status_is(
+        switch(&hw, &lease, "switch_off").await,
+        StatusCode::CONFLICT,
+    );
     assert_eq!(refusal["error"]["code"], "provider_conflict", "{refusal}");
     let hosts: Vec<&str> = refusal["error"]["details"]["instances"]
         .as_array()
@@ -121,8 +119,10 @@ async fn a_copied_bench_is_a_conflict_refused_until_the_copy_stops() {
     // Refused for as long as both run; nothing reaches the relay.
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let (s, v) = switch(&hw, &lease, "switch_off").await;
-        assert_eq!(s, StatusCode::CONFLICT, "{v}");
+        let _ = status_is(
+            switch(&hw, &lease, "switch_off").await,
+            StatusCode::CONFLICT,
+        );
     }
     let frames: Vec<Value> = lab
         .relay_switches()

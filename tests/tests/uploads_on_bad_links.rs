@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT};
 use benchlink_e2e::client::{sha256_hex, Agent};
+use benchlink_testkit::status_is;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -126,23 +127,22 @@ async fn a_large_clip_completes_over_a_link_cut_every_megabyte_and_a_later_snaps
     .expect("lab starts");
     target.set(lab.http_port).unwrap();
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
-    let (s, lease) = hw
-        .lease(caps::CAMERA, 50, "clip over a bad link", None, 10)
+    let lease_id = hw
+        .lease_ok(caps::CAMERA, "clip over a bad link")
         .await
         .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{lease}");
-    let lease_id = lease["lease_id"].as_str().unwrap().to_string();
 
-    let (s, clip) = hw
-        .act(
+    let (_, clip) = status_is(
+        hw.act(
             &lease_id,
             "record_clip",
             json!({"duration_ms": 20_000, "fps": 15}),
             60_000,
         )
         .await
-        .unwrap();
-    assert_eq!(s, StatusCode::OK, "{clip}");
+        .unwrap(),
+        StatusCode::OK,
+    );
     assert_eq!(clip["status"], "completed", "{clip}");
     let clip = only_artifact(&hw, &clip).await;
     let clip_id = clip["artifact_id"].as_str().unwrap().to_string();

@@ -132,6 +132,19 @@ impl Harness {
         Self::decode(resp).await
     }
 
+    /// `POST /proposals/{id}/{verb}` as `role`, for `verb` `apply` or
+    /// `reject`.
+    pub async fn proposal(
+        &self,
+        role: Role,
+        id: i64,
+        verb: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        self.post(role, &format!("/proposals/{id}/{verb}"), body)
+            .await
+    }
+
     /// GET as `role`.
     pub async fn get(&self, role: Role, path: &str) -> (StatusCode, Value) {
         let resp = self

@@ -5,13 +5,14 @@
 
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cloud_registry::app::{Registry, RunningRegistry};
 use cloud_registry::config::Config;
 use reqwest::StatusCode;
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
 use serde_json::{json, Value};
+use shared_protocol::api::Role;
 use shared_protocol::mqtt::{topic, Envelope, MessageType, TopicKind};
 use tempfile::TempDir;
 use tokio::sync::mpsc;
@@ -32,6 +33,73 @@ pub async fn start(cfg: Config) -> RunningRegistry {
     Registry::start(cfg).await.expect("registry starts")
 }
 
+/// A registry on [`test_config`] changed by `tune`: its directory (hold it
+/// as long as the registry), the registry, a client for it and the
+/// bootstrap admin token.
+pub async fn registry_with(
+    tune: impl FnOnce(&mut Config),
+) -> (TempDir, RunningRegistry, Api, String) {
+    let dir = TempDir::new().expect("temporary directory");
+    let mut cfg = test_config(&dir);
+    tune(&mut cfg);
+    let reg = start(cfg).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().expect("bootstrap admin token");
+    (dir, reg, api, admin)
+}
+
+/// [`registry_with`] on the plain [`test_config`].
+pub async fn registry() -> (TempDir, RunningRegistry, Api, String) {
+    registry_with(|_| {}).await
+}
+
+/// [`registry_with`], then provider `p1` and its capabilities
+/// ([`register_p1`]) registered with the admin token.
+pub async fn registry_with_p1(
+    tune: impl FnOnce(&mut Config),
+) -> (TempDir, RunningRegistry, Api, String) {
+    let (dir, reg, api, admin) = registry_with(tune).await;
+    register_p1(&api, &admin).await;
+    (dir, reg, api, admin)
+}
+
+/// Register provider `p1` ([`provider_body`]) and its capabilities
+/// `cam-front-01` and `thumb-robot-01` ([`capabilities_body`]) with
+/// `token`; each answer must be 200.
+pub async fn register_p1(api: &Api, token: &str) {
+    let r = api.register_provider(token, &provider_body("p1")).await;
+    assert_eq!(r.0, StatusCode::OK, "register p1: {}", r.1);
+    let r = api
+        .register_capabilities(token, &capabilities_body("p1", ""))
+        .await;
+    assert_eq!(r.0, StatusCode::OK, "register p1's capabilities: {}", r.1);
+}
+
+/// The events [`register_p1`] appends, in order.
+pub const P1_REGISTERED: [&str; 3] = [
+    "provider_registered",
+    "capability_registered",
+    "capability_registered",
+];
+
+/// A new token for principal `name` with `role` on `reg`.
+pub async fn new_token(reg: &RunningRegistry, role: Role, name: &str) -> String {
+    reg.auth
+        .create_token(role, name)
+        .await
+        .expect("token created")
+}
+
+/// The `lease_id` of a lease answer.
+///
+/// Panics: the answer holds no `lease_id` (the body is in the message).
+pub fn lease_id(answer: &(StatusCode, Value)) -> String {
+    answer.1["lease_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no lease_id ({}): {}", answer.0, answer.1))
+        .to_string()
+}
+
 /// A JSON client bound to one registry.
 #[derive(Clone)]
 pub struct Api {
@@ -48,17 +116,7 @@ impl Api {
     }
 
     pub async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
-        let mut req = self.http.get(format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.expect("GET sent");
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        Self::send(self.http.get(format!("{}{path}", self.base)), token).await
     }
 
     pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (StatusCode, Value) {
@@ -71,21 +129,77 @@ impl Api {
         token: Option<&str>,
         body: String,
     ) -> (StatusCode, Value) {
-        let mut req = self
+        let req = self
             .http
             .post(format!("{}{path}", self.base))
             .header("content-type", "application/json")
             .body(body);
+        Self::send(req, token).await
+    }
+
+    /// Send `req` with `token` (if any): the status and the body as JSON
+    /// (a JSON string when it is not JSON).
+    async fn send(mut req: reqwest::RequestBuilder, token: Option<&str>) -> (StatusCode, Value) {
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.expect("POST sent");
+        let resp = req.send().await.expect("request sent");
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
         (
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
+    }
+
+    /// `POST /api/v1/capability-providers/register` with `token`.
+    pub async fn register_provider(&self, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.post("/api/v1/capability-providers/register", Some(token), body)
+            .await
+    }
+
+    /// `GET /api/v1/capability-leases/{lease_id}` with `token`.
+    pub async fn lease(&self, token: &str, lease_id: &str) -> (StatusCode, Value) {
+        self.get(
+            &format!("/api/v1/capability-leases/{lease_id}"),
+            Some(token),
+        )
+        .await
+    }
+
+    /// `POST /api/v1/capabilities/register` with `token`.
+    pub async fn register_capabilities(&self, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.post("/api/v1/capabilities/register", Some(token), body)
+            .await
+    }
+
+    /// `POST /api/v1/capability-leases/{lease_id}/{op}` with `token`, for
+    /// `op` one of `renew`, `release`, `actions`.
+    pub async fn lease_post(
+        &self,
+        token: &str,
+        lease_id: &str,
+        op: &str,
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        self.post(
+            &format!("/api/v1/capability-leases/{lease_id}/{op}"),
+            Some(token),
+            body,
+        )
+        .await
+    }
+
+    /// `POST /api/v1/capabilities/heartbeat` with `token`.
+    pub async fn heartbeat(&self, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.post("/api/v1/capabilities/heartbeat", Some(token), body)
+            .await
+    }
+
+    /// `POST /api/v1/capability-leases/request` with `token`.
+    pub async fn request_lease(&self, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.post("/api/v1/capability-leases/request", Some(token), body)
+            .await
     }
 
     /// `benchlink_events_total` from `/metrics`.
@@ -158,21 +272,8 @@ pub fn capabilities_body(provider_id: &str, suffix: &str) -> Value {
     })
 }
 
-/// Poll `check` every 50 ms until it returns Some or `timeout` passes.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+#[allow(unused_imports)]
+pub use benchlink_testkit::eventually;
 
 /// An MQTT client acting as a provider; its event loop runs in a task, and
 /// everything arriving on subscribed topics is handed over as
@@ -328,6 +429,23 @@ pub fn envelope(message_type: MessageType, body: &Value) -> Vec<u8> {
     )
     .expect("envelope")
     .to_bytes()
+}
+
+/// A small audit request `id` of `audit_type` at `priority`, without
+/// capability requirements.
+pub fn audit_request(id: &str, audit_type: &str, priority: u8) -> Value {
+    json!({
+        "protocol_version": "1.0",
+        "audit_request_id": id,
+        "project_id": "proj_device_assistant",
+        "task_id": "task_release_0_9_2",
+        "trigger": "merge_candidate",
+        "audit_type": audit_type,
+        "priority": priority,
+        "objective": format!("{audit_type} audit of release candidate 0.9.2"),
+        "time_budget_seconds": 120,
+        "response_mode": "structured_json"
+    })
 }
 
 /// Remove the keys that hold times (they differ between two registrations).

@@ -93,14 +93,5 @@ pub fn read_reply(port: &mut dyn SerialPort, timeout: Duration) -> Vec<u8> {
     }
 }
 
-/// Polls `cond` every 2 ms until it holds; false after `timeout`.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    cond()
-}
+#[allow(unused_imports)]
+pub use benchlink_testkit::wait_until;
