@@ -3,7 +3,7 @@
 //! Commands reach a runner over a bounded channel and run one at a time.
 //! The [`Runners`] handle (shared by the dispatcher, the deadline
 //! supervisor and the heartbeat) keeps a board of every accepted session:
-//! queued, running (with its non-interruptible flag, seed 001 §6.4) or
+//! queued, running (with its non-interruptible flag, docs/actions.md) or
 //! abandoned. Every session ends with exactly one final `session_update`
 //! (completed / failed / cancelled) carrying the artifacts the action wrote
 //! to the outbox. An action still running [`RUNNING_REPORT_AFTER`] after it
@@ -332,7 +332,7 @@ pub struct Runners {
 impl Runners {
     /// Start one thread per capability. Each thread first asks its driver
     /// for its supported actions, metadata and health; the returned
-    /// registrations (seed 001 §4.2) carry them. `clock` stamps each final
+    /// registrations carry them. `clock` stamps each final
     /// update's `started_at` in the registry's time.
     pub fn start(
         capabilities: Vec<(CapabilityConfig, Box<dyn Driver>)>,
@@ -596,7 +596,7 @@ impl Runners {
         updates
     }
 
-    /// Health per capability for the heartbeat (seed 001 §4.3).
+    /// Health per capability for the heartbeat (docs/architecture.md, "Control plane (MQTT)").
     pub fn health_reports(&self) -> Vec<CapabilityHealthReport> {
         let board = lock(&self.board);
         self.slots
