@@ -1,4 +1,4 @@
-//! Camera driver (seed 001 §3.1): `snapshot`, `record_clip`,
+//! Camera driver (docs/actions.md, "camera"): `snapshot`, `record_clip`,
 //! `start_stream` / `stop_stream`, `set_ptz`.
 //!
 //! Backends: `nokhwa` (V4L2 through nokhwa, [`nokhwa_backend`]) and `sim`
@@ -133,6 +133,25 @@ pub(crate) struct CommonToml {
     pub warmup_frames: u32,
     pub max_clip_ms: u64,
     pub field_of_view_deg: Option<f64>,
+}
+
+impl Default for CommonToml {
+    /// The defaults of a real camera; the simulator changes two
+    /// (`sim.rs`).
+    fn default() -> Self {
+        Self {
+            format: "auto".into(),
+            resolution: "1280x720".into(),
+            fps: 30,
+            capture_timeout_ms: 3000,
+            ring_seconds: 10,
+            ring_max_mb: 256,
+            jpeg_quality: 85,
+            warmup_frames: 2,
+            max_clip_ms: 60_000,
+            field_of_view_deg: None,
+        }
+    }
 }
 
 impl CommonToml {
