@@ -347,28 +347,32 @@ pub(crate) mod defaults_pin {
     /// were checked (as without `#[serde(default)]`).
     #[test]
     fn required_keys_are_still_required() {
-        let table = |v: serde_json::Value| match v {
-            serde_json::Value::Object(m) => m,
+        #[derive(Debug, Default, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        #[allow(dead_code)]
+        struct Settings {
+            port: String,
+            baud_rate: u32,
+            max_voltage_v: f64,
+        }
+        impl super::Defaults for Settings {
+            const REQUIRED: &'static [&'static str] = &["port", "max_voltage_v"];
+        }
+        let parse = |v: serde_json::Value| match v {
+            serde_json::Value::Object(m) => super::parse_params_with_defaults::<Settings>(&m),
             _ => unreachable!(),
         };
-        let err = super::parse_params_with_defaults::<crate::drivers::psu::korad::KoradSettings>(
-            &table(serde_json::json!({"port": "/dev/ttyUSB0", "max_current_a": 2.0})),
-        )
-        .unwrap_err();
-        match err {
+        match parse(serde_json::json!({"port": "/dev/ttyUSB0"})).unwrap_err() {
             super::DriverError::InvalidParams { field, message } => {
                 assert_eq!(field, "max_voltage_v");
                 assert_eq!(message, "missing field `max_voltage_v`");
             }
             other => panic!("unexpected {other:?}"),
         }
-        let err = super::parse_params_with_defaults::<crate::drivers::psu::korad::KoradSettings>(
-            &table(serde_json::json!({"baud_rate": "fast"})),
-        )
-        .unwrap_err();
-        match err {
+        match parse(serde_json::json!({"baud_rate": "fast"})).unwrap_err() {
             super::DriverError::InvalidParams { field, .. } => assert_eq!(field, "baud_rate"),
             other => panic!("unexpected {other:?}"),
         }
+        assert!(parse(serde_json::json!({"port": "p", "max_voltage_v": 5.0})).is_ok());
     }
 }

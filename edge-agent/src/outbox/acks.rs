@@ -7,8 +7,8 @@
 use chrono::Utc;
 use rusqlite::params;
 
+use super::handle::{lock, Outbox, OutboxError};
 use super::sync::prune_sent;
-use super::{lock, Outbox, OutboxError};
 
 impl Outbox {
     /// The broker acknowledged queued update `seq`.

@@ -13,7 +13,7 @@ use rusqlite::Connection;
 
 use chrono::{SecondsFormat, Utc};
 
-use super::{lock, Outbox, OutboxError};
+use super::handle::{lock, Outbox, OutboxError};
 use crate::config::Durability;
 
 /// True for SQLite's "database or disk is full" (`SQLITE_FULL`, what a

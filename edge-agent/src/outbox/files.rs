@@ -7,7 +7,7 @@
 //!
 //! Files follow the configured `durability` (`fsync`: file fsync before the
 //! row is committed). Bytes not yet confirmed by the registry count against
-//! the disk budget ([`Budget`]); nothing is ever dropped to make room.
+//! the disk budget (kept in `handle.rs`); nothing is ever dropped to make room.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -22,21 +22,13 @@ use shared_protocol::artifact::CapabilityArtifact;
 use shared_protocol::validate::check_id;
 
 use super::db::is_disk_full;
+use super::handle::{lock, Outbox, OutboxError};
 use super::reserve::RESERVE_BYTES;
-use super::{lock, Outbox, OutboxError};
 use crate::config::Durability;
 use crate::drivers::NewArtifact;
 
 /// Bytes written (and hashed) per `write` call.
 const CHUNK: usize = 256 * 1024;
-
-/// Bytes on disk not yet confirmed by the registry (bytes and metadata),
-/// including reservations of ingests in progress.
-pub(super) struct Budget {
-    pub(super) limit: u64,
-    pub(super) used: u64,
-    pub(super) files: u64,
-}
 
 /// True for a file write on a full file system (`ENOSPC`).
 fn io_is_disk_full(e: &std::io::Error) -> bool {

@@ -5,7 +5,8 @@
 //! bytes and its metadata (docs/architecture.md, "Artifact bytes (HTTP)"
 //! and "Edge internals").
 //!
-//! One handle ([`Outbox`]) over one SQLite connection; one file per job:
+//! One handle ([`Outbox`], `handle.rs`) over one SQLite connection; one
+//! file per job:
 //! - `db.rs`: the connection, its schema and migrations, `with_conn` (and
 //!   the unsynced variant for session-update rows);
 //! - `reserve.rs`: the bookkeeping reserve that keeps a full disk from
@@ -25,6 +26,7 @@
 mod acks;
 mod db;
 mod files;
+mod handle;
 mod recovery;
 mod reserve;
 mod sync;
@@ -32,8 +34,8 @@ mod updates;
 mod uploads;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::Connection;
@@ -41,53 +43,15 @@ use rusqlite::Connection;
 use crate::config::{Durability, OutboxConfig};
 
 pub use files::hash_file;
+pub use handle::{Outbox, OutboxError, QueuedUpdate};
 pub use recovery::RecoveryReport;
 pub use reserve::RESERVE_BYTES;
 pub use sync::{SyncAnswer, SENT_UPDATE_MAX_ROWS, SENT_UPDATE_RETENTION};
-pub use updates::{QueuedUpdate, UpdateKind};
+pub use updates::UpdateKind;
 pub use uploads::{ArtifactRecord, PendingUpload, UploadState};
 
 use db::{migrate, SCHEMA};
-use files::Budget;
-use updates::Follow;
-
-/// Why the outbox refused or failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OutboxError {
-    /// Accepting the artifact would put more than the configured budget of
-    /// not-yet-uploaded bytes on disk. Nothing was written; nothing was
-    /// dropped to make room.
-    #[error("outbox disk budget of {budget_mib} MiB exhausted: {pending_artifacts} pending artifacts await upload")]
-    BudgetExhausted {
-        budget_mib: u64,
-        pending_artifacts: u64,
-        /// Bytes pending plus the refused artifact's size.
-        needed_bytes: u64,
-    },
-    #[error("outbox file {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("outbox database {path}: {source}")]
-    Db {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
-    /// The artifact's description is unusable (e.g. an invalid session id).
-    #[error("artifact refused: {0}")]
-    Invalid(String),
-    #[error("no artifact `{0}` in the outbox")]
-    UnknownArtifact(String),
-    /// The file system of the outbox is full: new evidence cannot be kept
-    /// (nothing of it was written). The room reserved for the outbox's own
-    /// bookkeeping (see [`RESERVE_BYTES`]) was given up, so that the
-    /// failure can still be recorded and reported.
-    #[error(
-        "the edge's disk is full at {path}: the evidence of this action cannot be kept ({detail})"
-    )]
-    DiskFull { path: PathBuf, detail: String },
-}
+use handle::{lock, Budget, Follow, Inner};
 
 /// Counts for heartbeats, `STATUS=` and diagnostics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -103,41 +67,6 @@ pub struct OutboxStats {
     pub uploaded_artifacts: u64,
     pub queued_updates: u64,
     pub budget_bytes: u64,
-}
-
-/// Handle to the outbox (cheap to clone).
-#[derive(Clone)]
-pub struct Outbox {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    dir: PathBuf,
-    db_path: PathBuf,
-    durability: Durability,
-    provider_id: String,
-    conn: Mutex<Connection>,
-    budget: Mutex<Budget>,
-    follow: Mutex<Follow>,
-    /// Notified when acknowledged metadata made artifacts due for upload
-    /// again ([`Outbox::due_again`]).
-    due_again: Arc<tokio::sync::Notify>,
-    /// When acknowledged updates were last pruned (see
-    /// [`SENT_UPDATE_RETENTION`]).
-    sent_pruned_at: Mutex<Option<std::time::Instant>>,
-    /// Sessions a `session_sync` found with their final update still
-    /// queued: once the broker acknowledges it, it is queued once more
-    /// ([`Outbox::resend_for_sync`]).
-    resend_after_ack: Mutex<std::collections::HashSet<String>>,
-    /// The file of [`RESERVE_BYTES`] next to the database.
-    reserve_path: PathBuf,
-    /// Set while the reserve is given up: why evidence cannot be kept.
-    disk_problem: Mutex<Option<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain data behind; keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Outbox {

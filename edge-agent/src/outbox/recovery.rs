@@ -6,8 +6,8 @@
 use std::fs;
 
 use super::files::hash_file;
+use super::handle::{Outbox, OutboxError};
 use super::uploads::UploadState;
-use super::{Outbox, OutboxError};
 
 /// What [`Outbox::open`] found and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::Path;
 
-use super::{lock, Outbox};
+use super::handle::{lock, Outbox};
 
 /// Room kept on the outbox database's file system for its own bookkeeping,
 /// bytes (1 MiB): a file of this size sits next to the database and is

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension};
 
+use super::handle::{lock, Outbox, OutboxError};
 use super::updates::UpdateKind;
-use super::{lock, Outbox, OutboxError};
 
 /// How long the last acknowledged update of each session is kept, so a
 /// `session_sync` can have it sent again ([`Outbox::resend_for_sync`]).

@@ -7,7 +7,7 @@
 use rusqlite::{params, Connection};
 
 use super::db::now_text;
-use super::{lock, Outbox, OutboxError};
+use super::handle::{lock, Follow, Outbox, OutboxError, QueuedUpdate, FOLLOW_MAX};
 
 /// Whether a queued session update ends its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,28 +17,6 @@ pub enum UpdateKind {
     /// `completed`, `failed`, `cancelled`: the session's last word, kept
     /// after its acknowledgement for a `session_sync`.
     Final,
-}
-
-/// A session update waiting to be published (payload: the MQTT envelope).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedUpdate {
-    pub seq: i64,
-    pub message_id: String,
-    pub session_id: String,
-    pub payload: Vec<u8>,
-}
-
-/// Most updates kept in memory for the publisher ([`Outbox::followed_updates`]);
-/// past this it reads the table again.
-const FOLLOW_MAX: usize = 256;
-
-/// Session updates queued since the publisher last read the table to its
-/// end, in queue order, so it can take them without reading SQLite.
-#[derive(Default)]
-pub(super) struct Follow {
-    /// Every update queued since that read is in `rows` (or was taken).
-    on: bool,
-    rows: std::collections::VecDeque<QueuedUpdate>,
 }
 
 /// Up to `limit` rows of `pending_updates` with `seq > after`, by `seq`.

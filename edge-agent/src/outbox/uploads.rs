@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use shared_protocol::artifact::{ArtifactType, CapabilityArtifact};
 
 use super::db::now_text;
-use super::{Outbox, OutboxError};
+use super::handle::{Outbox, OutboxError};
 
 /// Uploaded rows are kept this long for `edge-agent` diagnostics, then pruned.
 const UPLOADED_RETENTION_DAYS: i64 = 30;
