@@ -85,7 +85,7 @@ impl fmt::Debug for EdgeConfig {
     }
 }
 
-/// `[provider]`: who this bench is (seed 001 §2.2.1).
+/// `[provider]`: who this bench is (docs/install-edge-agent.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderConfig {
     /// e.g. `provider-bench-07`; also the MQTT client id and user name.
@@ -183,7 +183,7 @@ pub struct OutboxConfig {
     pub durability: Durability,
 }
 
-/// One `[[capabilities]]` entry (seed 001 §2.2.2, §4.2).
+/// One `[[capabilities]]` entry (docs/devices.md, docs/actions.md).
 #[derive(Debug, Clone)]
 pub struct CapabilityConfig {
     /// `capability_id`, unique in the registry, e.g. `cam-front-01`.
@@ -348,7 +348,7 @@ struct RawCapability {
 }
 
 /// Evidence a capability type produces when the file does not list its
-/// `evidence_modes` (seed 001 §2.2.5 types, §3 uses).
+/// `evidence_modes` (docs/actions.md).
 pub fn default_evidence_modes(kind: CapabilityType) -> Vec<ArtifactType> {
     use ArtifactType::*;
     match kind {
@@ -518,6 +518,8 @@ impl Checker<'_, '_> {
     }
 }
 
+/// Check `raw`, fill in every default and make paths absolute against
+/// `base_dir`. Every problem goes to `v`, in file order.
 fn resolve(
     raw: RawConfig,
     base_dir: &Path,
@@ -537,8 +539,23 @@ fn resolve(
         (None, None) => PathBuf::from(DEFAULT_STATE_DIR),
     };
 
-    // [provider]
-    let p = raw.provider;
+    let provider = resolve_provider(raw.provider, v);
+    let registry = resolve_registry(raw.registry, &abs, env_token, v);
+    let outbox = resolve_outbox(raw.outbox, &abs, &state_dir, v);
+    let capabilities = resolve_capabilities(raw.capabilities, &state_dir, v);
+    Some(EdgeConfig {
+        origin: PathBuf::new(),
+        state_dir,
+        provider,
+        registry,
+        outbox,
+        capabilities,
+        source: String::new(),
+    })
+}
+
+/// `[provider]`; the hostname defaults to the system's.
+fn resolve_provider(p: RawProvider, v: &mut Checker<'_, '_>) -> ProviderConfig {
     v.id("provider.provider_id", &p.provider_id);
     v.id("provider.node_id", &p.node_id);
     let hostname = match p.hostname {
@@ -560,7 +577,7 @@ fn resolve(
             ),
         );
     }
-    let provider = ProviderConfig {
+    ProviderConfig {
         provider_id: p.provider_id,
         node_id: p.node_id,
         hostname,
@@ -569,10 +586,16 @@ fn resolve(
         labels: p.labels,
         owner_type: p.owner_type,
         owner_display_name: p.owner_display_name,
-    };
+    }
+}
 
-    // [registry]
-    let r = raw.registry;
+/// `[registry]`.
+fn resolve_registry(
+    r: RawRegistry,
+    abs: &impl Fn(PathBuf) -> PathBuf,
+    env_token: Option<&str>,
+    v: &mut Checker<'_, '_>,
+) -> RegistryConfig {
     if r.mqtt_host.trim().is_empty() {
         v.issue("registry.mqtt_host", "must not be empty");
     }
@@ -604,7 +627,43 @@ fn resolve(
             format!("`{}` is not a URL: {e}", r.base_url),
         ),
     }
-    let (token, token_source) = match (r.token, r.token_file) {
+    let (token, token_source) = resolve_token(r.token, r.token_file, abs, env_token, v);
+    let keep_alive = r.mqtt_keep_alive_seconds.unwrap_or(15);
+    if !(5..=600).contains(&keep_alive) {
+        v.issue(
+            "registry.mqtt_keep_alive_seconds",
+            format!("{keep_alive} is out of range 5..=600"),
+        );
+    }
+    let heartbeat = r.heartbeat_interval_seconds.unwrap_or(10);
+    if !(1..=3600).contains(&heartbeat) {
+        v.issue(
+            "registry.heartbeat_interval_seconds",
+            format!("{heartbeat} is out of range 1..=3600"),
+        );
+    }
+    RegistryConfig {
+        mqtt_host: r.mqtt_host,
+        mqtt_port: r.mqtt_port.unwrap_or(1883),
+        topic_prefix,
+        base_url: r.base_url.trim_end_matches('/').to_string(),
+        token,
+        token_source,
+        mqtt_keep_alive_seconds: keep_alive,
+        heartbeat_interval_seconds: heartbeat,
+    }
+}
+
+/// The provider token: `registry.token` or `registry.token_file` (not
+/// both), else `$BENCHLINK_TOKEN` (`env_token`).
+fn resolve_token(
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    abs: &impl Fn(PathBuf) -> PathBuf,
+    env_token: Option<&str>,
+    v: &mut Checker<'_, '_>,
+) -> (String, TokenSource) {
+    match (token, token_file) {
         (Some(_), Some(_)) => {
             v.issue(
                 "registry.token_file",
@@ -645,34 +704,16 @@ fn resolve(
                 (String::new(), TokenSource::Env)
             }
         },
-    };
-    let keep_alive = r.mqtt_keep_alive_seconds.unwrap_or(15);
-    if !(5..=600).contains(&keep_alive) {
-        v.issue(
-            "registry.mqtt_keep_alive_seconds",
-            format!("{keep_alive} is out of range 5..=600"),
-        );
     }
-    let heartbeat = r.heartbeat_interval_seconds.unwrap_or(10);
-    if !(1..=3600).contains(&heartbeat) {
-        v.issue(
-            "registry.heartbeat_interval_seconds",
-            format!("{heartbeat} is out of range 1..=3600"),
-        );
-    }
-    let registry = RegistryConfig {
-        mqtt_host: r.mqtt_host,
-        mqtt_port: r.mqtt_port.unwrap_or(1883),
-        topic_prefix,
-        base_url: r.base_url.trim_end_matches('/').to_string(),
-        token,
-        token_source,
-        mqtt_keep_alive_seconds: keep_alive,
-        heartbeat_interval_seconds: heartbeat,
-    };
+}
 
-    // [outbox]
-    let o = raw.outbox;
+/// `[outbox]`; at home in `state_dir` unless it says otherwise.
+fn resolve_outbox(
+    o: RawOutbox,
+    abs: &impl Fn(PathBuf) -> PathBuf,
+    state_dir: &Path,
+    v: &mut Checker<'_, '_>,
+) -> OutboxConfig {
     let budget_mb = o.disk_budget_mb.unwrap_or(2048);
     if budget_mb == 0 || budget_mb > 16 * 1024 * 1024 {
         v.issue(
@@ -680,122 +721,131 @@ fn resolve(
             format!("{budget_mb} is out of range 1..=16777216 (MiB)"),
         );
     }
-    let outbox = OutboxConfig {
-        dir: o.dir.map(&abs).unwrap_or_else(|| state_dir.join("outbox")),
+    OutboxConfig {
+        dir: o.dir.map(abs).unwrap_or_else(|| state_dir.join("outbox")),
         db: o
             .db
-            .map(&abs)
+            .map(abs)
             .unwrap_or_else(|| state_dir.join("outbox.sqlite3")),
         disk_budget_bytes: budget_mb.saturating_mul(1024 * 1024),
         durability: o.durability.unwrap_or_default(),
-    };
+    }
+}
 
-    // [[capabilities]]
-    if raw.capabilities.len() > MAX_CAPABILITIES_PER_BATCH {
+/// `[[capabilities]]`: at most a registration's worth, ids unique.
+fn resolve_capabilities(
+    raw: Vec<RawCapability>,
+    state_dir: &Path,
+    v: &mut Checker<'_, '_>,
+) -> Vec<CapabilityConfig> {
+    if raw.len() > MAX_CAPABILITIES_PER_BATCH {
         v.issue(
             "capabilities",
             format!(
                 "has {} entries; at most {MAX_CAPABILITIES_PER_BATCH} are registered at once",
-                raw.capabilities.len()
+                raw.len()
             ),
         );
     }
     let mut seen = HashSet::new();
-    let mut capabilities = Vec::with_capacity(raw.capabilities.len());
-    for (i, c) in raw.capabilities.into_iter().enumerate() {
-        let at = |k: &str| format!("capabilities[{i}].{k}");
-        v.id(&at("id"), &c.id);
-        if !seen.insert(c.id.clone()) {
-            v.issue(at("id"), format!("capability id `{}` is used twice", c.id));
-        }
-        if c.tags.len() > MAX_TAGS {
+    let mut capabilities = Vec::with_capacity(raw.len());
+    for (i, c) in raw.into_iter().enumerate() {
+        capabilities.push(resolve_capability(i, c, state_dir, &mut seen, v));
+    }
+    capabilities
+}
+
+/// `capabilities[i]`, its defaults filled in from its type; `seen` holds
+/// the ids before it.
+fn resolve_capability(
+    i: usize,
+    c: RawCapability,
+    state_dir: &Path,
+    seen: &mut HashSet<String>,
+    v: &mut Checker<'_, '_>,
+) -> CapabilityConfig {
+    let at = |k: &str| format!("capabilities[{i}].{k}");
+    v.id(&at("id"), &c.id);
+    if !seen.insert(c.id.clone()) {
+        v.issue(at("id"), format!("capability id `{}` is used twice", c.id));
+    }
+    if c.tags.len() > MAX_TAGS {
+        v.issue(
+            at("tags"),
+            format!(
+                "has {} entries; at most {MAX_TAGS} are allowed",
+                c.tags.len()
+            ),
+        );
+    }
+    if let Some(modes) = &c.evidence_modes {
+        if modes.len() > MAX_EVIDENCE_MODES {
             v.issue(
-                at("tags"),
+                at("evidence_modes"),
                 format!(
-                    "has {} entries; at most {MAX_TAGS} are allowed",
-                    c.tags.len()
+                    "has {} entries; at most {MAX_EVIDENCE_MODES} are allowed",
+                    modes.len()
                 ),
             );
         }
-        if let Some(modes) = &c.evidence_modes {
-            if modes.len() > MAX_EVIDENCE_MODES {
-                v.issue(
-                    at("evidence_modes"),
-                    format!(
-                        "has {} entries; at most {MAX_EVIDENCE_MODES} are allowed",
-                        modes.len()
-                    ),
-                );
-            }
-        }
-        let default_priority = match c.default_priority {
-            None => None,
-            Some(p) if (0..=100).contains(&p) => Some(p as u8),
-            Some(p) => {
-                v.issue(
-                    at("default_priority"),
-                    format!("{p} is out of range 0..=100"),
-                );
-                None
-            }
-        };
-        if let Some(name) = &c.display_name {
-            if name.trim().is_empty() {
-                v.issue(at("display_name"), "must not be empty");
-            }
-        }
-        let backend = match c.driver.get("backend") {
-            Some(toml::Value::String(b)) if !b.trim().is_empty() => b.clone(),
-            Some(other) => {
-                v.issue(
-                    at("driver.backend"),
-                    format!("expected a backend name (string), got {}", other.type_str()),
-                );
-                String::new()
-            }
-            None => {
-                v.issue(
-                    at("driver.backend"),
-                    "missing key `backend` (e.g. backend = \"sim\")",
-                );
-                String::new()
-            }
-        };
-        let mut settings = toml_table_to_json(&c.driver);
-        settings.remove("backend");
-        let driver = DriverSpec {
-            capability_id: c.id.clone(),
-            capability_type: c.capability_type,
-            backend,
-            settings,
-            state_dir: state_dir.clone(),
-        };
-        capabilities.push(CapabilityConfig {
-            display_name: c.display_name.unwrap_or_else(|| c.id.clone()),
-            id: c.id,
-            capability_type: c.capability_type,
-            lease_mode: c.lease_mode.unwrap_or(LeaseMode::Exclusive),
-            preemptible: c.preemptible.unwrap_or(true),
-            safety_locked: c.safety_locked.unwrap_or(false),
-            default_priority,
-            tags: c.tags,
-            location_label: c.location_label,
-            evidence_modes: c
-                .evidence_modes
-                .unwrap_or_else(|| default_evidence_modes(c.capability_type)),
-            driver,
-        });
     }
-
-    Some(EdgeConfig {
-        origin: PathBuf::new(),
-        state_dir,
-        provider,
-        registry,
-        outbox,
-        capabilities,
-        source: String::new(),
-    })
+    let default_priority = match c.default_priority {
+        None => None,
+        Some(p) if (0..=100).contains(&p) => Some(p as u8),
+        Some(p) => {
+            v.issue(
+                at("default_priority"),
+                format!("{p} is out of range 0..=100"),
+            );
+            None
+        }
+    };
+    if let Some(name) = &c.display_name {
+        if name.trim().is_empty() {
+            v.issue(at("display_name"), "must not be empty");
+        }
+    }
+    let backend = match c.driver.get("backend") {
+        Some(toml::Value::String(b)) if !b.trim().is_empty() => b.clone(),
+        Some(other) => {
+            v.issue(
+                at("driver.backend"),
+                format!("expected a backend name (string), got {}", other.type_str()),
+            );
+            String::new()
+        }
+        None => {
+            v.issue(
+                at("driver.backend"),
+                "missing key `backend` (e.g. backend = \"sim\")",
+            );
+            String::new()
+        }
+    };
+    let mut settings = toml_table_to_json(&c.driver);
+    settings.remove("backend");
+    let driver = DriverSpec {
+        capability_id: c.id.clone(),
+        capability_type: c.capability_type,
+        backend,
+        settings,
+        state_dir: state_dir.to_path_buf(),
+    };
+    CapabilityConfig {
+        display_name: c.display_name.unwrap_or_else(|| c.id.clone()),
+        id: c.id,
+        capability_type: c.capability_type,
+        lease_mode: c.lease_mode.unwrap_or(LeaseMode::Exclusive),
+        preemptible: c.preemptible.unwrap_or(true),
+        safety_locked: c.safety_locked.unwrap_or(false),
+        default_priority,
+        tags: c.tags,
+        location_label: c.location_label,
+        evidence_modes: c
+            .evidence_modes
+            .unwrap_or_else(|| default_evidence_modes(c.capability_type)),
+        driver,
+    }
 }
 
 /// A driver build error as a config issue at `capabilities[i].driver.<key>`.

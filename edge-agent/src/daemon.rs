@@ -655,76 +655,7 @@ impl Dispatcher {
                     Err(e) => tracing::warn!("malformed register_ack: {e}"),
                 }
             }
-            MessageType::ActionInvoke => {
-                match env.body_as::<ActionCommand>(MessageType::ActionInvoke) {
-                    Ok(cmd) => {
-                        let session_id = cmd.session_id.clone();
-                        let capability_id = cmd.capability_id.clone();
-                        if self.note_received(&session_id) == Some(true) {
-                            tracing::warn!(%session_id, "action_invoke for a session already reported never received; not run");
-                            return;
-                        }
-                        let not_after = match self.fence(&cmd).await {
-                            Ok(t) => t,
-                            Err((why, detail)) => {
-                                tracing::warn!(
-                                    %session_id,
-                                    lease_id = %cmd.lease_id,
-                                    %capability_id,
-                                    refusal = %why,
-                                    "refused a command by its fence: {detail}"
-                                );
-                                self.emit(vec![refused_update(
-                                    &session_id,
-                                    &capability_id,
-                                    why,
-                                    &detail,
-                                )])
-                                .await;
-                                return;
-                            }
-                        };
-                        match self.runners.submit(cmd, not_after) {
-                            Ok(()) => {}
-                            Err(Rejection::DuplicateSession(id)) => {
-                                tracing::warn!(session_id = %id, "ignoring a second action_invoke for a session already accepted");
-                            }
-                            Err(r) => {
-                                self.emit(vec![session_update(
-                                    &session_id,
-                                    &capability_id,
-                                    SessionStatus::Failed,
-                                    Some(r.to_string()),
-                                )])
-                                .await
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        // Name the session if the body lets us, so the
-                        // registry can fail it instead of waiting.
-                        let field =
-                            |k: &str| env.body.get(k).and_then(|v| v.as_str()).map(str::to_string);
-                        match (field("session_id"), field("capability_id")) {
-                            (Some(s), Some(c))
-                                if shared_protocol::validate::check_id("s", &s).is_ok() =>
-                            {
-                                self.note_received(&s);
-                                self.emit(vec![session_update(
-                                    &s,
-                                    &c,
-                                    SessionStatus::Failed,
-                                    Some(format!("malformed action_invoke: {e}")),
-                                )])
-                                .await
-                            }
-                            _ => {
-                                tracing::warn!(message_id = %env.message_id, "dropping a malformed action_invoke: {e}")
-                            }
-                        }
-                    }
-                }
-            }
+            MessageType::ActionInvoke => self.on_action_invoke(&env).await,
             MessageType::ActionCancel => {
                 match env.body_as::<ActionCancel>(MessageType::ActionCancel) {
                     Ok(c) => match self.runners.cancel_session(&c.session_id, &c.reason) {
@@ -743,54 +674,8 @@ impl Dispatcher {
                     Err(e) => tracing::warn!("malformed action_cancel: {e}"),
                 }
             }
-            MessageType::LeaseGranted => {
-                match env.body_as::<LeaseGranted>(MessageType::LeaseGranted) {
-                    Ok(g) => {
-                        let superseded = lock_fences(&self.fences).note_lease(
-                            &g.capability_id,
-                            &g.lease_id,
-                            g.lease_generation,
-                            g.lease_mode,
-                        );
-                        tracing::info!(
-                            lease_id = %g.lease_id,
-                            capability_id = %g.capability_id,
-                            lease_generation = g.lease_generation,
-                            lease_mode = %g.lease_mode,
-                            superseded = superseded.len(),
-                            "lease granted"
-                        );
-                        self.stop_superseded(&g.capability_id, &g.lease_id, superseded)
-                            .await;
-                    }
-                    Err(e) => tracing::warn!("malformed lease_granted: {e}"),
-                }
-            }
-            MessageType::LeaseRevoked => {
-                match env.body_as::<LeaseRevoked>(MessageType::LeaseRevoked) {
-                    Ok(r) => {
-                        lock_fences(&self.fences).note_ended(
-                            &r.capability_id,
-                            &r.lease_id,
-                            r.lease_generation,
-                        );
-                        let (updates, running) = self.runners.revoke_lease(
-                            &r.lease_id,
-                            &r.capability_id,
-                            &format!("lease {} revoked: {}", r.lease_id, r.reason),
-                        );
-                        tracing::info!(
-                            lease_id = %r.lease_id,
-                            capability_id = %r.capability_id,
-                            queued_cancelled = updates.len(),
-                            running_stopped = running,
-                            "lease revoked"
-                        );
-                        self.emit(updates).await;
-                    }
-                    Err(e) => tracing::warn!("malformed lease_revoked: {e}"),
-                }
-            }
+            MessageType::LeaseGranted => self.on_lease_granted(&env).await,
+            MessageType::LeaseRevoked => self.on_lease_revoked(&env).await,
             MessageType::PreemptRequested => {
                 match env.body_as::<PreemptNotice>(MessageType::PreemptRequested) {
                     Ok(n) => {
@@ -814,6 +699,128 @@ impl Dispatcher {
             other => {
                 tracing::warn!(message_type = %other, "unexpected message on the commands topic")
             }
+        }
+    }
+
+    /// `action_invoke`: run the command unless its fence refuses it; a
+    /// malformed one that names its session fails that session.
+    async fn on_action_invoke(&self, env: &Envelope) {
+        match env.body_as::<ActionCommand>(MessageType::ActionInvoke) {
+            Ok(cmd) => {
+                let session_id = cmd.session_id.clone();
+                let capability_id = cmd.capability_id.clone();
+                if self.note_received(&session_id) == Some(true) {
+                    tracing::warn!(%session_id, "action_invoke for a session already reported never received; not run");
+                    return;
+                }
+                let not_after = match self.fence(&cmd).await {
+                    Ok(t) => t,
+                    Err((why, detail)) => {
+                        tracing::warn!(
+                            %session_id,
+                            lease_id = %cmd.lease_id,
+                            %capability_id,
+                            refusal = %why,
+                            "refused a command by its fence: {detail}"
+                        );
+                        self.emit(vec![refused_update(
+                            &session_id,
+                            &capability_id,
+                            why,
+                            &detail,
+                        )])
+                        .await;
+                        return;
+                    }
+                };
+                match self.runners.submit(cmd, not_after) {
+                    Ok(()) => {}
+                    Err(Rejection::DuplicateSession(id)) => {
+                        tracing::warn!(session_id = %id, "ignoring a second action_invoke for a session already accepted");
+                    }
+                    Err(r) => {
+                        self.emit(vec![session_update(
+                            &session_id,
+                            &capability_id,
+                            SessionStatus::Failed,
+                            Some(r.to_string()),
+                        )])
+                        .await
+                    }
+                }
+            }
+            Err(e) => {
+                // Name the session if the body lets us, so the
+                // registry can fail it instead of waiting.
+                let field = |k: &str| env.body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+                match (field("session_id"), field("capability_id")) {
+                    (Some(s), Some(c)) if shared_protocol::validate::check_id("s", &s).is_ok() => {
+                        self.note_received(&s);
+                        self.emit(vec![session_update(
+                            &s,
+                            &c,
+                            SessionStatus::Failed,
+                            Some(format!("malformed action_invoke: {e}")),
+                        )])
+                        .await
+                    }
+                    _ => {
+                        tracing::warn!(message_id = %env.message_id, "dropping a malformed action_invoke: {e}")
+                    }
+                }
+            }
+        }
+    }
+
+    /// `lease_granted`: note the lease in the fences and stop what it supersedes.
+    async fn on_lease_granted(&self, env: &Envelope) {
+        match env.body_as::<LeaseGranted>(MessageType::LeaseGranted) {
+            Ok(g) => {
+                let superseded = lock_fences(&self.fences).note_lease(
+                    &g.capability_id,
+                    &g.lease_id,
+                    g.lease_generation,
+                    g.lease_mode,
+                );
+                tracing::info!(
+                    lease_id = %g.lease_id,
+                    capability_id = %g.capability_id,
+                    lease_generation = g.lease_generation,
+                    lease_mode = %g.lease_mode,
+                    superseded = superseded.len(),
+                    "lease granted"
+                );
+                self.stop_superseded(&g.capability_id, &g.lease_id, superseded)
+                    .await;
+            }
+            Err(e) => tracing::warn!("malformed lease_granted: {e}"),
+        }
+    }
+
+    /// `lease_revoked`: end the lease in the fences and stop its sessions.
+    async fn on_lease_revoked(&self, env: &Envelope) {
+        match env.body_as::<LeaseRevoked>(MessageType::LeaseRevoked) {
+            Ok(r) => {
+                lock_fences(&self.fences).note_ended(
+                    &r.capability_id,
+                    &r.lease_id,
+                    r.lease_generation,
+                );
+                let (updates, running) = self.runners.revoke_lease(
+                    &r.lease_id,
+                    &r.capability_id,
+                    &format!("lease {} revoked: {}", r.lease_id, r.reason),
+                );
+                tracing::info!(
+                    lease_id = %r.lease_id,
+                    capability_id = %r.capability_id,
+                    queued_cancelled = updates.len(),
+                    running_stopped = running,
+                    "lease revoked"
+                );
+                self.emit(updates).await;
+            }
+            Err(e) => tracing::warn!("malformed lease_revoked: {e}"),
         }
     }
 }

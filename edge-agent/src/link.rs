@@ -103,10 +103,10 @@ pub struct LinkConfig {
 /// read driver health and the outbox); the link calls them on the blocking
 /// pool.
 pub trait LinkSource: Send + Sync + 'static {
-    /// Provider and capability batch (seed 001 §4.1 + §4.2).
+    /// Provider and capability batch (docs/architecture.md, "Control plane (MQTT)").
     fn register_body(&self) -> RegisterBody;
     /// Health per capability, running sessions with their
-    /// non-interruptible flags, faults (seed 001 §4.3).
+    /// non-interruptible flags, faults (docs/architecture.md, "Control plane (MQTT)").
     fn heartbeat_body(&self) -> HeartbeatRequest;
 }
 

@@ -3,7 +3,7 @@
 //! Commands reach a runner over a bounded channel and run one at a time.
 //! The [`Runners`] handle (shared by the dispatcher, the deadline
 //! supervisor and the heartbeat) keeps a board of every accepted session:
-//! queued, running (with its non-interruptible flag, seed 001 §6.4) or
+//! queued, running (with its non-interruptible flag, docs/actions.md) or
 //! abandoned. Every session ends with exactly one final `session_update`
 //! (completed / failed / cancelled) carrying the artifacts the action wrote
 //! to the outbox. An action still running [`RUNNING_REPORT_AFTER`] after it
@@ -50,7 +50,9 @@ use tokio::sync::Notify;
 
 use crate::clock::RegistryClock;
 use crate::config::CapabilityConfig;
-use crate::drivers::{ActionRequest, CancelToken, Driver, DriverError, DriverHealth};
+use crate::drivers::{
+    ActionOutcome, ActionRequest, CancelToken, Driver, DriverError, DriverHealth,
+};
 use crate::outbox::{Outbox, OutboxError, SyncAnswer, UpdateKind};
 use crate::update_size::{bound_envelope, MAX_ERROR_MESSAGE_CHARS, MAX_SESSION_UPDATE_BYTES};
 
@@ -332,7 +334,7 @@ pub struct Runners {
 impl Runners {
     /// Start one thread per capability. Each thread first asks its driver
     /// for its supported actions, metadata and health; the returned
-    /// registrations (seed 001 §4.2) carry them. `clock` stamps each final
+    /// registrations carry them. `clock` stamps each final
     /// update's `started_at` in the registry's time.
     pub fn start(
         capabilities: Vec<(CapabilityConfig, Box<dyn Driver>)>,
@@ -596,7 +598,7 @@ impl Runners {
         updates
     }
 
-    /// Health per capability for the heartbeat (seed 001 §4.3).
+    /// Health per capability for the heartbeat (docs/architecture.md, "Control plane (MQTT)").
     pub fn health_reports(&self) -> Vec<CapabilityHealthReport> {
         let board = lock(&self.board);
         self.slots
@@ -824,33 +826,8 @@ impl RunnerCtx {
     fn run_job(&self, driver: &mut dyn Driver, job: Job) {
         let non_interruptible = driver.is_non_interruptible(job.action, &job.params);
         // Queued → Running, unless it was cancelled or timed out meanwhile.
-        let (cancel, deadline) = {
-            let mut board = lock(&self.board);
-            let Some(s) = board.sessions.get_mut(&job.session_id) else {
-                return;
-            };
-            if s.phase != Phase::Queued {
-                return;
-            }
-            if Instant::now() >= s.not_after {
-                board.sessions.remove(&job.session_id);
-                drop(board);
-                self.sink.emit_logged(&refused_update(
-                    &job.session_id,
-                    &job.capability_id,
-                    FenceRefusal::NotAfterPassed,
-                    "its not_after had passed when its turn came",
-                ));
-                return;
-            }
-            let Some(s) = board.sessions.get_mut(&job.session_id) else {
-                return;
-            };
-            s.phase = Phase::Running;
-            s.started_at = Some(Utc::now());
-            s.started = Some(Instant::now());
-            s.non_interruptible = non_interruptible;
-            (s.cancel.clone(), s.deadline)
+        let Some((cancel, deadline)) = self.start_running(&job, non_interruptible) else {
+            return;
         };
         let req = ActionRequest {
             session_id: job.session_id.clone(),
@@ -860,17 +837,7 @@ impl RunnerCtx {
             cancel,
         };
         let started = Instant::now();
-        let result = match catch_unwind(AssertUnwindSafe(|| driver.execute(&req))) {
-            Ok(r) => r,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(DriverError::Device(format!("driver panicked: {what}")))
-            }
-        };
+        let result = execute_caught(driver, &req);
         let elapsed_ms = started.elapsed().as_millis() as u64;
 
         // Evidence first: whatever happens to the session, the bytes are
@@ -879,27 +846,8 @@ impl RunnerCtx {
             Err(DriverError::CancelledPartway { why, partial }) => (Ok(*partial), Some(why)),
             other => (other, None),
         };
-        let (artifacts, ingest_error, summary, driver_error) = match result {
-            Ok(outcome) => {
-                let (arts, err) = if outcome.artifacts.is_empty() {
-                    (Vec::new(), None)
-                } else {
-                    match self.outbox.ingest_batch(&job.session_id, outcome.artifacts) {
-                        Ok(arts) => {
-                            self.sink.artifacts_ingested();
-                            (arts, None)
-                        }
-                        Err(e) => (Vec::new(), Some(e)),
-                    }
-                };
-                let driver_error = cancelled_why.map(DriverError::Cancelled);
-                if let (Some(e), Some(_)) = (&err, &driver_error) {
-                    tracing::error!(session_id = %job.session_id, error = %e, "the part a cancelled capture had taken could not be kept");
-                }
-                (arts, err, Some(outcome.result_summary), driver_error)
-            }
-            Err(e) => (Vec::new(), None, None, Some(e)),
-        };
+        let (artifacts, ingest_error, summary, driver_error) =
+            self.keep_evidence(&job.session_id, result, cancelled_why);
 
         let entry = {
             let mut board = lock(&self.board);
@@ -936,38 +884,134 @@ impl RunnerCtx {
         // Only an outcome has a summary: a completed action, or the part a
         // cancelled capture kept.
         update.result_summary = summary.map(Value::Object);
-        match (driver_error, ingest_error) {
-            (None, None) => {}
-            (None, Some(e)) => {
-                update.status = SessionStatus::Failed;
-                update.error_message = Some(e.to_string());
-            }
-            (Some(DriverError::Cancelled(_)), _) if entry.timed_out => {
-                update.status = SessionStatus::Failed;
-                update.error_message = Some(format!(
-                    "timed out after {} ms (cancelled at its deadline)",
-                    entry.timeout_ms
-                ));
-            }
-            (Some(DriverError::Timeout(_)), _) => {
-                // The deadline the command gave, not what the driver
-                // measured: one entered after a 1 ms deadline had passed
-                // had 0 ms left.
-                update.status = SessionStatus::Failed;
-                update.error_message = Some(format!("timed out after {} ms", entry.timeout_ms));
-            }
-            (Some(DriverError::Cancelled(why)), _) => {
-                update.status = SessionStatus::Cancelled;
-                update.error_message = Some(match entry.cancel_reason {
-                    Some(reason) => format!("cancelled: {reason}"),
-                    None => format!("cancelled: {why}"),
-                });
-            }
-            (Some(e), _) => {
-                update.status = SessionStatus::Failed;
-                update.error_message = Some(e.to_string());
-            }
-        }
+        set_outcome(&mut update, &entry, driver_error, ingest_error);
         self.sink.emit_logged(&update);
+    }
+
+    /// Queued → Running, unless the session was cancelled or timed out
+    /// meanwhile (then `None`; one whose `not_after` passed is refused).
+    fn start_running(&self, job: &Job, non_interruptible: bool) -> Option<(CancelToken, Instant)> {
+        let mut board = lock(&self.board);
+        let s = board.sessions.get_mut(&job.session_id)?;
+        if s.phase != Phase::Queued {
+            return None;
+        }
+        if Instant::now() >= s.not_after {
+            board.sessions.remove(&job.session_id);
+            drop(board);
+            self.sink.emit_logged(&refused_update(
+                &job.session_id,
+                &job.capability_id,
+                FenceRefusal::NotAfterPassed,
+                "its not_after had passed when its turn came",
+            ));
+            return None;
+        }
+        let s = board.sessions.get_mut(&job.session_id)?;
+        s.phase = Phase::Running;
+        s.started_at = Some(Utc::now());
+        s.started = Some(Instant::now());
+        s.non_interruptible = non_interruptible;
+        Some((s.cancel.clone(), s.deadline))
+    }
+
+    /// Keep the artifacts of `result` in the outbox; returns them with the
+    /// ingest error, the summary and the driver's error, if any.
+    fn keep_evidence(
+        &self,
+        session_id: &str,
+        result: Result<ActionOutcome, DriverError>,
+        cancelled_why: Option<String>,
+    ) -> Evidence {
+        match result {
+            Ok(outcome) => {
+                let (arts, err) = if outcome.artifacts.is_empty() {
+                    (Vec::new(), None)
+                } else {
+                    match self.outbox.ingest_batch(session_id, outcome.artifacts) {
+                        Ok(arts) => {
+                            self.sink.artifacts_ingested();
+                            (arts, None)
+                        }
+                        Err(e) => (Vec::new(), Some(e)),
+                    }
+                };
+                let driver_error = cancelled_why.map(DriverError::Cancelled);
+                if let (Some(e), Some(_)) = (&err, &driver_error) {
+                    tracing::error!(session_id = %session_id, error = %e, "the part a cancelled capture had taken could not be kept");
+                }
+                (arts, err, Some(outcome.result_summary), driver_error)
+            }
+            Err(e) => (Vec::new(), None, None, Some(e)),
+        }
+    }
+}
+
+/// Run `req` on `driver`; a panic becomes a device error.
+fn execute_caught(
+    driver: &mut dyn Driver,
+    req: &ActionRequest,
+) -> Result<ActionOutcome, DriverError> {
+    match catch_unwind(AssertUnwindSafe(|| driver.execute(req))) {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(DriverError::Device(format!("driver panicked: {what}")))
+        }
+    }
+}
+
+/// What an action left: artifacts kept, the outbox's error, the summary,
+/// the driver's error.
+type Evidence = (
+    Vec<shared_protocol::artifact::CapabilityArtifact>,
+    Option<OutboxError>,
+    Option<Map<String, Value>>,
+    Option<DriverError>,
+);
+
+/// The final status and error of `update` from what went wrong, if
+/// anything: the driver's error first, else the outbox's.
+fn set_outcome(
+    update: &mut SessionUpdate,
+    entry: &SessionEntry,
+    driver_error: Option<DriverError>,
+    ingest_error: Option<OutboxError>,
+) {
+    match (driver_error, ingest_error) {
+        (None, None) => {}
+        (None, Some(e)) => {
+            update.status = SessionStatus::Failed;
+            update.error_message = Some(e.to_string());
+        }
+        (Some(DriverError::Cancelled(_)), _) if entry.timed_out => {
+            update.status = SessionStatus::Failed;
+            update.error_message = Some(format!(
+                "timed out after {} ms (cancelled at its deadline)",
+                entry.timeout_ms
+            ));
+        }
+        (Some(DriverError::Timeout(_)), _) => {
+            // The deadline the command gave, not what the driver
+            // measured: one entered after a 1 ms deadline had passed
+            // had 0 ms left.
+            update.status = SessionStatus::Failed;
+            update.error_message = Some(format!("timed out after {} ms", entry.timeout_ms));
+        }
+        (Some(DriverError::Cancelled(why)), _) => {
+            update.status = SessionStatus::Cancelled;
+            update.error_message = Some(match &entry.cancel_reason {
+                Some(reason) => format!("cancelled: {reason}"),
+                None => format!("cancelled: {why}"),
+            });
+        }
+        (Some(e), _) => {
+            update.status = SessionStatus::Failed;
+            update.error_message = Some(e.to_string());
+        }
     }
 }

@@ -329,7 +329,13 @@ fn run_command(
     if header.starts_with('*') {
         return common_command(config, st, &header, &params);
     }
-    // Canonical short-form path, optional nodes dropped; SOURn picks a channel.
+    let (path, channel) = canonical_path(&header, st)?;
+    run_node(st, &path, query, channel, &params)
+}
+
+/// The canonical short-form path of `header` (optional nodes dropped)
+/// and the channel it addresses (`SOURn`, else the selected one).
+fn canonical_path(header: &str, st: &ScpiPsuState) -> Result<(String, usize), ScpiError> {
     let mut channel = st.selected;
     let mut path = Vec::new();
     for word in header
@@ -357,27 +363,38 @@ fn run_command(
             path.push(short);
         }
     }
-    let path = path.join(":");
+    Ok((path.join(":"), channel))
+}
+
+/// Runs the command at canonical `path` (a query if `query`) on
+/// `channel`; `Ok(Some(reply))` for queries.
+fn run_node(
+    st: &mut ScpiPsuState,
+    path: &str,
+    query: bool,
+    channel: usize,
+    params: &[&str],
+) -> Result<Option<String>, ScpiError> {
     let n = st.channels.len();
-    match (path.as_str(), query) {
+    match (path, query) {
         ("INST", false) => {
-            st.selected = parse_channel(one(&params)?, n)?;
+            st.selected = parse_channel(one(params)?, n)?;
             Ok(None)
         }
         ("INST", true) => Ok(Some(format!("CH{}", st.selected + 1))),
         ("INST:NSEL", false) => {
-            st.selected = parse_index(one(&params)?, n).ok_or(ILLEGAL_VALUE)?;
+            st.selected = parse_index(one(params)?, n).ok_or(ILLEGAL_VALUE)?;
             Ok(None)
         }
         ("INST:NSEL", true) => Ok(Some(format!("{}", st.selected + 1))),
         ("VOLT", false) => {
-            let v = parse_number(one(&params)?)?;
+            let v = parse_number(one(params)?)?;
             set_voltage(&mut st.channels[channel], v)?;
             Ok(None)
         }
         ("VOLT", true) => Ok(Some(format!("{:.3}", st.channels[channel].vset_v))),
         ("CURR", false) => {
-            let a = parse_number(one(&params)?)?;
+            let a = parse_number(one(params)?)?;
             set_current(&mut st.channels[channel], a)?;
             Ok(None)
         }
@@ -411,7 +428,7 @@ fn run_command(
             )))
         }
         ("OUTP", false) => {
-            let (ch, state) = match params.as_slice() {
+            let (ch, state) = match params {
                 [s] => (st.selected, *s),
                 [c, s] => (parse_channel(c, n)?, *s),
                 [] => return Err(MISSING_PARAMETER),
@@ -440,7 +457,7 @@ fn run_command(
                 None => st.selected,
             };
             let (v, a) = st.channels[ch].measure();
-            Ok(Some(match path.as_str() {
+            Ok(Some(match path {
                 "MEAS" | "MEAS:VOLT" => format!("{v:.4}"),
                 "MEAS:CURR" => format!("{a:.4}"),
                 "MEAS:POWE" => format!("{:.4}", v * a),

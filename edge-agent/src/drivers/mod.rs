@@ -76,7 +76,7 @@ pub struct ActionOutcome {
     pub artifacts: Vec<NewArtifact>,
 }
 
-/// Health as reported in heartbeats (seed 001 §4.3).
+/// Health as reported in heartbeats (docs/architecture.md, "Control plane (MQTT)").
 #[derive(Debug, Clone, PartialEq)]
 pub struct DriverHealth {
     pub status: HealthStatus,
@@ -151,12 +151,12 @@ pub trait Driver: Send {
     /// What this capability is.
     fn capability_type(&self) -> CapabilityType;
 
-    /// Actions this device really supports (a subset of the type's, §3).
+    /// Actions this device really supports (a subset of the type's, docs/actions.md).
     fn supported_actions(&self) -> Vec<CapabilityAction> {
         self.capability_type().supported_actions().to_vec()
     }
 
-    /// Type metadata for registration (seed 001 §3.x "关键元数据"), e.g.
+    /// Type metadata for registration, e.g.
     /// `{"port_name": "/dev/ttyUSB0", "baud_rates": [115200]}`.
     fn metadata(&self) -> Map<String, Value> {
         Map::new()
@@ -166,7 +166,7 @@ pub trait Driver: Send {
     fn health(&mut self) -> DriverHealth;
 
     /// True when `action` with `params` must not be cut once started
-    /// (seed 001 §6.4). Defaults to the protocol's list.
+    /// (docs/actions.md, "What every action has in common"). Defaults to the protocol's list.
     fn is_non_interruptible(&self, action: CapabilityAction, _params: &Map<String, Value>) -> bool {
         action.non_interruptible_by_default()
     }
@@ -195,6 +195,32 @@ pub fn parse_params<T: DeserializeOwned>(params: &Map<String, Value>) -> Result<
             message: inner,
         }
     })
+}
+
+/// A backend's settings (or an action's params) read with
+/// `#[serde(deny_unknown_fields, default)]`: a key the table leaves out
+/// takes its value from the struct's `Default`, the one place that states
+/// its defaults. [`Self::REQUIRED`] names the keys without a default: a
+/// table lacking one is refused with serde's own error (``missing field
+/// `port` ``), after the keys it has were checked, as without `default`.
+pub trait Defaults: Default + DeserializeOwned {
+    /// Top-level keys that must be present, in declaration order.
+    const REQUIRED: &'static [&'static str] = &[];
+}
+
+/// [`parse_params`] for a [`Defaults`] struct: also refuses `params`
+/// lacking one of its [`Defaults::REQUIRED`] keys.
+pub fn parse_params_with_defaults<T: Defaults>(
+    params: &Map<String, Value>,
+) -> Result<T, DriverError> {
+    let parsed = parse_params(params)?;
+    match T::REQUIRED.iter().find(|k| !params.contains_key(**k)) {
+        Some(key) => Err(DriverError::InvalidParams {
+            field: key.to_string(),
+            message: format!("missing field `{key}`"),
+        }),
+        None => Ok(parsed),
+    }
 }
 
 /// An [`DriverError::Unsupported`] for `action` on `kind`.
@@ -253,11 +279,11 @@ pub enum DriverConfigError {
 
 impl DriverSpec {
     /// Parse this spec's settings into a backend's typed settings struct
-    /// (use `#[serde(deny_unknown_fields)]`), naming the bad key.
-    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, DriverConfigError> {
+    /// (a [`Defaults`] struct), naming the bad key.
+    pub fn parse<T: Defaults>(&self) -> Result<T, DriverConfigError> {
         let mut settings = self.settings.clone();
         settings.remove("backend");
-        parse_params(&settings).map_err(|e| match e {
+        parse_params_with_defaults(&settings).map_err(|e| match e {
             DriverError::InvalidParams { field, message } => DriverConfigError::Setting {
                 capability_id: self.capability_id.clone(),
                 key: field,
@@ -295,5 +321,58 @@ pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
         CapabilityType::ProgrammablePowerSupply => psu::build(spec),
         CapabilityType::ThumbRobot => thumb_robot::build(spec),
         CapabilityType::ScreenCapture => screen::build(spec),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod defaults_pin {
+    //! Pins what a table with only the required keys parses to.
+
+    /// Parse `table` as driver settings or action params are parsed and
+    /// compare the result's `Debug` form with `expected`.
+    pub(crate) fn check<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+        table: serde_json::Value,
+        expected: &str,
+    ) {
+        let serde_json::Value::Object(map) = table else {
+            panic!("not a table: {table}");
+        };
+        let parsed: T = super::parse_params(&map).expect("a minimal table parses");
+        let got = format!("{parsed:?}");
+        assert_eq!(got, expected);
+    }
+
+    /// A [`super::Defaults`] struct still refuses a table without a
+    /// required key, with serde's error, but only after the keys present
+    /// were checked (as without `#[serde(default)]`).
+    #[test]
+    fn required_keys_are_still_required() {
+        #[derive(Debug, Default, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        #[allow(dead_code)]
+        struct Settings {
+            port: String,
+            baud_rate: u32,
+            max_voltage_v: f64,
+        }
+        impl super::Defaults for Settings {
+            const REQUIRED: &'static [&'static str] = &["port", "max_voltage_v"];
+        }
+        let parse = |v: serde_json::Value| match v {
+            serde_json::Value::Object(m) => super::parse_params_with_defaults::<Settings>(&m),
+            _ => unreachable!(),
+        };
+        match parse(serde_json::json!({"port": "/dev/ttyUSB0"})).unwrap_err() {
+            super::DriverError::InvalidParams { field, message } => {
+                assert_eq!(field, "max_voltage_v");
+                assert_eq!(message, "missing field `max_voltage_v`");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        match parse(serde_json::json!({"baud_rate": "fast"})).unwrap_err() {
+            super::DriverError::InvalidParams { field, .. } => assert_eq!(field, "baud_rate"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(parse(serde_json::json!({"port": "p", "max_voltage_v": 5.0})).is_ok());
     }
 }

@@ -1,4 +1,4 @@
-//! Camera driver (seed 001 §3.1): `snapshot`, `record_clip`,
+//! Camera driver (docs/actions.md, "camera"): `snapshot`, `record_clip`,
 //! `start_stream` / `stop_stream`, `set_ptz`.
 //!
 //! Backends: `nokhwa` (V4L2 through nokhwa, [`nokhwa_backend`]) and `sim`
@@ -133,6 +133,25 @@ pub(crate) struct CommonToml {
     pub warmup_frames: u32,
     pub max_clip_ms: u64,
     pub field_of_view_deg: Option<f64>,
+}
+
+impl Default for CommonToml {
+    /// The defaults of a real camera; the simulator changes two
+    /// (`sim.rs`).
+    fn default() -> Self {
+        Self {
+            format: "auto".into(),
+            resolution: "1280x720".into(),
+            fps: 30,
+            capture_timeout_ms: 3000,
+            ring_seconds: 10,
+            ring_max_mb: 256,
+            jpeg_quality: 85,
+            warmup_frames: 2,
+            max_clip_ms: 60_000,
+            field_of_view_deg: None,
+        }
+    }
 }
 
 impl CommonToml {
@@ -684,85 +703,15 @@ impl CameraDriver {
         let mut artifacts = Vec::new();
         match keep {
             "clip" if !take.frames.is_empty() => {
-                let first = take.frames[0].received;
-                let parts: Vec<clip::ClipPart> = take
-                    .frames
-                    .iter()
-                    .map(|f| clip::ClipPart {
-                        timestamp_ms: f.received.duration_since(first).as_millis() as u64,
-                        captured_at: Some(f.captured_at),
-                        jpeg: f.jpeg.clone(),
-                    })
-                    .collect();
-                let last = &take.frames[take.frames.len() - 1];
-                let frame_ms = if take.frames.len() > 1 {
-                    last.received.duration_since(first).as_millis() as u64
-                        / (take.frames.len() as u64 - 1)
-                } else {
-                    1000 / u64::from(self.settings.fps.max(1))
-                };
-                let duration_ms = last.received.duration_since(first).as_millis() as u64 + frame_ms;
-                let mut metadata = Map::new();
-                metadata.insert("width".into(), json!(last.width));
-                metadata.insert("height".into(), json!(last.height));
-                metadata.insert("frame_count".into(), json!(parts.len()));
-                metadata.insert("duration_ms".into(), json!(duration_ms));
-                metadata.insert("source_format".into(), json!(last.source_format.as_str()));
-                metadata.insert("container".into(), json!("multipart/x-mixed-replace"));
-                metadata.insert("boundary".into(), json!(clip::BOUNDARY));
-                metadata.insert(
-                    "captured_at".into(),
-                    json!(rfc3339(take.frames[0].captured_at)),
-                );
-                metadata.insert("device".into(), json!(self.backend.label()));
-                metadata.insert("from_stream".into(), json!(true));
-                summary.insert("kept_frames".into(), json!(parts.len()));
-                summary.insert("duration_ms".into(), json!(duration_ms));
-                artifacts.push(NewArtifact {
-                    artifact_type: ArtifactType::VideoClip,
-                    content_type: clip::content_type(),
-                    bytes: clip::write(&parts),
-                    duration_ms: Some(duration_ms),
-                    metadata,
-                });
+                artifacts.push(self.stream_clip(&take.frames, &mut summary));
             }
             "keyframes" if !take.frames.is_empty() => {
-                let picked = keyframes::select(
-                    &take.frames,
-                    keyframes::KeyframeOptions {
-                        max_keyframes,
-                        change_threshold,
-                        min_interval_ms: p.min_interval_ms.unwrap_or(250),
-                    },
-                );
-                let first = take.frames[0].received;
-                for k in &picked {
-                    let f = &take.frames[k.index];
-                    let rgb = frames::decode_jpeg(&f.jpeg)?;
-                    let bytes =
-                        frames::encode(&rgb, StillFormat::Jpeg, self.settings.jpeg_quality)?;
-                    let mut metadata = Map::new();
-                    metadata.insert("width".into(), json!(rgb.width()));
-                    metadata.insert("height".into(), json!(rgb.height()));
-                    metadata.insert("captured_at".into(), json!(rfc3339(f.captured_at)));
-                    metadata.insert("source_format".into(), json!(f.source_format.as_str()));
-                    metadata.insert("format".into(), json!("jpeg"));
-                    metadata.insert("keyframe".into(), json!(true));
-                    metadata.insert(
-                        "stream_offset_ms".into(),
-                        json!(f.received.duration_since(first).as_millis() as u64),
-                    );
-                    metadata.insert("change".into(), json!(k.change));
-                    metadata.insert("device".into(), json!(self.backend.label()));
-                    artifacts.push(NewArtifact {
-                        artifact_type: ArtifactType::Image,
-                        content_type: "image/jpeg".into(),
-                        bytes,
-                        duration_ms: None,
-                        metadata,
-                    });
-                }
-                summary.insert("kept_frames".into(), json!(picked.len()));
+                let options = keyframes::KeyframeOptions {
+                    max_keyframes,
+                    change_threshold,
+                    min_interval_ms: p.min_interval_ms.unwrap_or(250),
+                };
+                artifacts = self.stream_keyframes(&take.frames, options, &mut summary)?;
             }
             _ => {
                 summary.insert("kept_frames".into(), json!(0));
@@ -772,6 +721,91 @@ impl CameraDriver {
             result_summary: summary,
             artifacts,
         })
+    }
+
+    /// `stop_stream` with `keep = "clip"`: the `stored` frames of the ring
+    /// (not empty) as one MJPEG clip.
+    fn stream_clip(
+        &self,
+        stored: &[ring::StoredFrame],
+        summary: &mut Map<String, Value>,
+    ) -> NewArtifact {
+        let first = stored[0].received;
+        let parts: Vec<clip::ClipPart> = stored
+            .iter()
+            .map(|f| clip::ClipPart {
+                timestamp_ms: f.received.duration_since(first).as_millis() as u64,
+                captured_at: Some(f.captured_at),
+                jpeg: f.jpeg.clone(),
+            })
+            .collect();
+        let last = &stored[stored.len() - 1];
+        let frame_ms = if stored.len() > 1 {
+            last.received.duration_since(first).as_millis() as u64 / (stored.len() as u64 - 1)
+        } else {
+            1000 / u64::from(self.settings.fps.max(1))
+        };
+        let duration_ms = last.received.duration_since(first).as_millis() as u64 + frame_ms;
+        let mut metadata = Map::new();
+        metadata.insert("width".into(), json!(last.width));
+        metadata.insert("height".into(), json!(last.height));
+        metadata.insert("frame_count".into(), json!(parts.len()));
+        metadata.insert("duration_ms".into(), json!(duration_ms));
+        metadata.insert("source_format".into(), json!(last.source_format.as_str()));
+        metadata.insert("container".into(), json!("multipart/x-mixed-replace"));
+        metadata.insert("boundary".into(), json!(clip::BOUNDARY));
+        metadata.insert("captured_at".into(), json!(rfc3339(stored[0].captured_at)));
+        metadata.insert("device".into(), json!(self.backend.label()));
+        metadata.insert("from_stream".into(), json!(true));
+        summary.insert("kept_frames".into(), json!(parts.len()));
+        summary.insert("duration_ms".into(), json!(duration_ms));
+        NewArtifact {
+            artifact_type: ArtifactType::VideoClip,
+            content_type: clip::content_type(),
+            bytes: clip::write(&parts),
+            duration_ms: Some(duration_ms),
+            metadata,
+        }
+    }
+
+    /// `stop_stream` with `keep = "keyframes"`: of the `stored` frames of
+    /// the ring (not empty), those that changed most, as JPEG stills.
+    fn stream_keyframes(
+        &self,
+        stored: &[ring::StoredFrame],
+        options: keyframes::KeyframeOptions,
+        summary: &mut Map<String, Value>,
+    ) -> Result<Vec<NewArtifact>, DriverError> {
+        let mut artifacts = Vec::new();
+        let picked = keyframes::select(stored, options);
+        let first = stored[0].received;
+        for k in &picked {
+            let f = &stored[k.index];
+            let rgb = frames::decode_jpeg(&f.jpeg)?;
+            let bytes = frames::encode(&rgb, StillFormat::Jpeg, self.settings.jpeg_quality)?;
+            let mut metadata = Map::new();
+            metadata.insert("width".into(), json!(rgb.width()));
+            metadata.insert("height".into(), json!(rgb.height()));
+            metadata.insert("captured_at".into(), json!(rfc3339(f.captured_at)));
+            metadata.insert("source_format".into(), json!(f.source_format.as_str()));
+            metadata.insert("format".into(), json!("jpeg"));
+            metadata.insert("keyframe".into(), json!(true));
+            metadata.insert(
+                "stream_offset_ms".into(),
+                json!(f.received.duration_since(first).as_millis() as u64),
+            );
+            metadata.insert("change".into(), json!(k.change));
+            metadata.insert("device".into(), json!(self.backend.label()));
+            artifacts.push(NewArtifact {
+                artifact_type: ArtifactType::Image,
+                content_type: "image/jpeg".into(),
+                bytes,
+                duration_ms: None,
+                metadata,
+            });
+        }
+        summary.insert("kept_frames".into(), json!(picked.len()));
+        Ok(artifacts)
     }
 
     fn set_ptz(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {

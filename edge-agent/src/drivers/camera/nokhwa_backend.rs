@@ -30,7 +30,7 @@ use serde::Deserialize;
 
 use super::frames::{CaptureMode, PixelFormat, RawFrame};
 use super::{CameraBackend, CameraDriver, CommonToml, FrameSource, PtzAxis};
-use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 /// Opens the nokhwa `Camera` for a V4L2 index. The default opens the real
 /// device; tests pass one that returns `Camera::with_custom(..)` around a
@@ -138,61 +138,45 @@ pub enum DeviceSetting {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct NokhwaToml {
-    #[serde(default)]
     device: Option<DeviceSetting>,
-    #[serde(default = "default_format")]
     format: String,
-    #[serde(default = "default_resolution")]
     resolution: String,
-    #[serde(default = "default_fps")]
     fps: u32,
-    #[serde(default = "default_timeout")]
     capture_timeout_ms: u64,
-    #[serde(default = "default_ring_seconds")]
     ring_seconds: u32,
-    #[serde(default = "default_ring_max_mb")]
     ring_max_mb: u32,
-    #[serde(default = "default_quality")]
     jpeg_quality: u8,
-    #[serde(default = "default_warmup")]
     warmup_frames: u32,
-    #[serde(default = "default_max_clip")]
     max_clip_ms: u64,
-    #[serde(default)]
     field_of_view_deg: Option<f64>,
-    #[serde(default)]
     ptz: bool,
 }
 
-fn default_format() -> String {
-    "auto".into()
+impl Default for NokhwaToml {
+    /// The first camera, no pan/tilt/zoom, the rest shared
+    /// ([`CommonToml`]).
+    fn default() -> Self {
+        let c = CommonToml::default();
+        Self {
+            device: None,
+            format: c.format,
+            resolution: c.resolution,
+            fps: c.fps,
+            capture_timeout_ms: c.capture_timeout_ms,
+            ring_seconds: c.ring_seconds,
+            ring_max_mb: c.ring_max_mb,
+            jpeg_quality: c.jpeg_quality,
+            warmup_frames: c.warmup_frames,
+            max_clip_ms: c.max_clip_ms,
+            field_of_view_deg: c.field_of_view_deg,
+            ptz: false,
+        }
+    }
 }
-fn default_resolution() -> String {
-    "1280x720".into()
-}
-fn default_fps() -> u32 {
-    30
-}
-fn default_timeout() -> u64 {
-    3000
-}
-fn default_ring_seconds() -> u32 {
-    10
-}
-fn default_ring_max_mb() -> u32 {
-    256
-}
-fn default_quality() -> u8 {
-    85
-}
-fn default_warmup() -> u32 {
-    2
-}
-fn default_max_clip() -> u64 {
-    60_000
-}
+
+impl Defaults for NokhwaToml {}
 
 /// Build a nokhwa camera driver. Does not open the device.
 pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
@@ -444,5 +428,20 @@ impl FrameSource for NokhwaSource {
         self.camera
             .set_camera_control(to_known(axis), ControlValueSetter::Integer(value))
             .map_err(|e| self.err(&format!("setting {} to {value}", axis.as_str()), e))
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<NokhwaToml>(
+            serde_json::json!({}),
+            "NokhwaToml { device: None, format: \"auto\", resolution: \"1280x720\", fps: 30, capture_timeout_ms: 3000, ring_seconds: 10, ring_max_mb: 256, jpeg_quality: 85, warmup_frames: 2, max_clip_ms: 60000, field_of_view_deg: None, ptz: false }",
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! The edge ring buffer of a camera stream (seed 001 §1: preprocess at the
+//! The edge ring buffer of a camera stream (preprocess at the
 //! edge, upload only key evidence).
 //!
 //! While a stream runs, every captured frame is pushed here as JPEG; the

@@ -29,81 +29,56 @@ use serde::Deserialize;
 use super::frames::{self, CaptureMode, PixelFormat, RawFrame, StillFormat};
 use super::pattern;
 use super::{CameraBackend, CameraDriver, CommonToml, FrameSource, PtzAxis};
-use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct SimToml {
-    #[serde(default = "default_name")]
     device: String,
-    #[serde(default = "default_format")]
     format: String,
-    #[serde(default = "default_resolution")]
     resolution: String,
-    #[serde(default = "default_fps")]
     fps: u32,
-    #[serde(default = "default_timeout")]
     capture_timeout_ms: u64,
-    #[serde(default = "default_ring_seconds")]
     ring_seconds: u32,
-    #[serde(default = "default_ring_max_mb")]
     ring_max_mb: u32,
-    #[serde(default = "default_quality")]
     jpeg_quality: u8,
-    #[serde(default)]
     warmup_frames: u32,
-    #[serde(default = "default_max_clip")]
     max_clip_ms: u64,
-    #[serde(default)]
     field_of_view_deg: Option<f64>,
-    #[serde(default = "default_offered_formats")]
     offered_formats: Vec<String>,
-    #[serde(default = "default_offered_resolutions")]
     offered_resolutions: Vec<String>,
-    #[serde(default = "default_fps")]
     max_fps: u32,
-    #[serde(default = "default_true")]
     connected: bool,
-    #[serde(default)]
     ptz: bool,
 }
 
-fn default_name() -> String {
-    "sim-camera".into()
+impl Default for SimToml {
+    /// The module docs' table; `resolution` and `warmup_frames` differ
+    /// from a real camera's, the rest shared ([`CommonToml`]).
+    fn default() -> Self {
+        let c = CommonToml::default();
+        Self {
+            device: "sim-camera".into(),
+            format: c.format,
+            resolution: "640x480".into(),
+            fps: c.fps,
+            capture_timeout_ms: c.capture_timeout_ms,
+            ring_seconds: c.ring_seconds,
+            ring_max_mb: c.ring_max_mb,
+            jpeg_quality: c.jpeg_quality,
+            warmup_frames: 0,
+            max_clip_ms: c.max_clip_ms,
+            field_of_view_deg: c.field_of_view_deg,
+            offered_formats: vec!["mjpeg".into(), "yuyv".into()],
+            offered_resolutions: vec!["320x240".into(), "640x480".into(), "1280x720".into()],
+            max_fps: 30,
+            connected: true,
+            ptz: false,
+        }
+    }
 }
-fn default_format() -> String {
-    "auto".into()
-}
-fn default_resolution() -> String {
-    "640x480".into()
-}
-fn default_fps() -> u32 {
-    30
-}
-fn default_timeout() -> u64 {
-    3000
-}
-fn default_ring_seconds() -> u32 {
-    10
-}
-fn default_ring_max_mb() -> u32 {
-    256
-}
-fn default_quality() -> u8 {
-    85
-}
-fn default_max_clip() -> u64 {
-    60_000
-}
-fn default_offered_formats() -> Vec<String> {
-    vec!["mjpeg".into(), "yuyv".into()]
-}
-fn default_offered_resolutions() -> Vec<String> {
-    vec!["320x240".into(), "640x480".into(), "1280x720".into()]
-}
-fn default_true() -> bool {
-    true
-}
+
+impl Defaults for SimToml {}
 
 /// Build a simulated camera driver.
 pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
@@ -324,5 +299,20 @@ impl FrameSource for SimSource {
         }
         state[i] = value;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<SimToml>(
+            serde_json::json!({}),
+            "SimToml { device: \"sim-camera\", format: \"auto\", resolution: \"640x480\", fps: 30, capture_timeout_ms: 3000, ring_seconds: 10, ring_max_mb: 256, jpeg_quality: 85, warmup_frames: 0, max_clip_ms: 60000, field_of_view_deg: None, offered_formats: [\"mjpeg\", \"yuyv\"], offered_resolutions: [\"320x240\", \"640x480\", \"1280x720\"], max_fps: 30, connected: true, ptz: false }",
+        );
     }
 }

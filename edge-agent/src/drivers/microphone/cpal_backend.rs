@@ -29,44 +29,39 @@ use serde::Deserialize;
 use super::capture::CaptureBuffer;
 use super::{AudioInput, AudioRequest, CommonMicToml, MicrophoneDriver, OpenCapture};
 use crate::devices::{device_name, find_audio_device, summarize_ranges};
-use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct CpalToml {
-    #[serde(default = "default_device")]
     device: String,
-    #[serde(default)]
     sample_rate: Option<u32>,
-    #[serde(default)]
     channels: Option<u16>,
-    #[serde(default = "default_max_duration")]
     max_duration_ms: u64,
-    #[serde(default = "default_ring_seconds")]
     ring_seconds: u32,
-    #[serde(default = "default_timeout")]
     capture_timeout_ms: u64,
-    #[serde(default = "default_threshold")]
     vad_threshold_dbfs: f32,
-    #[serde(default)]
     noise_profile: Option<String>,
 }
 
-fn default_device() -> String {
-    "default".into()
+impl Default for CpalToml {
+    /// `device = "default"`, the rest shared ([`CommonMicToml`]).
+    fn default() -> Self {
+        let c = CommonMicToml::default();
+        Self {
+            device: "default".into(),
+            sample_rate: c.sample_rate,
+            channels: c.channels,
+            max_duration_ms: c.max_duration_ms,
+            ring_seconds: c.ring_seconds,
+            capture_timeout_ms: c.capture_timeout_ms,
+            vad_threshold_dbfs: c.vad_threshold_dbfs,
+            noise_profile: c.noise_profile,
+        }
+    }
 }
-pub(crate) fn default_max_duration() -> u64 {
-    60_000
-}
-pub(crate) fn default_ring_seconds() -> u32 {
-    30
-}
-pub(crate) fn default_timeout() -> u64 {
-    2_000
-}
-pub(crate) fn default_threshold() -> f32 {
-    -40.0
-}
+
+impl Defaults for CpalToml {}
 
 /// Build a cpal microphone driver. Does not open the device.
 pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
@@ -294,4 +289,19 @@ where
 {
     data.as_slice::<T>()
         .map(|s| s.iter().map(|x| f32::from_sample_(*x)).collect())
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<CpalToml>(
+            serde_json::json!({}),
+            "CpalToml { device: \"default\", sample_rate: None, channels: None, max_duration_ms: 60000, ring_seconds: 30, capture_timeout_ms: 2000, vad_threshold_dbfs: -40.0, noise_profile: None }",
+        );
+    }
 }

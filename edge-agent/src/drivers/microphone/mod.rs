@@ -1,4 +1,4 @@
-//! Microphone driver (seed 001 §3.2): `record_audio`,
+//! Microphone driver (docs/actions.md, "microphone"): `record_audio`,
 //! `start_audio_stream` / `stop_audio_stream`.
 //!
 //! Backends: `cpal` ([`cpal_backend`]: PulseAudio when a server is
@@ -76,8 +76,23 @@ pub struct MicSettings {
     /// declared gone.
     pub capture_timeout: Duration,
     pub vad: VadConfig,
-    /// Registration metadata (`noise_profile`, seed §3.2).
+    /// Registration metadata (`noise_profile`).
     pub noise_profile: Option<String>,
+}
+
+impl Default for CommonMicToml {
+    /// The defaults every microphone backend shares.
+    fn default() -> Self {
+        Self {
+            sample_rate: None,
+            channels: None,
+            max_duration_ms: 60_000,
+            ring_seconds: 30,
+            capture_timeout_ms: 2_000,
+            vad_threshold_dbfs: -40.0,
+            noise_profile: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

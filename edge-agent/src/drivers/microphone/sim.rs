@@ -25,66 +25,53 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::capture::CaptureBuffer;
-use super::cpal_backend::{
-    default_max_duration, default_ring_seconds, default_threshold, default_timeout,
-};
 use super::{AudioInput, AudioRequest, CommonMicToml, MicrophoneDriver, OpenCapture};
-use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct SimToml {
-    #[serde(default = "default_name")]
     device: String,
-    #[serde(default)]
     sample_rate: Option<u32>,
-    #[serde(default)]
     channels: Option<u16>,
-    #[serde(default = "default_max_duration")]
     max_duration_ms: u64,
-    #[serde(default = "default_ring_seconds")]
     ring_seconds: u32,
-    #[serde(default = "default_timeout")]
     capture_timeout_ms: u64,
-    #[serde(default = "default_threshold")]
     vad_threshold_dbfs: f32,
-    #[serde(default)]
     noise_profile: Option<String>,
-    #[serde(default = "default_signal")]
     signal: String,
-    #[serde(default = "default_tone")]
     tone_hz: f32,
-    #[serde(default = "default_level")]
     level_dbfs: f32,
-    #[serde(default = "default_rates")]
     supported_sample_rates: Vec<u32>,
-    #[serde(default = "default_max_channels")]
     max_channels: u16,
-    #[serde(default = "default_true")]
     connected: bool,
 }
 
-fn default_name() -> String {
-    "sim-microphone".into()
+impl Default for SimToml {
+    /// The simulator's own keys' defaults, the rest shared
+    /// ([`CommonMicToml`]).
+    fn default() -> Self {
+        let c = CommonMicToml::default();
+        Self {
+            device: "sim-microphone".into(),
+            sample_rate: c.sample_rate,
+            channels: c.channels,
+            max_duration_ms: c.max_duration_ms,
+            ring_seconds: c.ring_seconds,
+            capture_timeout_ms: c.capture_timeout_ms,
+            vad_threshold_dbfs: c.vad_threshold_dbfs,
+            noise_profile: c.noise_profile,
+            signal: "tone".into(),
+            tone_hz: 440.0,
+            level_dbfs: -12.0,
+            supported_sample_rates: vec![8_000, 16_000, 22_050, 44_100, 48_000],
+            max_channels: 2,
+            connected: true,
+        }
+    }
 }
-fn default_signal() -> String {
-    "tone".into()
-}
-fn default_tone() -> f32 {
-    440.0
-}
-fn default_level() -> f32 {
-    -12.0
-}
-fn default_rates() -> Vec<u32> {
-    vec![8_000, 16_000, 22_050, 44_100, 48_000]
-}
-fn default_max_channels() -> u16 {
-    2
-}
-fn default_true() -> bool {
-    true
-}
+
+impl Defaults for SimToml {}
 
 /// What the simulated microphone hears.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -311,5 +298,20 @@ impl Generator {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<SimToml>(
+            serde_json::json!({}),
+            "SimToml { device: \"sim-microphone\", sample_rate: None, channels: None, max_duration_ms: 60000, ring_seconds: 30, capture_timeout_ms: 2000, vad_threshold_dbfs: -40.0, noise_profile: None, signal: \"tone\", tone_hz: 440.0, level_dbfs: -12.0, supported_sample_rates: [8000, 16000, 22050, 44100, 48000], max_channels: 2, connected: true }",
+        );
     }
 }

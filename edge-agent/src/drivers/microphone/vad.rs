@@ -1,4 +1,4 @@
-//! A simple energy voice-activity detector (seed 001 §3.2 `supports_vad`).
+//! A simple energy voice-activity detector (registered as `supports_vad`).
 //!
 //! The signal is cut into 20 ms frames; a frame is active when its RMS
 //! level is above the threshold: the configured `threshold_dbfs`, raised

@@ -1,4 +1,4 @@
-//! Programmable power supply driver (seed 001 §3.7): `power_on`,
+//! Programmable power supply driver (docs/actions.md): `power_on`,
 //! `power_off`, `set_voltage`, `set_current_limit`, `measure_output`.
 //!
 //! Backends, each one small file behind [`PowerSupply`]:
@@ -14,7 +14,7 @@
 //! This module does what is the same for every supply: typed parameters,
 //! the configured safety limits (`max_voltage_v`, `max_current_a`: a request
 //! above them is refused with [`DriverError::LimitExceeded`] before a byte
-//! is sent), output switching as a non-interruptible window (seed §6.4),
+//! is sent), output switching as a non-interruptible window (docs/actions.md),
 //! settling before the measurement that follows a switch or a setting, and
 //! `sensor_dump` evidence of every action (measurement plus the command
 //! transcript with timings).
@@ -300,7 +300,7 @@ impl PsuDriver {
         }
         let started_at = now_rfc3339();
         self.psu.transcript().restart();
-        // From here the switching window is non-interruptible (§6.4): the
+        // From here the switching window is non-interruptible: the
         // cancel token is not looked at until the output has settled.
         if let Some(a) = current {
             self.psu.set_current_limit(a)?;

@@ -18,7 +18,7 @@ use super::{check_settle, Limits, Measurement, PowerSupply, OPEN_WAIT};
 use crate::drivers::transport::{
     bad_setting, printable, Endpoint, Link, SerialLine, Transcript, WaitError,
 };
-use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
 /// Bench TOML settings of `backend = "scpi"`: exactly one of `port` and
 /// `tcp_address`.
@@ -33,33 +33,37 @@ use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
 /// settle_ms = 100                      # 0..=10000
 /// ```
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ScpiSettings {
     pub port: Option<String>,
     pub tcp_address: Option<String>,
-    #[serde(default = "default_baud")]
     pub baud_rate: u32,
-    #[serde(default = "default_channel")]
     pub channel: u8,
     pub max_voltage_v: f64,
     pub max_current_a: f64,
-    #[serde(default = "default_reply_timeout")]
     pub reply_timeout_ms: u64,
-    #[serde(default = "default_settle")]
     pub settle_ms: u64,
 }
 
-fn default_baud() -> u32 {
-    9600
+impl Default for ScpiSettings {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            port: None,
+            tcp_address: None,
+            baud_rate: 9600,
+            channel: 1,
+            max_voltage_v: 0.0,
+            max_current_a: 0.0,
+            reply_timeout_ms: 1000,
+            settle_ms: 100,
+        }
+    }
 }
-fn default_channel() -> u8 {
-    1
-}
-fn default_reply_timeout() -> u64 {
-    1000
-}
-fn default_settle() -> u64 {
-    100
+
+impl Defaults for ScpiSettings {
+    const REQUIRED: &'static [&'static str] = &["max_voltage_v", "max_current_a"];
 }
 
 /// Most error-queue entries read after one setting (the DP800 keeps 20).
@@ -336,5 +340,20 @@ impl PowerSupply for Scpi {
 
     fn transcript(&mut self) -> &mut Transcript {
         &mut self.transcript
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<ScpiSettings>(
+            serde_json::json!({"max_voltage_v": 12.0, "max_current_a": 2.0}),
+            "ScpiSettings { port: None, tcp_address: None, baud_rate: 9600, channel: 1, max_voltage_v: 12.0, max_current_a: 2.0, reply_timeout_ms: 1000, settle_ms: 100 }",
+        );
     }
 }

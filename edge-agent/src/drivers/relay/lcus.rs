@@ -15,7 +15,7 @@ use super::{check_settle, Channels, RelayBoard, OPEN_WAIT};
 use crate::drivers::transport::{
     bad_setting, printable, sleep_until, Endpoint, Link, SerialLine, Transcript, WaitError,
 };
-use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
 /// Bench TOML settings of `backend = "lcus"`.
 ///
@@ -28,27 +28,33 @@ use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
 /// read_back = true     # FF status query; default: true when channels >= 2
 /// ```
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct LcusSettings {
     pub port: String,
-    #[serde(default = "default_baud")]
     pub baud_rate: u32,
     pub channels: u8,
-    #[serde(default = "default_channel")]
     pub channel: u8,
-    #[serde(default = "default_settle")]
     pub settle_ms: u64,
     pub read_back: Option<bool>,
 }
 
-fn default_baud() -> u32 {
-    9600
+impl Default for LcusSettings {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            port: String::new(),
+            baud_rate: 9600,
+            channels: 0,
+            channel: 1,
+            settle_ms: 20,
+            read_back: None,
+        }
+    }
 }
-fn default_channel() -> u8 {
-    1
-}
-fn default_settle() -> u64 {
-    20
+
+impl Defaults for LcusSettings {
+    const REQUIRED: &'static [&'static str] = &["port", "channels"];
 }
 
 /// How long the status reply may take.
@@ -193,5 +199,20 @@ impl RelayBoard for Lcus {
 
     fn transcript(&mut self) -> &mut Transcript {
         &mut self.transcript
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<LcusSettings>(
+            serde_json::json!({"port": "/dev/ttyUSB0", "channels": 2}),
+            "LcusSettings { port: \"/dev/ttyUSB0\", baud_rate: 9600, channels: 2, channel: 1, settle_ms: 20, read_back: None }",
+        );
     }
 }

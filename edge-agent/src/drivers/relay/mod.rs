@@ -1,4 +1,4 @@
-//! Relay driver (seed 001 §3.6): `switch_on`, `switch_off`, `pulse`.
+//! Relay driver (docs/actions.md, "relay"): `switch_on`, `switch_off`, `pulse`.
 //!
 //! Backends, each one small file behind [`RelayBoard`]:
 //! - `lcus` ([`lcus`]): LCUS-type USB relay boards, 4-byte hex frames
@@ -13,7 +13,7 @@
 //! module channel 1 is its relay `0`). An action's `channel` parameter
 //! defaults to the section's `channel` setting.
 //!
-//! A `pulse` is non-interruptible (seed §6.4): once the relay has switched,
+//! A `pulse` is non-interruptible (docs/actions.md): once the relay has switched,
 //! it switches back after `duration_ms` whatever happens to the lease.
 //! Every action returns a `sensor_dump` artifact with the switching
 //! timeline (when each switch was commanded and confirmed) and the command
@@ -31,8 +31,8 @@ use shared_protocol::capability::{CapabilityAction, CapabilityType};
 
 use super::transport::{bad_setting, now_rfc3339, sensor_dump, sleep_until, Transcript};
 use super::{
-    parse_params, unsupported, ActionOutcome, ActionRequest, Driver, DriverConfigError,
-    DriverError, DriverHealth, DriverSpec,
+    parse_params, parse_params_with_defaults, unsupported, ActionOutcome, ActionRequest, Defaults,
+    Driver, DriverConfigError, DriverError, DriverHealth, DriverSpec,
 };
 
 /// Longest an action waits for the board's port to (re)open.
@@ -159,19 +159,30 @@ enum Level {
 
 /// `pulse` parameters.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct PulseParams {
     channel: Option<u8>,
     /// 10..=60000.
     duration_ms: u64,
     /// `on` (default: on, wait, off) or `off` (off, wait, on: a power cycle
     /// through a normally-on relay).
-    #[serde(default = "default_level")]
     level: Level,
 }
 
-fn default_level() -> Level {
-    Level::On
+impl Default for PulseParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            channel: None,
+            duration_ms: 0,
+            level: Level::On,
+        }
+    }
+}
+
+impl Defaults for PulseParams {
+    const REQUIRED: &'static [&'static str] = &["duration_ms"];
 }
 
 /// One switching instant for the evidence timeline.
@@ -285,7 +296,7 @@ impl RelayDriver {
     }
 
     fn pulse(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {
-        let p: PulseParams = parse_params(&req.params)?;
+        let p: PulseParams = parse_params_with_defaults(&req.params)?;
         let channel = self.channel(p.channel)?;
         if !PULSE_RANGE_MS.contains(&p.duration_ms) {
             return Err(DriverError::InvalidParams {
@@ -313,7 +324,7 @@ impl RelayDriver {
         let started_at = now_rfc3339();
         self.board.transcript().restart();
         let mut timeline = Vec::new();
-        // Non-interruptible from here (§6.4): the cancel token is not
+        // Non-interruptible from here: the cancel token is not
         // consulted until the relay is back.
         self.switch(channel, level, &mut timeline)?;
         let switched = Instant::now();
@@ -370,5 +381,20 @@ impl Driver for RelayDriver {
                 "not a relay action",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<PulseParams>(
+            serde_json::json!({"duration_ms": 100}),
+            "PulseParams { channel: None, duration_ms: 100, level: On }",
+        );
     }
 }

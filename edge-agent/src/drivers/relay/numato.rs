@@ -16,7 +16,7 @@ use super::{check_settle, Channels, RelayBoard, OPEN_WAIT};
 use crate::drivers::transport::{
     printable, sleep_until, Endpoint, Link, SerialLine, Transcript, WaitError,
 };
-use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
 /// Bench TOML settings of `backend = "numato"`.
 ///
@@ -28,26 +28,31 @@ use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
 /// settle_ms = 20       # 0..=1000
 /// ```
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct NumatoSettings {
     pub port: String,
-    #[serde(default = "default_baud")]
     pub baud_rate: u32,
     pub channels: u8,
-    #[serde(default = "default_channel")]
     pub channel: u8,
-    #[serde(default = "default_settle")]
     pub settle_ms: u64,
 }
 
-fn default_baud() -> u32 {
-    19_200
+impl Default for NumatoSettings {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            port: String::new(),
+            baud_rate: 19_200,
+            channels: 0,
+            channel: 1,
+            settle_ms: 20,
+        }
+    }
 }
-fn default_channel() -> u8 {
-    1
-}
-fn default_settle() -> u64 {
-    20
+
+impl Defaults for NumatoSettings {
+    const REQUIRED: &'static [&'static str] = &["port", "channels"];
 }
 
 /// How long a command may take to be answered with the prompt.
@@ -191,5 +196,20 @@ impl RelayBoard for Numato {
 
     fn transcript(&mut self) -> &mut Transcript {
         &mut self.transcript
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<NumatoSettings>(
+            serde_json::json!({"port": "/dev/ttyACM0", "channels": 2}),
+            "NumatoSettings { port: \"/dev/ttyACM0\", baud_rate: 19200, channels: 2, channel: 1, settle_ms: 20 }",
+        );
     }
 }

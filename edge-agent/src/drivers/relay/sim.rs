@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::{Channels, RelayBoard};
 use crate::drivers::serial::sim::{power_rail, PowerRail};
 use crate::drivers::transport::{bad_setting, Transcript};
-use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
 /// Bench TOML settings of `backend = "sim"` for a relay.
 ///
@@ -26,27 +26,31 @@ use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
 /// 1 = "dut-main"        # channel -> rail name
 /// ```
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SimRelaySettings {
     pub channels: u8,
-    #[serde(default = "default_channel")]
     pub channel: u8,
-    #[serde(default = "default_operate")]
     pub operate_ms: u64,
-    #[serde(default)]
     pub power_rails: HashMap<String, String>,
-    #[serde(default = "default_rail_volts")]
     pub rail_volts: f64,
 }
 
-fn default_channel() -> u8 {
-    1
+impl Default for SimRelaySettings {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            channels: 0,
+            channel: 1,
+            operate_ms: 10,
+            power_rails: HashMap::new(),
+            rail_volts: 5.0,
+        }
+    }
 }
-fn default_operate() -> u64 {
-    10
-}
-fn default_rail_volts() -> f64 {
-    5.0
+
+impl Defaults for SimRelaySettings {
+    const REQUIRED: &'static [&'static str] = &["channels"];
 }
 
 /// The simulated board.
@@ -141,5 +145,20 @@ impl RelayBoard for SimRelay {
 
     fn transcript(&mut self) -> &mut Transcript {
         &mut self.transcript
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<SimRelaySettings>(
+            serde_json::json!({"channels": 2}),
+            "SimRelaySettings { channels: 2, channel: 1, operate_ms: 10, power_rails: {}, rail_volts: 5.0 }",
+        );
     }
 }

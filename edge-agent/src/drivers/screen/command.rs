@@ -26,40 +26,38 @@ use serde_json::{json, Map};
 
 use super::exec::{self, CommandTemplate};
 use super::{check_max_clip_ms, sniff_image_type, Capture, ScreenBackend, ScreenClip};
-use crate::drivers::{ActionRequest, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{ActionRequest, Defaults, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct CommandToml {
     screenshot_command: String,
-    #[serde(default = "default_png")]
     screenshot_format: String,
-    #[serde(default)]
     clip_command: Option<String>,
-    #[serde(default = "default_mp4")]
     clip_format: String,
-    #[serde(default = "default_ocr")]
     ocr_command: String,
-    #[serde(default = "default_timeout")]
     timeout_ms: u64,
-    #[serde(default = "default_max_clip")]
     max_clip_ms: u64,
 }
 
-fn default_png() -> String {
-    "png".into()
+impl Default for CommandToml {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            screenshot_command: String::new(),
+            screenshot_format: "png".into(),
+            clip_command: None,
+            clip_format: "mp4".into(),
+            ocr_command: "tesseract {in} stdout".into(),
+            timeout_ms: 15_000,
+            max_clip_ms: 300_000,
+        }
+    }
 }
-fn default_mp4() -> String {
-    "mp4".into()
-}
-fn default_ocr() -> String {
-    "tesseract {in} stdout".into()
-}
-fn default_timeout() -> u64 {
-    15_000
-}
-fn default_max_clip() -> u64 {
-    300_000
+
+impl Defaults for CommandToml {
+    const REQUIRED: &'static [&'static str] = &["screenshot_command"];
 }
 
 /// Build the command backend (and the clip limit).
@@ -275,5 +273,20 @@ impl ScreenBackend for CommandScreen {
 
     fn ocr_engine(&self) -> String {
         self.ocr.program().to_string()
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<CommandToml>(
+            serde_json::json!({"screenshot_command": "grim {out}"}),
+            "CommandToml { screenshot_command: \"grim {out}\", screenshot_format: \"png\", clip_command: None, clip_format: \"mp4\", ocr_command: \"tesseract {in} stdout\", timeout_ms: 15000, max_clip_ms: 300000 }",
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! Screen capture driver (seed 001 §3.8): `screenshot`,
+//! Screen capture driver (docs/actions.md, "screen_capture"): `screenshot`,
 //! `record_screen_clip`, `ocr`.
 //!
 //! Backends: `command` ([`command`]: configured external tools such as

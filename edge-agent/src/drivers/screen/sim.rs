@@ -27,43 +27,34 @@ use serde_json::{json, Map};
 use super::{check_max_clip_ms, Capture, ScreenBackend, ScreenClip};
 use crate::drivers::camera::frames::{encode, parse_resolution, StillFormat};
 use crate::drivers::camera::{clip, pattern};
-use crate::drivers::{ActionRequest, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{ActionRequest, Defaults, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct SimToml {
-    #[serde(default = "default_name")]
     device: String,
-    #[serde(default = "default_resolution")]
     resolution: String,
-    #[serde(default = "default_title")]
     title: String,
-    #[serde(default = "default_lines")]
     lines: Vec<String>,
-    #[serde(default = "default_true")]
     connected: bool,
-    #[serde(default = "default_max_clip")]
     max_clip_ms: u64,
 }
 
-fn default_name() -> String {
-    "sim-screen".into()
+impl Default for SimToml {
+    /// The documented defaults.
+    fn default() -> Self {
+        Self {
+            device: "sim-screen".into(),
+            resolution: "800x480".into(),
+            title: "DEVICE UNDER TEST".into(),
+            lines: vec!["STATUS: READY".into()],
+            connected: true,
+            max_clip_ms: 300_000,
+        }
+    }
 }
-fn default_resolution() -> String {
-    "800x480".into()
-}
-fn default_title() -> String {
-    "DEVICE UNDER TEST".into()
-}
-fn default_lines() -> Vec<String> {
-    vec!["STATUS: READY".into()]
-}
-fn default_true() -> bool {
-    true
-}
-fn default_max_clip() -> u64 {
-    300_000
-}
+
+impl Defaults for SimToml {}
 
 /// Frames per second of a simulated screen recording.
 const CLIP_FPS: u64 = 5;
@@ -269,5 +260,20 @@ impl ScreenBackend for SimScreen {
 
     fn ocr_engine(&self) -> String {
         "sim".into()
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<SimToml>(
+            serde_json::json!({}),
+            "SimToml { device: \"sim-screen\", resolution: \"800x480\", title: \"DEVICE UNDER TEST\", lines: [\"STATUS: READY\"], connected: true, max_clip_ms: 300000 }",
+        );
     }
 }

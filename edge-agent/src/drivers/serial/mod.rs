@@ -1,4 +1,4 @@
-//! Serial port driver (seed 001 §3.4): `open`, `read`, `write`,
+//! Serial port driver (docs/actions.md, "serial_port"): `open`, `read`, `write`,
 //! `expect_pattern`, `capture_log`.
 //!
 //! Backends: `serialport` ([`port`]: a real port, opened with exclusive
@@ -42,8 +42,8 @@ use shared_protocol::capability::{CapabilityAction, CapabilityType};
 
 use super::transport::{printable, Capture, LinkState, SerialLine, WaitError};
 use super::{
-    parse_params, unsupported, ActionOutcome, ActionRequest, Driver, DriverConfigError,
-    DriverError, DriverHealth, DriverSpec, NewArtifact,
+    parse_params, parse_params_with_defaults, unsupported, ActionOutcome, ActionRequest, Defaults,
+    Driver, DriverConfigError, DriverError, DriverHealth, DriverSpec, NewArtifact,
 };
 
 /// Default rolling log size, bytes (1 MiB).
@@ -161,29 +161,29 @@ struct OpenParams {
 
 /// `read` parameters.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct ReadParams {
     /// 1..=1048576, default 4096.
-    #[serde(default = "default_max_bytes")]
     max_bytes: usize,
     /// 0..=600000, default 1000: longest wait for the first byte.
-    #[serde(default = "default_read_timeout_ms")]
     timeout_ms: u64,
     /// 0..=60000, default 100: return after this much silence once some
     /// bytes arrived (0 = return as soon as anything is there).
-    #[serde(default = "default_idle_ms")]
     idle_ms: u64,
 }
 
-fn default_max_bytes() -> usize {
-    4096
+impl Default for ReadParams {
+    /// The documented defaults.
+    fn default() -> Self {
+        Self {
+            max_bytes: 4096,
+            timeout_ms: 1000,
+            idle_ms: 100,
+        }
+    }
 }
-fn default_read_timeout_ms() -> u64 {
-    1000
-}
-fn default_idle_ms() -> u64 {
-    100
-}
+
+impl Defaults for ReadParams {}
 
 /// `write` parameters: exactly one of `text` and `hex`.
 #[derive(Debug, Deserialize)]
@@ -201,42 +201,56 @@ const WRITE_MAX_BYTES: usize = 65_536;
 
 /// `expect_pattern` parameters.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct ExpectParams {
     /// A regular expression (Rust `regex` syntax) over the raw bytes.
     pattern: String,
     /// 1..=600000, default 10000.
-    #[serde(default = "default_expect_timeout_ms")]
     timeout_ms: u64,
-    #[serde(default = "default_since_unread")]
     since: Since,
     /// 0..=8192, default 256: log bytes returned on each side of the match.
-    #[serde(default = "default_context_bytes")]
     context_bytes: usize,
 }
 
-fn default_expect_timeout_ms() -> u64 {
-    10_000
+impl Default for ExpectParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            pattern: String::new(),
+            timeout_ms: 10_000,
+            since: Since::Unread,
+            context_bytes: 256,
+        }
+    }
 }
-fn default_since_unread() -> Since {
-    Since::Unread
-}
-fn default_context_bytes() -> usize {
-    256
+
+impl Defaults for ExpectParams {
+    const REQUIRED: &'static [&'static str] = &["pattern"];
 }
 
 /// `capture_log` parameters.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct CaptureParams {
     /// 1..=600000.
     duration_ms: u64,
-    #[serde(default = "default_since_now")]
     since: Since,
 }
 
-fn default_since_now() -> Since {
-    Since::Now
+impl Default for CaptureParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            duration_ms: 0,
+            since: Since::Now,
+        }
+    }
+}
+
+impl Defaults for CaptureParams {
+    const REQUIRED: &'static [&'static str] = &["duration_ms"];
 }
 
 fn out_of_range(field: &str, value: impl std::fmt::Display, range: &str) -> DriverError {
@@ -296,7 +310,7 @@ impl SerialDriver {
     }
 
     fn read(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {
-        let p: ReadParams = parse_params(&req.params)?;
+        let p: ReadParams = parse_params_with_defaults(&req.params)?;
         if !(1..=1_048_576).contains(&p.max_bytes) {
             return Err(out_of_range("max_bytes", p.max_bytes, "1..=1048576"));
         }
@@ -414,7 +428,7 @@ impl SerialDriver {
     }
 
     fn expect_pattern(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {
-        let p: ExpectParams = parse_params(&req.params)?;
+        let p: ExpectParams = parse_params_with_defaults(&req.params)?;
         if p.pattern.is_empty() {
             return Err(DriverError::InvalidParams {
                 field: "pattern".into(),
@@ -509,7 +523,7 @@ impl SerialDriver {
     }
 
     fn capture_log(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {
-        let p: CaptureParams = parse_params(&req.params)?;
+        let p: CaptureParams = parse_params_with_defaults(&req.params)?;
         if !(1..=600_000).contains(&p.duration_ms) {
             return Err(out_of_range("duration_ms", p.duration_ms, "1..=600000"));
         }
@@ -650,5 +664,28 @@ impl Driver for SerialDriver {
                 "not a serial port action",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<ReadParams>(
+            serde_json::json!({}),
+            "ReadParams { max_bytes: 4096, timeout_ms: 1000, idle_ms: 100 }",
+        );
+        crate::drivers::defaults_pin::check::<ExpectParams>(
+            serde_json::json!({"pattern": "login:"}),
+            "ExpectParams { pattern: \"login:\", timeout_ms: 10000, since: Unread, context_bytes: 256 }",
+        );
+        crate::drivers::defaults_pin::check::<CaptureParams>(
+            serde_json::json!({"duration_ms": 100}),
+            "CaptureParams { duration_ms: 100, since: Now }",
+        );
     }
 }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::{check_log_limit, SerialConsole, DEFAULT_LOG_LIMIT_BYTES, OPEN_WAIT};
 use crate::drivers::transport::{Capture, Endpoint, FlowControl, Link, Parity, SerialLine};
-use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
 /// Bench TOML settings of `backend = "serialport"`.
 ///
@@ -22,36 +22,37 @@ use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
 /// log_limit_bytes = 1048576
 /// ```
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct PortSettings {
     /// Device path; prefer `/dev/serial/by-id/...`.
     pub port: String,
-    #[serde(default = "default_baud")]
     pub baud_rate: u32,
-    #[serde(default = "default_data_bits")]
     pub data_bits: u8,
-    #[serde(default)]
     pub parity: Parity,
-    #[serde(default = "default_stop_bits")]
     pub stop_bits: u8,
-    #[serde(default)]
     pub flow_control: FlowControl,
     /// Rolling capture log size, 4096..=67108864 bytes (default 1 MiB).
-    #[serde(default = "default_log_limit")]
     pub log_limit_bytes: usize,
 }
 
-fn default_baud() -> u32 {
-    115_200
+impl Default for PortSettings {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            port: String::new(),
+            baud_rate: 115_200,
+            data_bits: 8,
+            parity: Parity::None,
+            stop_bits: 1,
+            flow_control: FlowControl::None,
+            log_limit_bytes: DEFAULT_LOG_LIMIT_BYTES,
+        }
+    }
 }
-fn default_data_bits() -> u8 {
-    8
-}
-fn default_stop_bits() -> u8 {
-    1
-}
-fn default_log_limit() -> usize {
-    DEFAULT_LOG_LIMIT_BYTES
+
+impl Defaults for PortSettings {
+    const REQUIRED: &'static [&'static str] = &["port"];
 }
 
 /// A real serial port behind a [`Link`].
@@ -105,5 +106,20 @@ impl SerialConsole for PortConsole {
 
     fn health(&mut self) -> DriverHealth {
         self.link.health()
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<PortSettings>(
+            serde_json::json!({"port": "/dev/ttyUSB0"}),
+            "PortSettings { port: \"/dev/ttyUSB0\", baud_rate: 115200, data_bits: 8, parity: None, stop_bits: 1, flow_control: None, log_limit_bytes: 1048576 }",
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! Speaker driver (seed 001 §3.3): `play_audio_file`, `play_tts`,
+//! Speaker driver (docs/actions.md, "speaker"): `play_audio_file`, `play_tts`,
 //! `set_volume`, `stop_playback`.
 //!
 //! Backends: `rodio` ([`rodio_backend`]) and `sim` ([`sim`]: "plays" in
@@ -24,7 +24,7 @@ use serde_json::{json, Map, Value};
 use shared_protocol::artifact::ArtifactType;
 use shared_protocol::capability::{CapabilityAction, CapabilityType};
 
-use self::tts::{TtsEngine, Utterance};
+use self::tts::{TtsEngine, Utterance, DEFAULT_TTS_COMMAND};
 use super::{
     parse_params, unsupported, ActionOutcome, ActionRequest, Driver, DriverConfigError,
     DriverError, DriverHealth, DriverSpec, NewArtifact,
@@ -204,6 +204,20 @@ pub(crate) struct CommonSpeakerToml {
     pub max_volume: f32,
     pub volume: Option<f32>,
     pub stall_timeout_ms: u64,
+}
+
+impl Default for CommonSpeakerToml {
+    /// The defaults every speaker backend shares.
+    fn default() -> Self {
+        Self {
+            library_dir: None,
+            tts_command: DEFAULT_TTS_COMMAND.into(),
+            tts_timeout_ms: 20_000,
+            max_volume: 1.0,
+            volume: None,
+            stall_timeout_ms: 2_000,
+        }
+    }
 }
 
 impl CommonSpeakerToml {

@@ -27,52 +27,43 @@ use std::time::Duration;
 use rodio::{DeviceSinkBuilder, MixerDeviceSink, Player, Source};
 use serde::Deserialize;
 
-use super::tts::DEFAULT_TTS_COMMAND;
 use super::{AudioOutput, CommonSpeakerToml, PlaySource, PlayState, SoundInfo, SpeakerDriver};
 use crate::devices::find_audio_device;
 use crate::drivers::microphone::capture::release_in_background;
-use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct RodioToml {
-    #[serde(default = "default_device")]
     device: String,
-    #[serde(default)]
     library_dir: Option<std::path::PathBuf>,
-    #[serde(default = "default_tts")]
     tts_command: String,
-    #[serde(default = "default_tts_timeout")]
     tts_timeout_ms: u64,
-    #[serde(default = "default_max_volume")]
     max_volume: f32,
-    #[serde(default)]
     volume: Option<f32>,
-    #[serde(default = "default_stall")]
     stall_timeout_ms: u64,
-    #[serde(default = "default_buffer_ms")]
     buffer_ms: u32,
 }
 
-fn default_buffer_ms() -> u32 {
-    200
+impl Default for RodioToml {
+    /// `device = "default"`, `buffer_ms = 200`, the rest shared
+    /// ([`CommonSpeakerToml`]).
+    fn default() -> Self {
+        let c = CommonSpeakerToml::default();
+        Self {
+            device: "default".into(),
+            library_dir: c.library_dir,
+            tts_command: c.tts_command,
+            tts_timeout_ms: c.tts_timeout_ms,
+            max_volume: c.max_volume,
+            volume: c.volume,
+            stall_timeout_ms: c.stall_timeout_ms,
+            buffer_ms: 200,
+        }
+    }
 }
 
-fn default_device() -> String {
-    "default".into()
-}
-pub(crate) fn default_tts() -> String {
-    DEFAULT_TTS_COMMAND.into()
-}
-pub(crate) fn default_tts_timeout() -> u64 {
-    20_000
-}
-pub(crate) fn default_max_volume() -> f32 {
-    1.0
-}
-pub(crate) fn default_stall() -> u64 {
-    2_000
-}
+impl Defaults for RodioToml {}
 
 /// Build a rodio speaker driver. Does not open the device.
 pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
@@ -320,5 +311,20 @@ fn info_of<S: Source>(s: &S) -> SoundInfo {
         duration: s.total_duration(),
         sample_rate: s.sample_rate().get(),
         channels: s.channels().get(),
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<RodioToml>(
+            serde_json::json!({}),
+            "RodioToml { device: \"default\", library_dir: None, tts_command: \"espeak-ng -w {out} -v {voice} -s {rate} {text}\", tts_timeout_ms: 20000, max_volume: 1.0, volume: None, stall_timeout_ms: 2000, buffer_ms: 200 }",
+        );
     }
 }

@@ -12,39 +12,43 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::rodio_backend::{default_max_volume, default_stall, default_tts, default_tts_timeout};
 use super::{
     probe_sound, AudioOutput, CommonSpeakerToml, PlaySource, PlayState, SoundInfo, SpeakerDriver,
 };
-use crate::drivers::{Driver, DriverConfigError, DriverError, DriverSpec};
+use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct SimToml {
-    #[serde(default = "default_name")]
     device: String,
-    #[serde(default)]
     library_dir: Option<std::path::PathBuf>,
-    #[serde(default = "default_tts")]
     tts_command: String,
-    #[serde(default = "default_tts_timeout")]
     tts_timeout_ms: u64,
-    #[serde(default = "default_max_volume")]
     max_volume: f32,
-    #[serde(default)]
     volume: Option<f32>,
-    #[serde(default = "default_stall")]
     stall_timeout_ms: u64,
-    #[serde(default = "default_true")]
     connected: bool,
 }
 
-fn default_name() -> String {
-    "sim-speaker".into()
+impl Default for SimToml {
+    /// `device = "sim-speaker"`, `connected = true`, the rest shared
+    /// ([`CommonSpeakerToml`]).
+    fn default() -> Self {
+        let c = CommonSpeakerToml::default();
+        Self {
+            device: "sim-speaker".into(),
+            library_dir: c.library_dir,
+            tts_command: c.tts_command,
+            tts_timeout_ms: c.tts_timeout_ms,
+            max_volume: c.max_volume,
+            volume: c.volume,
+            stall_timeout_ms: c.stall_timeout_ms,
+            connected: true,
+        }
+    }
 }
-fn default_true() -> bool {
-    true
-}
+
+impl Defaults for SimToml {}
 
 /// Build a simulated speaker driver.
 pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
@@ -133,5 +137,20 @@ impl AudioOutput for SimOutput {
 
     fn reset(&mut self) {
         self.current = None;
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<SimToml>(
+            serde_json::json!({}),
+            "SimToml { device: \"sim-speaker\", library_dir: None, tts_command: \"espeak-ng -w {out} -v {voice} -s {rate} {text}\", tts_timeout_ms: 20000, max_volume: 1.0, volume: None, stall_timeout_ms: 2000, connected: true }",
+        );
     }
 }

@@ -23,7 +23,7 @@ use super::{path_seconds, Bounds, Geometry, Motion, MotionController, Spot};
 use crate::drivers::transport::{
     bad_setting, printable, Endpoint, Link, SerialLine, Transcript, WaitError,
 };
-use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
 /// Bench TOML settings of `backend = "grbl"`.
 ///
@@ -46,45 +46,47 @@ use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
 /// power = { x_mm = 68.0, y_mm = 40.0 }
 /// ```
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct GrblSettings {
     pub port: String,
-    #[serde(default = "default_baud")]
     pub baud_rate: u32,
     pub bounds_mm: Bounds,
     pub safe_z_mm: f64,
     pub press_z_mm: f64,
-    #[serde(default = "default_feed")]
     pub feed_mm_per_min: f64,
-    #[serde(default = "default_rapid")]
     pub rapid_mm_per_min: f64,
-    #[serde(default = "default_boot_timeout")]
     pub boot_timeout_ms: u64,
-    #[serde(default)]
     pub home_on_connect: bool,
-    #[serde(default = "default_precision")]
     pub movement_precision_mm: f64,
     pub robot_model: Option<String>,
-    #[serde(default)]
     pub key_map: BTreeMap<String, Spot>,
-    #[serde(default)]
     pub buttons: BTreeMap<String, Spot>,
 }
 
-fn default_baud() -> u32 {
-    115_200
+impl Default for GrblSettings {
+    /// The documented defaults (the simulator shares its motion ones); the
+    /// keys of [`Defaults::REQUIRED`] have none (placeholders here).
+    fn default() -> Self {
+        Self {
+            port: String::new(),
+            baud_rate: 115_200,
+            bounds_mm: Bounds::UNSET,
+            safe_z_mm: 0.0,
+            press_z_mm: 0.0,
+            feed_mm_per_min: 1500.0,
+            rapid_mm_per_min: 3000.0,
+            boot_timeout_ms: 3000,
+            home_on_connect: false,
+            movement_precision_mm: 0.1,
+            robot_model: None,
+            key_map: BTreeMap::new(),
+            buttons: BTreeMap::new(),
+        }
+    }
 }
-pub(crate) fn default_feed() -> f64 {
-    1500.0
-}
-pub(crate) fn default_rapid() -> f64 {
-    3000.0
-}
-fn default_boot_timeout() -> u64 {
-    3000
-}
-pub(crate) fn default_precision() -> f64 {
-    0.1
+
+impl Defaults for GrblSettings {
+    const REQUIRED: &'static [&'static str] = &["port", "bounds_mm", "safe_z_mm", "press_z_mm"];
 }
 
 /// Longest an action waits for the port to (re)open.
@@ -550,6 +552,21 @@ mod tests {
             first_reply(b"ok"),
             None,
             "an unterminated line is not a reply yet"
+        );
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<GrblSettings>(
+            serde_json::json!({"port": "/dev/ttyUSB0", "bounds_mm": {"x_min": 0.0, "x_max": 70.0, "y_min": 0.0, "y_max": 140.0}, "safe_z_mm": 10.0, "press_z_mm": 2.0}),
+            "GrblSettings { port: \"/dev/ttyUSB0\", baud_rate: 115200, bounds_mm: Bounds { x_min: 0.0, x_max: 70.0, y_min: 0.0, y_max: 140.0 }, safe_z_mm: 10.0, press_z_mm: 2.0, feed_mm_per_min: 1500.0, rapid_mm_per_min: 3000.0, boot_timeout_ms: 3000, home_on_connect: false, movement_precision_mm: 0.1, robot_model: None, key_map: {}, buttons: {} }",
         );
     }
 }

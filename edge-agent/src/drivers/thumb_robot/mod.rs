@@ -1,4 +1,4 @@
-//! Thumb robot driver (seed 001 §3.5): `tap`, `double_tap`, `long_press`,
+//! Thumb robot driver (docs/actions.md, "thumb_robot"): `tap`, `double_tap`, `long_press`,
 //! `drag`, `type_keys`, `press_hardware_button`.
 //!
 //! A thumb robot is a small XYZ gantry with a stylus: X/Y position it over
@@ -17,7 +17,7 @@
 //!
 //! Coordinates outside the configured `bounds_mm` are refused with
 //! [`DriverError::LimitExceeded`] before anything moves. A path runs to the
-//! end once started: the stylus is never left down (seed §6.4), and the
+//! end once started: the stylus is never left down (docs/actions.md), and the
 //! action deadline is only looked at between paths. `type_keys` presses one
 //! key per path and checks cancellation between keys, so it reports itself
 //! interruptible ([`Driver::is_non_interruptible`] is false for it): a
@@ -36,8 +36,8 @@ use shared_protocol::capability::{CapabilityAction, CapabilityType};
 
 use super::transport::{bad_setting, now_rfc3339, round, sensor_dump, Transcript};
 use super::{
-    parse_params, unsupported, ActionOutcome, ActionRequest, Driver, DriverConfigError,
-    DriverError, DriverHealth, DriverSpec,
+    parse_params_with_defaults, unsupported, ActionOutcome, ActionRequest, Defaults, Driver,
+    DriverConfigError, DriverError, DriverHealth, DriverSpec,
 };
 
 /// One step of a path, in millimetres and mm/min.
@@ -145,6 +145,17 @@ pub struct Bounds {
     pub x_max: f64,
     pub y_min: f64,
     pub y_max: f64,
+}
+
+impl Bounds {
+    /// All zero: the placeholder of a required `bounds_mm` in a settings
+    /// struct's `Default` (never used, see [`crate::drivers::Defaults`]).
+    pub(crate) const UNSET: Bounds = Bounds {
+        x_min: 0.0,
+        x_max: 0.0,
+        y_min: 0.0,
+        y_max: 0.0,
+    };
 }
 
 /// A named spot (a key of `key_map`, a hardware button), mm.
@@ -323,94 +334,164 @@ pub struct RobotDriver {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct TapParams {
     x_mm: f64,
     y_mm: f64,
     /// 0..=5000, default 100.
-    #[serde(default = "default_tap_hold")]
     hold_ms: u64,
 }
 
+impl Default for TapParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            x_mm: 0.0,
+            y_mm: 0.0,
+            hold_ms: 100,
+        }
+    }
+}
+
+impl Defaults for TapParams {
+    const REQUIRED: &'static [&'static str] = &["x_mm", "y_mm"];
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct DoubleTapParams {
     x_mm: f64,
     y_mm: f64,
     /// 0..=5000, default 80.
-    #[serde(default = "default_key_hold")]
     hold_ms: u64,
     /// 0..=2000, default 150: from lifting to pressing again.
-    #[serde(default = "default_double_interval")]
     interval_ms: u64,
 }
 
+impl Default for DoubleTapParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            x_mm: 0.0,
+            y_mm: 0.0,
+            hold_ms: 80,
+            interval_ms: 150,
+        }
+    }
+}
+
+impl Defaults for DoubleTapParams {
+    const REQUIRED: &'static [&'static str] = &["x_mm", "y_mm"];
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct LongPressParams {
     x_mm: f64,
     y_mm: f64,
     /// 100..=60000, default 1000.
-    #[serde(default = "default_long_hold")]
     hold_ms: u64,
 }
 
+impl Default for LongPressParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            x_mm: 0.0,
+            y_mm: 0.0,
+            hold_ms: 1000,
+        }
+    }
+}
+
+impl Defaults for LongPressParams {
+    const REQUIRED: &'static [&'static str] = &["x_mm", "y_mm"];
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct DragParams {
     x_mm: f64,
     y_mm: f64,
     to_x_mm: f64,
     to_y_mm: f64,
     /// 0..=5000, default 100: pressed before moving.
-    #[serde(default = "default_tap_hold")]
     hold_ms: u64,
     /// 1..=50000; default: the `feed_mm_per_min` setting.
     speed_mm_per_min: Option<f64>,
 }
 
+impl Default for DragParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            x_mm: 0.0,
+            y_mm: 0.0,
+            to_x_mm: 0.0,
+            to_y_mm: 0.0,
+            hold_ms: 100,
+            speed_mm_per_min: None,
+        }
+    }
+}
+
+impl Defaults for DragParams {
+    const REQUIRED: &'static [&'static str] = &["x_mm", "y_mm", "to_x_mm", "to_y_mm"];
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct TypeKeysParams {
     /// Key names of `key_map`, pressed in order.
     keys: Option<Vec<String>>,
     /// Each character is a key name (` ` may be `space`, newline `enter`).
     text: Option<String>,
     /// 0..=5000, default 80.
-    #[serde(default = "default_key_hold")]
     hold_ms: u64,
     /// 0..=5000, default 100: pause between keys.
-    #[serde(default = "default_key_interval")]
     interval_ms: u64,
 }
 
+impl Default for TypeKeysParams {
+    /// The documented defaults.
+    fn default() -> Self {
+        Self {
+            keys: None,
+            text: None,
+            hold_ms: 80,
+            interval_ms: 100,
+        }
+    }
+}
+
+impl Defaults for TypeKeysParams {}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct ButtonParams {
     /// A name of the `buttons` table.
     button: String,
     /// 0..=60000, default 200.
-    #[serde(default = "default_button_hold")]
     hold_ms: u64,
 }
 
-fn default_tap_hold() -> u64 {
-    100
+impl Default for ButtonParams {
+    /// The documented defaults; the keys of [`Defaults::REQUIRED`] have none
+    /// (their values here are placeholders, never used).
+    fn default() -> Self {
+        Self {
+            button: String::new(),
+            hold_ms: 200,
+        }
+    }
 }
-fn default_key_hold() -> u64 {
-    80
-}
-fn default_double_interval() -> u64 {
-    150
-}
-fn default_long_hold() -> u64 {
-    1000
-}
-fn default_key_interval() -> u64 {
-    100
-}
-fn default_button_hold() -> u64 {
-    200
+
+impl Defaults for ButtonParams {
+    const REQUIRED: &'static [&'static str] = &["button"];
 }
 
 /// Most keys one `type_keys` may press.
@@ -534,7 +615,7 @@ impl RobotDriver {
     }
 
     fn type_keys(&mut self, req: &ActionRequest) -> Result<ActionOutcome, DriverError> {
-        let p: TypeKeysParams = parse_params(&req.params)?;
+        let p: TypeKeysParams = parse_params_with_defaults(&req.params)?;
         let hold = check_ms("hold_ms", p.hold_ms, 0, 5000)?;
         let interval = check_ms("interval_ms", p.interval_ms, 0, 5000)?;
         let (field, names): (&str, Vec<String>) = match (p.keys, p.text) {
@@ -687,7 +768,7 @@ impl Driver for RobotDriver {
         let g = self.geometry.clone();
         match req.action {
             CapabilityAction::Tap => {
-                let p: TapParams = parse_params(&req.params)?;
+                let p: TapParams = parse_params_with_defaults(&req.params)?;
                 g.check_xy("x_mm", "y_mm", p.x_mm, p.y_mm)?;
                 let hold = check_ms("hold_ms", p.hold_ms, 0, 5000)?;
                 let path = g.press(p.x_mm, p.y_mm, hold);
@@ -695,7 +776,7 @@ impl Driver for RobotDriver {
                 self.tap_like(req, p.x_mm, p.y_mm, path, summary)
             }
             CapabilityAction::DoubleTap => {
-                let p: DoubleTapParams = parse_params(&req.params)?;
+                let p: DoubleTapParams = parse_params_with_defaults(&req.params)?;
                 g.check_xy("x_mm", "y_mm", p.x_mm, p.y_mm)?;
                 let hold = check_ms("hold_ms", p.hold_ms, 0, 5000)?;
                 let interval = check_ms("interval_ms", p.interval_ms, 0, 2000)?;
@@ -708,7 +789,7 @@ impl Driver for RobotDriver {
                 self.tap_like(req, p.x_mm, p.y_mm, path, summary)
             }
             CapabilityAction::LongPress => {
-                let p: LongPressParams = parse_params(&req.params)?;
+                let p: LongPressParams = parse_params_with_defaults(&req.params)?;
                 g.check_xy("x_mm", "y_mm", p.x_mm, p.y_mm)?;
                 let hold = check_ms("hold_ms", p.hold_ms, 100, 60_000)?;
                 let path = g.press(p.x_mm, p.y_mm, hold);
@@ -716,7 +797,7 @@ impl Driver for RobotDriver {
                 self.tap_like(req, p.x_mm, p.y_mm, path, summary)
             }
             CapabilityAction::Drag => {
-                let p: DragParams = parse_params(&req.params)?;
+                let p: DragParams = parse_params_with_defaults(&req.params)?;
                 g.check_xy("x_mm", "y_mm", p.x_mm, p.y_mm)?;
                 g.check_xy("to_x_mm", "to_y_mm", p.to_x_mm, p.to_y_mm)?;
                 let hold = check_ms("hold_ms", p.hold_ms, 0, 5000)?;
@@ -761,7 +842,7 @@ impl Driver for RobotDriver {
                         "no buttons are configured for this robot",
                     ));
                 }
-                let p: ButtonParams = parse_params(&req.params)?;
+                let p: ButtonParams = parse_params_with_defaults(&req.params)?;
                 let spot = g.buttons.get(&p.button).copied().ok_or_else(|| {
                     DriverError::InvalidParams {
                         field: "button".into(),
@@ -792,5 +873,40 @@ impl Driver for RobotDriver {
                 "not a thumb robot action",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<TapParams>(
+            serde_json::json!({"x_mm": 1.0, "y_mm": 2.0}),
+            "TapParams { x_mm: 1.0, y_mm: 2.0, hold_ms: 100 }",
+        );
+        crate::drivers::defaults_pin::check::<DoubleTapParams>(
+            serde_json::json!({"x_mm": 1.0, "y_mm": 2.0}),
+            "DoubleTapParams { x_mm: 1.0, y_mm: 2.0, hold_ms: 80, interval_ms: 150 }",
+        );
+        crate::drivers::defaults_pin::check::<LongPressParams>(
+            serde_json::json!({"x_mm": 1.0, "y_mm": 2.0}),
+            "LongPressParams { x_mm: 1.0, y_mm: 2.0, hold_ms: 1000 }",
+        );
+        crate::drivers::defaults_pin::check::<DragParams>(
+            serde_json::json!({"x_mm": 1.0, "y_mm": 2.0, "to_x_mm": 3.0, "to_y_mm": 4.0}),
+            "DragParams { x_mm: 1.0, y_mm: 2.0, to_x_mm: 3.0, to_y_mm: 4.0, hold_ms: 100, speed_mm_per_min: None }",
+        );
+        crate::drivers::defaults_pin::check::<TypeKeysParams>(
+            serde_json::json!({}),
+            "TypeKeysParams { keys: None, text: None, hold_ms: 80, interval_ms: 100 }",
+        );
+        crate::drivers::defaults_pin::check::<ButtonParams>(
+            serde_json::json!({"button": "power"}),
+            "ButtonParams { button: \"power\", hold_ms: 200 }",
+        );
     }
 }

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::grbl::{default_feed, default_precision, default_rapid};
+use super::grbl::GrblSettings;
 use super::{distance, Bounds, Geometry, Motion, MotionController, Spot};
 use crate::drivers::transport::{bad_setting, Transcript};
-use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
+use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
 /// Bench TOML settings of `backend = "sim"` for a thumb robot: the same
 /// geometry keys as `grbl` (no port), plus `speedup`.
@@ -28,28 +28,43 @@ use crate::drivers::{DriverConfigError, DriverError, DriverHealth, DriverSpec};
 /// a = { x_mm = 10.0, y_mm = 100.0 }
 /// ```
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SimRobotSettings {
     pub bounds_mm: Bounds,
     pub safe_z_mm: f64,
     pub press_z_mm: f64,
-    #[serde(default = "default_feed")]
     pub feed_mm_per_min: f64,
-    #[serde(default = "default_rapid")]
     pub rapid_mm_per_min: f64,
-    #[serde(default = "default_speedup")]
     pub speedup: f64,
-    #[serde(default = "default_precision")]
     pub movement_precision_mm: f64,
     pub robot_model: Option<String>,
-    #[serde(default)]
     pub key_map: BTreeMap<String, Spot>,
-    #[serde(default)]
     pub buttons: BTreeMap<String, Spot>,
 }
 
-fn default_speedup() -> f64 {
-    1.0
+impl Default for SimRobotSettings {
+    /// `speedup = 1.0`, the motion defaults of a real gantry
+    /// ([`GrblSettings`]); the keys of [`Defaults::REQUIRED`] have none
+    /// (placeholders here).
+    fn default() -> Self {
+        let real = GrblSettings::default();
+        Self {
+            bounds_mm: real.bounds_mm,
+            safe_z_mm: real.safe_z_mm,
+            press_z_mm: real.press_z_mm,
+            feed_mm_per_min: real.feed_mm_per_min,
+            rapid_mm_per_min: real.rapid_mm_per_min,
+            speedup: 1.0,
+            movement_precision_mm: real.movement_precision_mm,
+            robot_model: None,
+            key_map: BTreeMap::new(),
+            buttons: BTreeMap::new(),
+        }
+    }
+}
+
+impl Defaults for SimRobotSettings {
+    const REQUIRED: &'static [&'static str] = &["bounds_mm", "safe_z_mm", "press_z_mm"];
 }
 
 /// The simulated gantry.
@@ -138,5 +153,20 @@ impl MotionController for SimRobot {
 
     fn transcript(&mut self) -> &mut Transcript {
         &mut self.transcript
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    /// What a table with only its required keys means; the expected text
+    /// was taken from the code before the defaults moved into `Default`.
+    #[test]
+    fn a_minimal_table_takes_the_documented_defaults() {
+        crate::drivers::defaults_pin::check::<SimRobotSettings>(
+            serde_json::json!({"bounds_mm": {"x_min": 0.0, "x_max": 70.0, "y_min": 0.0, "y_max": 140.0}, "safe_z_mm": 10.0, "press_z_mm": 2.0}),
+            "SimRobotSettings { bounds_mm: Bounds { x_min: 0.0, x_max: 70.0, y_min: 0.0, y_max: 140.0 }, safe_z_mm: 10.0, press_z_mm: 2.0, feed_mm_per_min: 1500.0, rapid_mm_per_min: 3000.0, speedup: 1.0, movement_precision_mm: 0.1, robot_model: None, key_map: {}, buttons: {} }",
+        );
     }
 }
