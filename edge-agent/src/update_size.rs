@@ -132,8 +132,19 @@ mod tests {
         }
     }
 
+    /// The envelope the link would send `u` in.
+    fn envelope_of(u: &SessionUpdate) -> Envelope {
+        Envelope::new(
+            MessageType::SessionUpdate,
+            "msg-test".into(),
+            chrono::Utc::now(),
+            u,
+        )
+        .unwrap()
+    }
+
     fn bounded(mut u: SessionUpdate, max: usize) -> (SessionUpdate, Vec<u8>) {
-        let mut env = crate::link::envelope(MessageType::SessionUpdate, &u);
+        let mut env = envelope_of(&u);
         let bytes = bound_envelope(&mut env, &mut u, max);
         let parsed: SessionUpdate =
             serde_json::from_value(Envelope::parse(&bytes).unwrap().body).unwrap();
@@ -172,7 +183,7 @@ mod tests {
     #[test]
     fn a_queued_update_too_large_is_rewritten_with_its_message_id() {
         let u = update(Some("K".repeat(2_000_000)), None);
-        let env = crate::link::envelope(MessageType::SessionUpdate, &u);
+        let env = envelope_of(&u);
         let payload = env.to_bytes();
         assert!(payload.len() > MAX_SESSION_UPDATE_BYTES);
         let again = shrink_queued(&payload, MAX_SESSION_UPDATE_BYTES).expect("rewritten");
