@@ -114,6 +114,14 @@ impl Agent {
         Ok(v)
     }
 
+    /// The capability as the registry shows it now (`health_status`,
+    /// `status`, ...); panics when it is not there.
+    pub async fn capability(&self, capability_id: &str) -> Value {
+        self.get_ok(&format!("/api/v1/capabilities/{capability_id}"))
+            .await
+            .expect("capability")
+    }
+
     fn lease_body(&self, priority: u8, purpose: &str, seconds: u32) -> Value {
         json!({
             "holder_type": "audit_agent",

@@ -33,13 +33,6 @@ fn fill(path: &Path) -> u64 {
     n
 }
 
-async fn health(agent: &Agent, capability_id: &str) -> Value {
-    agent
-        .get_ok(&format!("/api/v1/capabilities/{capability_id}"))
-        .await
-        .expect("capability")
-}
-
 async fn snapshot_artifact(agent: &Agent, lease_id: &str) -> Value {
     let s = agent
         .act_ok(lease_id, "snapshot", json!({}))
@@ -112,7 +105,7 @@ async fn a_full_edge_disk_fails_the_action_at_once_reports_unhealthy_and_loses_n
         "the failure came {took:?} later"
     );
     let unhealthy = eventually(Duration::from_secs(10), "camera unhealthy", || async {
-        let h = health(&hw, caps::CAMERA).await;
+        let h = hw.capability(caps::CAMERA).await;
         (h["health_status"] == "unhealthy").then_some(h)
     })
     .await;
@@ -125,7 +118,7 @@ async fn a_full_edge_disk_fails_the_action_at_once_reports_unhealthy_and_loses_n
     // Room again: health recovers and evidence is kept and uploaded.
     std::fs::remove_file(&filler).unwrap();
     eventually(Duration::from_secs(15), "camera healthy again", || async {
-        (health(&hw, caps::CAMERA).await["health_status"] == "healthy").then_some(())
+        (hw.capability(caps::CAMERA).await["health_status"] == "healthy").then_some(())
     })
     .await;
     let after = snapshot_artifact(&hw, &lease_id).await;

@@ -12,7 +12,7 @@ use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT};
 use benchlink_e2e::client::Agent;
 use benchlink_e2e::eventually;
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Points the stable name `link` at `target` in one step, as udev does
 /// when an adapter turns up on another port.
@@ -21,13 +21,6 @@ fn point(link: &Path, target: &Path) {
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink(target, &tmp).unwrap();
     std::fs::rename(&tmp, link).unwrap();
-}
-
-async fn capability(agent: &Agent, id: &str) -> Value {
-    agent
-        .get_ok(&format!("/api/v1/capabilities/{id}"))
-        .await
-        .expect("capability")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,8 +41,8 @@ async fn adapters_swapped_and_put_back_are_found_again_without_a_restart() {
         Duration::from_secs(30),
         "supply and relay unhealthy on swapped ports",
         || async {
-            let psu = capability(&hw, caps::PSU).await;
-            let relay = capability(&hw, caps::RELAY).await;
+            let psu = hw.capability(caps::PSU).await;
+            let relay = hw.capability(caps::RELAY).await;
             (psu["health_status"] == "unhealthy" && relay["health_status"] == "unhealthy")
                 .then_some((psu, relay))
         },
@@ -75,8 +68,8 @@ async fn adapters_swapped_and_put_back_are_found_again_without_a_restart() {
         Duration::from_secs(60),
         "supply and relay healthy again",
         || async {
-            let psu = capability(&hw, caps::PSU).await;
-            let relay = capability(&hw, caps::RELAY).await;
+            let psu = hw.capability(caps::PSU).await;
+            let relay = hw.capability(caps::RELAY).await;
             (psu["health_status"] == "healthy" && relay["health_status"] == "healthy").then_some(())
         },
     )
