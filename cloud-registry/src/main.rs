@@ -4,13 +4,20 @@
 //!   runs the HTTP API and MQTT; prints one JSON line on stdout when ready:
 //!   `{"event":"ready","http":"127.0.0.1:8080","mqtt":"127.0.0.1:18830",...}`;
 //!   stops cleanly on SIGINT / SIGTERM.
-//! - `cloud-registry token create --config FILE --role ROLE --name NAME`
-//!   prints a new bearer token once (only its SHA-256 is stored).
+//! - `cloud-registry token create --config FILE --role ROLE --name NAME
+//!   [--create-store]` prints a new bearer token once (only its SHA-256 is
+//!   stored).
 //! - `cloud-registry token list --config FILE [--json]` lists the tokens
 //!   (name, role, created_at, revoked), never a secret.
 //! - `cloud-registry token revoke --config FILE --name NAME` revokes every
 //!   token of a principal; exit 1 when no token has that name. Works while
 //!   the registry runs (it notices within a second).
+//!
+//! The token commands never create the store by accident: when the file
+//! named by `store.path` does not exist (a wrong `--config`, or a registry
+//! that has never run) they exit 2 with its path. `serve` creates it;
+//! `token create --create-store` creates it on purpose (a bench's token
+//! made before the registry's first start).
 //! - `cloud-registry backup --config FILE --to COPY` copies the store,
 //!   running registry or not, with SQLite's online backup in short steps
 //!   (checkpoints carry on between them); prints one JSON line
@@ -101,6 +108,10 @@ enum TokenCommand {
         /// `audit:hardware-auditor-01` for an audit agent.
         #[arg(long)]
         name: String,
+        /// Create the store when it does not exist yet (otherwise a
+        /// missing store is refused with exit status 2).
+        #[arg(long)]
+        create_store: bool,
     },
     /// List the stored tokens: name, role, created_at, revoked (never the
     /// secret).
@@ -122,15 +133,44 @@ enum TokenCommand {
     },
 }
 
-/// Open the configured store for a token command; unlike `serve`, a
-/// missing store file is an error rather than a new empty store.
-fn open_existing_store(cfg: &Config) -> anyhow::Result<cloud_registry::db::Db> {
+/// A token command found no store at the configured path: exit status 2,
+/// like a configuration `check-config` refuses.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "store {store} does not exist (store.path of {config}); \
+     `cloud-registry serve --config {config}` creates it{hint}"
+)]
+struct StoreMissing {
+    store: String,
+    config: String,
+    /// What else the command offers, e.g. `--create-store`.
+    hint: &'static str,
+}
+
+/// Refuse a token command when the store named by `cfg` does not exist:
+/// opening it would make a new, empty store (a typo in `--config` would
+/// then mint tokens no registry knows of, or list none).
+fn require_store(config: &std::path::Path, cfg: &Config, hint: &'static str) -> anyhow::Result<()> {
+    if cfg.store.path.exists() {
+        return Ok(());
+    }
+    Err(StoreMissing {
+        store: cfg.store.path.display().to_string(),
+        config: config.display().to_string(),
+        hint,
+    }
+    .into())
+}
+
+/// Open the configured store for `token list` / `token revoke`; unlike
+/// `serve`, a missing store file is [`StoreMissing`] rather than a new
+/// empty store.
+fn open_existing_store(
+    config: &std::path::Path,
+    cfg: &Config,
+) -> anyhow::Result<cloud_registry::db::Db> {
+    require_store(config, cfg, "")?;
     let path = &cfg.store.path;
-    anyhow::ensure!(
-        path.exists(),
-        "store {} does not exist (check store.path in the config)",
-        path.display()
-    );
     app::open_db(path).with_context(|| format!("opening store {}", path.display()))
 }
 
@@ -364,7 +404,11 @@ fn main() -> std::process::ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("cloud-registry: {}", describe(&e));
-            std::process::ExitCode::FAILURE
+            if e.is::<StoreMissing>() {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }
@@ -380,10 +424,23 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             .block_on(serve(config, bootstrap_admin_token_file))
             .map(ok),
         Command::Token {
-            command: TokenCommand::Create { config, role, name },
+            command:
+                TokenCommand::Create {
+                    config,
+                    role,
+                    name,
+                    create_store,
+                },
         } => {
             let cfg = Config::load(&config)?;
             shared_protocol::validate::check_id("name", &name)?;
+            if !create_store {
+                require_store(
+                    &config,
+                    &cfg,
+                    ", or `token create --create-store` creates it now",
+                )?;
+            }
             let token = app::create_token_offline(&cfg, role, &name)?;
             print_out(&token)
                 .context("writing the token to stdout")
@@ -393,7 +450,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             command: TokenCommand::List { config, json },
         } => {
             let cfg = Config::load(&config)?;
-            let db = open_existing_store(&cfg)?;
+            let db = open_existing_store(&config, &cfg)?;
             let tokens = db.write_blocking(|c| cloud_registry::auth::list_tokens_sync(c))??;
             let text = if json {
                 format!("{}\n", serde_json::json!({ "tokens": tokens }))
@@ -409,7 +466,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         } => {
             let cfg = Config::load(&config)?;
             shared_protocol::validate::check_id("name", &name)?;
-            let db = open_existing_store(&cfg)?;
+            let db = open_existing_store(&config, &cfg)?;
             let who = name.clone();
             match db
                 .write_blocking(move |c| cloud_registry::auth::revoke_tokens_sync(c, &who))??

@@ -60,6 +60,7 @@ fn output_into_a_closed_pipe_ends_quietly() {
 
     let mut cmd = registry();
     cmd.args(["token", "create", "--role", "viewer", "--name", "viewer-1"])
+        .arg("--create-store")
         .arg("--config")
         .arg(&config);
     assert_quiet("token create", &run_into_closed_pipe(cmd));
@@ -355,6 +356,50 @@ async fn token_list_and_revoke_work_while_the_registry_runs() {
     drop(served);
 }
 
+/// A token command run against a config whose store does not exist (a
+/// wrong `--config`, a registry never started) makes no empty store: it
+/// exits 2 naming the path and what creates it. `token create
+/// --create-store` creates it on purpose, and the token is then listed.
+#[test]
+fn token_commands_refuse_a_missing_store_unless_told_to_create_it() {
+    let dir = TempDir::new().unwrap();
+    let config = write_config(&dir, "");
+    let store = dir.path().join("registry.sqlite3");
+    for args in [
+        &["create", "--role", "viewer", "--name", "viewer-1"][..],
+        &["list"][..],
+        &["list", "--json"][..],
+        &["revoke", "--name", "viewer-1"][..],
+    ] {
+        let out = token_cmd(&config, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing on stdout");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("store {} does not exist", store.display()))
+                && err.contains("`cloud-registry serve --config"),
+            "{args:?}: {err}"
+        );
+        assert!(!store.exists(), "{args:?} created {}", store.display());
+    }
+    let out = token_cmd(&config, &["create", "--role", "viewer", "--name", "viewer-1"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--create-store"),
+        "create names its flag: {out:?}"
+    );
+
+    let out = token_cmd(
+        &config,
+        &["create", "--role", "viewer", "--name", "viewer-1", "--create-store"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(store.exists());
+    let out = token_cmd(&config, &["list", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(find(&list["tokens"], "name", "viewer-1")["role"], "viewer");
+}
+
 #[test]
 fn check_config_reports_every_problem_and_exits_2() {
     let dir = TempDir::new().unwrap();
@@ -423,7 +468,14 @@ fn token_create_refuses_another_role_for_an_existing_principal() {
     let config = write_config(&dir, "");
     let out = token_cmd(
         &config,
-        &["create", "--role", "audit_agent", "--name", "audit:a-1"],
+        &[
+            "create",
+            "--role",
+            "audit_agent",
+            "--name",
+            "audit:a-1",
+            "--create-store",
+        ],
     );
     assert!(
         out.status.success(),

@@ -30,7 +30,15 @@ fn token_create_from_another_directory_uses_the_configured_store() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    run(&["token", "create", "--role", "viewer", "--name", "viewer-1"]);
+    run(&[
+        "token",
+        "create",
+        "--role",
+        "viewer",
+        "--name",
+        "viewer-1",
+        "--create-store",
+    ]);
     assert!(
         lab.path().join("reg/var/registry.sqlite3").exists(),
         "the store is beside the config file"

@@ -329,12 +329,25 @@ impl Lab {
         )?;
         let registry_bin = lab_bin(opts.bin_dir.as_deref(), "cloud-registry")?;
         let token = |role: &str, name: &str| -> Result<String> {
-            let out = Command::new(&registry_bin)
-                .args(["token", "create", "--config"])
-                .arg(&registry_config)
-                .args(["--role", role, "--name", name])
-                .output()
-                .context("run cloud-registry token create")?;
+            let create = |create_store: bool| {
+                let mut cmd = Command::new(&registry_bin);
+                cmd.args(["token", "create", "--config"])
+                    .arg(&registry_config)
+                    .args(["--role", role, "--name", name]);
+                // The registry has not run yet: the tokens make its store,
+                // which its first start then finds.
+                if create_store {
+                    cmd.arg("--create-store");
+                }
+                cmd.output().context("run cloud-registry token create")
+            };
+            let mut out = create(true)?;
+            // An older build (`bin_dir`) has no such flag and creates
+            // the store unasked.
+            if String::from_utf8_lossy(&out.stderr).contains("unexpected argument '--create-store'")
+            {
+                out = create(false)?;
+            }
             if !out.status.success() {
                 bail!(
                     "cloud-registry token create --role {role} --name {name}: {}",
