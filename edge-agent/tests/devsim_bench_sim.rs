@@ -130,3 +130,31 @@ fn refuses_to_start_with_no_device_selected() {
         .unwrap();
     assert!(!status.success());
 }
+
+/// Every flag `bench-sim --help` offers is explained in docs/devices.md,
+/// the page a technician reads to try the edge without hardware.
+#[test]
+fn every_flag_is_documented_in_devices_md() {
+    let out = Command::new(env!("CARGO_BIN_EXE_bench-sim"))
+        .arg("--help")
+        .output()
+        .expect("run bench-sim --help");
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8(out.stdout).unwrap();
+    let doc_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/devices.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("read docs/devices.md");
+    let flags: Vec<&str> = help
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=')
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .filter(|w| !matches!(*w, "--help" | "--version"))
+        .collect();
+    assert!(flags.len() >= 15, "flags parsed from --help: {flags:?}");
+    let missing: Vec<&&str> = flags
+        .iter()
+        .filter(|f| !doc.contains(&format!("`{f}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "bench-sim flags not in docs/devices.md: {missing:?}"
+    );
+}
