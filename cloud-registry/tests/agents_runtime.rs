@@ -50,7 +50,7 @@ async fn start_run(h: &Harness, role: Role, run_type: &str, objective: &str) -> 
         .await,
         StatusCode::CREATED,
     );
-    body["run"]["public_id"].as_str().unwrap().to_string()
+    body["run"]["run_id"].as_str().unwrap().to_string()
 }
 
 fn final_text(summary: &str) -> String {
@@ -80,7 +80,7 @@ async fn creating_a_run_persists_it_with_ordered_steps_and_lists_it() {
     assert_eq!(indexes, (0..indexes.len() as u64).collect::<Vec<_>>());
     let times = strs(&body["steps"], "started_at");
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
-    let run_id = body["run"]["public_id"].as_str().unwrap();
+    let run_id = body["run"]["run_id"].as_str().unwrap();
 
     let (_, list) = status_is(
         h.get(
@@ -90,7 +90,7 @@ async fn creating_a_run_persists_it_with_ordered_steps_and_lists_it() {
         .await,
         StatusCode::OK,
     );
-    assert_eq!(list["runs"][0]["public_id"], run_id);
+    assert_eq!(list["runs"][0]["run_id"], run_id);
     let (_, err) = status_is(
         h.get(Role::Viewer, "/runs?status=sleeping").await,
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -98,6 +98,39 @@ async fn creating_a_run_persists_it_with_ordered_steps_and_lists_it() {
     assert_eq!(err["error"]["details"]["field"], "status");
     let (status, _) = h.get(Role::Viewer, "/runs/agent_nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A run is `run_id` in every answer that names it: the Earth command's,
+/// the run itself (detail, list, stop), its steps and its evidence;
+/// never `public_id` and never the store's integer key.
+#[tokio::test]
+async fn a_run_is_run_id_in_every_answer() {
+    let h = Harness::start(AgentsConfig::default()).await;
+    let (_, resp) = status_is(
+        h.post(
+            Role::Viewer,
+            "/earth/command",
+            json!({"input_text": "高亮所有北斗卫星", "source": "text"}),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let run_id = resp["run_id"].as_str().unwrap().to_string();
+    assert!(run_id.starts_with("agent_"), "{resp}");
+
+    let detail = h.run(&run_id).await;
+    assert_eq!(detail["run"]["run_id"], run_id.as_str(), "{}", detail["run"]);
+    assert!(detail["run"].get("public_id").is_none(), "{}", detail["run"]);
+    for part in ["steps", "evidence"] {
+        let items = detail[part].as_array().unwrap();
+        assert!(!items.is_empty(), "{part}: {detail}");
+        for item in items {
+            assert_eq!(item["run_id"], run_id.as_str(), "{part}: {item}");
+        }
+    }
+    let (_, list) = status_is(h.get(Role::Viewer, "/runs").await, StatusCode::OK);
+    assert_eq!(list["runs"][0]["run_id"], run_id.as_str());
+    assert!(!list.to_string().contains("public_id"), "{list}");
 }
 
 #[tokio::test]

@@ -114,10 +114,13 @@ wire_enum! {
 }
 
 /// seed 000 "AgentRun". `id` is the store's integer key; `public_id`
-/// (`agent_…`) is what clients use in paths.
+/// (`agent_…`, the store's column name) is what clients use in paths and
+/// is `run_id` on the wire, as in every other answer that names a run
+/// (the Earth command's, steps', evidence's, proposals').
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentRun {
     pub id: i64,
+    #[serde(rename = "run_id")]
     pub public_id: String,
     pub run_type: RunType,
     pub status: RunStatus,
@@ -144,7 +147,9 @@ pub struct AgentRun {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentStep {
     pub id: i64,
-    pub run_id: i64,
+    /// The run's public id (`agent_…`, its `run_id`), not the store's
+    /// integer key.
+    pub run_id: String,
     /// 0-based, gap-free within a run.
     pub step_index: u32,
     pub step_type: StepType,
@@ -163,7 +168,9 @@ pub struct AgentStep {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentEvidence {
     pub id: i64,
-    pub run_id: i64,
+    /// The run's public id (`agent_…`, its `run_id`), not the store's
+    /// integer key.
+    pub run_id: String,
     pub step_id: Option<i64>,
     pub evidence_type: EvidenceType,
     /// Source id, e.g. `tle:celestrak_active_2020-10-26`.
@@ -181,7 +188,9 @@ pub struct AgentEvidence {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentProposal {
     pub id: i64,
-    pub run_id: i64,
+    /// The run's public id (`agent_…`, its `run_id`), not the store's
+    /// integer key.
+    pub run_id: String,
     pub proposal_type: ProposalType,
     pub status: ProposalStatus,
     pub risk_level: ProposalRiskLevel,

@@ -504,8 +504,10 @@ fn run_status(conn: &Connection, run_id: i64) -> Result<(String, RunStatus), Sto
     ))
 }
 
+// Steps, evidence and proposals answer with the run's public id as
+// `run_id` (the tables keep the integer key in their `run_id` column).
 const STEP_COLUMNS: &str =
-    "id, run_id, step_index, step_type, status, name, input, output, error, \
+    "id, (SELECT public_id FROM agent_runs WHERE agent_runs.id = agent_steps.run_id), step_index, step_type, status, name, input, output, error, \
     started_at, completed_at, duration_ms";
 
 fn decode_step(r: &Row<'_>) -> rusqlite::Result<Result<AgentStep, StoreError>> {
@@ -518,7 +520,7 @@ fn decode_step(r: &Row<'_>) -> rusqlite::Result<Result<AgentStep, StoreError>> {
     let started: Option<String> = r.get(9)?;
     let completed: Option<String> = r.get(10)?;
     let duration: Option<i64> = r.get(11)?;
-    let run_id: i64 = r.get(1)?;
+    let run_id: String = r.get(1)?;
     let step_index: i64 = r.get(2)?;
     let name: String = r.get(5)?;
     let error: Option<String> = r.get(8)?;
@@ -611,7 +613,7 @@ fn insert_evidence(conn: &Connection, run_id: i64, ev: &NewEvidence) -> Result<i
 fn decode_evidence(r: &Row<'_>) -> rusqlite::Result<Result<AgentEvidence, StoreError>> {
     const T: &str = "agent_evidence";
     let id: i64 = r.get(0)?;
-    let run_id: i64 = r.get(1)?;
+    let run_id: String = r.get(1)?;
     let step_id: Option<i64> = r.get(2)?;
     let et: String = r.get(3)?;
     let source: String = r.get(4)?;
@@ -638,13 +640,14 @@ fn decode_evidence(r: &Row<'_>) -> rusqlite::Result<Result<AgentEvidence, StoreE
     })())
 }
 
-const PROPOSAL_COLUMNS: &str = "id, run_id, proposal_type, status, risk_level, target, \
+const PROPOSAL_COLUMNS: &str = "id, \
+    (SELECT public_id FROM agent_runs WHERE agent_runs.id = agent_proposals.run_id), proposal_type, status, risk_level, target, \
     before_payload, after_payload, rationale, policy_result, applied_by, applied_at, error";
 
 fn decode_proposal(r: &Row<'_>) -> rusqlite::Result<Result<AgentProposal, StoreError>> {
     const T: &str = "agent_proposals";
     let id: i64 = r.get(0)?;
-    let run_id: i64 = r.get(1)?;
+    let run_id: String = r.get(1)?;
     let pt: String = r.get(2)?;
     let st: String = r.get(3)?;
     let risk: String = r.get(4)?;
@@ -847,7 +850,10 @@ impl Store {
                     .into_iter()
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut stmt = conn.prepare_cached(
-                    "SELECT id, run_id, step_id, evidence_type, source, title, url, content,
+                    "SELECT id,
+                            (SELECT public_id FROM agent_runs
+                              WHERE agent_runs.id = agent_evidence.run_id),
+                            step_id, evidence_type, source, title, url, content,
                             content_hash, metadata, retrieved_at
                      FROM agent_evidence WHERE run_id = ?1 ORDER BY id",
                 )?;
