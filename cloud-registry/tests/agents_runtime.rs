@@ -119,8 +119,17 @@ async fn a_run_is_run_id_in_every_answer() {
     assert!(run_id.starts_with("agent_"), "{resp}");
 
     let detail = h.run(&run_id).await;
-    assert_eq!(detail["run"]["run_id"], run_id.as_str(), "{}", detail["run"]);
-    assert!(detail["run"].get("public_id").is_none(), "{}", detail["run"]);
+    assert_eq!(
+        detail["run"]["run_id"],
+        run_id.as_str(),
+        "{}",
+        detail["run"]
+    );
+    assert!(
+        detail["run"].get("public_id").is_none(),
+        "{}",
+        detail["run"]
+    );
     for part in ["steps", "evidence"] {
         let items = detail[part].as_array().unwrap();
         assert!(!items.is_empty(), "{part}: {detail}");

@@ -382,7 +382,10 @@ fn token_commands_refuse_a_missing_store_unless_told_to_create_it() {
         );
         assert!(!store.exists(), "{args:?} created {}", store.display());
     }
-    let out = token_cmd(&config, &["create", "--role", "viewer", "--name", "viewer-1"]);
+    let out = token_cmd(
+        &config,
+        &["create", "--role", "viewer", "--name", "viewer-1"],
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--create-store"),
         "create names its flag: {out:?}"
@@ -390,7 +393,14 @@ fn token_commands_refuse_a_missing_store_unless_told_to_create_it() {
 
     let out = token_cmd(
         &config,
-        &["create", "--role", "viewer", "--name", "viewer-1", "--create-store"],
+        &[
+            "create",
+            "--role",
+            "viewer",
+            "--name",
+            "viewer-1",
+            "--create-store",
+        ],
     );
     assert!(out.status.success(), "{out:?}");
     assert!(store.exists());

@@ -21,8 +21,8 @@ fn docs_cite_no_unshipped_specification() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut found = Vec::new();
     for page in PAGES {
-        let text = std::fs::read_to_string(root.join(page))
-            .unwrap_or_else(|e| panic!("read {page}: {e}"));
+        let text =
+            std::fs::read_to_string(root.join(page)).unwrap_or_else(|e| panic!("read {page}: {e}"));
         for (n, line) in text.lines().enumerate() {
             let lower = line.to_lowercase();
             if lower.contains('§')

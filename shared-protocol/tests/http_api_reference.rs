@@ -15,7 +15,10 @@ fn http_api_md() -> String {
 fn table_keys(doc: &str, header: &str) -> Vec<String> {
     let head = format!("| {header} |");
     let mut lines = doc.lines().skip_while(|l| !l.starts_with(&head));
-    assert!(lines.next().is_some(), "no table headed `{head}` in docs/http-api.md");
+    assert!(
+        lines.next().is_some(),
+        "no table headed `{head}` in docs/http-api.md"
+    );
     lines
         .skip(1)
         .take_while(|l| l.starts_with('|'))
@@ -34,7 +37,10 @@ fn every_event_type_has_a_row_in_http_api_md() {
         .map(|t| t.as_str())
         .filter(|t| !rows.iter().any(|r| r == t))
         .collect();
-    assert!(missing.is_empty(), "event types not in docs/http-api.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "event types not in docs/http-api.md: {missing:?}"
+    );
     for row in &rows {
         assert!(
             row.parse::<EventType>().is_ok(),
@@ -51,7 +57,10 @@ fn every_lease_status_has_a_row_in_http_api_md() {
         .map(|s| s.as_str())
         .filter(|s| !rows.iter().any(|r| r == s))
         .collect();
-    assert!(missing.is_empty(), "lease statuses not in docs/http-api.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "lease statuses not in docs/http-api.md: {missing:?}"
+    );
     for row in &rows {
         assert!(
             row.parse::<LeaseStatus>().is_ok(),
