@@ -315,6 +315,115 @@ async fn a_command_run_records_tool_policy_and_action_steps_and_hashed_entity_ev
     assert_eq!(detail["steps"][2]["output"]["actions"], resp["actions"]);
 }
 
+/// The first whole number in `text` (the count a summary states).
+fn first_number(text: &str) -> usize {
+    let digits: String = text
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number in {text:?}"))
+}
+
+/// The shipped config has no vessels source: asking for vessels says so,
+/// instead of claiming that none were found.
+#[tokio::test]
+async fn vessels_without_a_configured_source_say_the_source_is_missing() {
+    let h = Harness::start(AgentsConfig::default()).await;
+    let resp = h.command("显示新加坡附近的船只").await;
+    let summary = resp["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("未配置船舶数据源") && !summary.contains("未找到"),
+        "{summary}"
+    );
+    let resp = h.command("Show vessels in Singapore").await;
+    let summary = resp["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("No vessels data source is configured") && !summary.contains("were found"),
+        "{summary}"
+    );
+    assert!(missing(&resp).contains("no data source configured for vessels"));
+    assert!(resp["confidence"].as_f64().unwrap() <= 0.3, "{resp}");
+}
+
+/// A well-known name is looked up by its catalogue spelling, which the
+/// summary never shows: it names the entity as the catalogue displays it.
+#[tokio::test]
+async fn a_summary_names_the_iss_by_its_display_name_not_the_internal_alias() {
+    let h = Harness::start(AgentsConfig::default()).await;
+    for text in ["高亮国际空间站", "highlight the ISS", "高亮 ISS"] {
+        let resp = h.command(text).await;
+        let summary = resp["summary"].as_str().unwrap();
+        assert!(!summary.contains("iss (zarya)"), "{text}: {summary}");
+        assert!(summary.contains("ISS (ZARYA)"), "{text}: {summary}");
+        assert_eq!(highlighted(&resp), ["satellite:norad:25544"], "{text}");
+    }
+}
+
+/// A filter's `matched_entities` are the entities it selects, as many as
+/// its summary says (or, past the listing limit, as many as it says are
+/// listed).
+#[tokio::test]
+async fn a_filters_count_agrees_with_its_matched_entities() {
+    let h = Harness::start(AgentsConfig::default()).await;
+    for text in [
+        "筛选中国的超算",
+        "filter GPU clusters in China",
+        "筛选新加坡的登陆点",
+    ] {
+        let resp = h.command(text).await;
+        let summary = resp["summary"].as_str().unwrap();
+        let matched = resp["matched_entities"].as_array().unwrap();
+        assert!(first_number(summary) > 0, "{text}: {summary}");
+        assert_eq!(matched.len(), first_number(summary), "{text}: {summary}");
+        let f = find(&resp["actions"], "type", "filter_entities");
+        assert!(
+            matched.iter().all(|e| e["domain"] == f["domain"]),
+            "{text}: {resp}"
+        );
+    }
+    let resp = h.command("筛选星链卫星").await;
+    let summary = resp["summary"].as_str().unwrap();
+    let matched = resp["matched_entities"].as_array().unwrap().len();
+    assert!(first_number(summary) > matched, "{summary}");
+    assert_eq!(matched, 500);
+    assert!(summary.contains("列出前 500 颗"), "{summary}");
+}
+
+/// A model's `filter_entities` plan, with no highlight, still lists what
+/// the filter selects.
+#[tokio::test]
+async fn a_models_filter_plan_lists_the_entities_it_selects() {
+    let fake = FakeVendor::start().await;
+    fake.then(|_| {
+        let plan = json!({"type": "final", "summary": "已筛选出日本的超算中心。", "result": {"actions": [
+            {"type": "show_layer", "layer": "compute_centers", "enabled": true},
+            {"type": "filter_entities", "domain": "compute_centers",
+             "filters": {"country": "JP", "site_type": "supercomputer"}}
+        ]}});
+        (200, completion_text(&plan.to_string()))
+    });
+    let h = Harness::start(fake.model_config(NativeTools::Off)).await;
+    let resp = h.command("筛选日本的超算").await;
+    let matched = resp["matched_entities"].as_array().unwrap();
+    assert!(!matched.is_empty(), "{resp}");
+    for e in matched {
+        assert_eq!(e["domain"], "compute_centers", "{e}");
+        assert_eq!(e["properties"]["country_code"], "JP", "{e}");
+        assert_eq!(e["properties"]["site_type"], "supercomputer", "{e}");
+    }
+    let deterministic = Harness::start(AgentsConfig::default())
+        .await
+        .command("筛选日本的超算")
+        .await;
+    assert_eq!(
+        matched.len(),
+        first_number(deterministic["summary"].as_str().unwrap())
+    );
+}
+
 // ---- the model path, against a fake OpenAI-compatible vendor ----
 
 #[tokio::test]

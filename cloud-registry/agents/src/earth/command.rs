@@ -695,8 +695,10 @@ fn plan_from_find_output(out: &Value, lang: Lang, limits: PlanLimits) -> Option<
     })
 }
 
-/// The entities the validated plan highlights: from the resolver's matches
-/// when it made the plan, else looked up in the catalog.
+/// The entities the validated plan points at: those it highlights or
+/// focuses on, and those its filters select (so that a filter's count and
+/// its `matched_entities` agree), from the resolver's matches when it made
+/// the plan, else looked up in the catalog. At most [`MAX_MATCHED`].
 fn matched_for(
     actions: &[EarthAction],
     resolver_matched: Vec<MatchedEntity>,
@@ -704,17 +706,43 @@ fn matched_for(
 ) -> Vec<MatchedEntity> {
     let mut out: Vec<MatchedEntity> = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    // The resolver's order (name, then id), for a filter's matches.
+    let resolver_order: Vec<(String, EarthDomain)> = resolver_matched
+        .iter()
+        .map(|e| (e.entity_id.clone(), e.domain))
+        .collect();
     let mut by_id: std::collections::HashMap<String, MatchedEntity> = resolver_matched
         .into_iter()
         .map(|e| (e.entity_id.clone(), e))
         .collect();
     for a in actions {
-        let ids: Vec<&String> = match a {
-            EarthAction::HighlightEntities { entity_ids, .. } => entity_ids.iter().collect(),
+        let ids: Vec<String> = match a {
+            EarthAction::HighlightEntities { entity_ids, .. } => entity_ids.clone(),
             EarthAction::FocusView {
                 entity_id: Some(id),
                 ..
-            } => vec![id],
+            } => vec![id.clone()],
+            EarthAction::FilterEntities {
+                domain, filters, ..
+            } => {
+                let from_resolver: Vec<String> = resolver_order
+                    .iter()
+                    .filter(|(_, d)| d == domain)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                if from_resolver.is_empty() {
+                    filter_matches(catalog, *domain, filters, MAX_MATCHED - out.len())
+                        .into_iter()
+                        .map(|e| {
+                            let id = e.entity_id.clone();
+                            by_id.entry(id.clone()).or_insert(e);
+                            id
+                        })
+                        .collect()
+                } else {
+                    from_resolver
+                }
+            }
             _ => continue,
         };
         for id in ids {
@@ -726,12 +754,28 @@ fn matched_for(
             }
             if let Some(e) = by_id.remove(id.as_str()) {
                 out.push(e);
-            } else if let Some(e) = catalog.get(id) {
+            } else if let Some(e) = catalog.get(&id) {
                 out.push(e);
             }
         }
     }
     out
+}
+
+/// The first `limit` entities a validated `filter_entities` selects (none
+/// when its filters do not form a query, which validation has ruled out).
+fn filter_matches(
+    catalog: &super::entities::EntityCatalog,
+    domain: EarthDomain,
+    filters: &serde_json::Map<String, Value>,
+    limit: usize,
+) -> Vec<MatchedEntity> {
+    let limit = limit.min(super::entities::MAX_LIMIT);
+    let q = json!({"domain": domain, "filters": filters, "limit": limit});
+    match EntityQuery::from_tool_arguments(q) {
+        Ok(q) => catalog.find(&q).entities,
+        Err(_) => Vec::new(),
+    }
 }
 
 /// A summary made from the actions, for model summaries that are unsafe or

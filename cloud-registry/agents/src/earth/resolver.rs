@@ -422,6 +422,10 @@ pub struct Interpretation {
     pub region: Option<&'static str>,
     /// Text left after every known word: searched in entity names.
     pub name_query: Option<String>,
+    /// How a summary names what `name_query` searches: the well-known
+    /// name as written (`国际空间站`, `iss`) when `name_query` is its
+    /// catalogue spelling (`iss (zarya)`), otherwise `name_query` itself.
+    pub name_label: Option<String>,
     /// True when no domain was named but a name query must be tried on
     /// every domain ([`probe_domains`]).
     pub probe: bool,
@@ -531,13 +535,13 @@ pub fn interpret(text: &str) -> Interpretation {
             }
         }
     }
-    let mut alias: Option<(usize, EarthDomain, &str)> = None;
+    let mut alias: Option<(usize, EarthDomain, &str, &str)> = None;
     for (word, d, name) in ALIASES {
         for (s, e) in find_word(&t, word) {
             if !overlaps(&taken, s, e) {
                 taken.push((s, e));
                 if alias.is_none() {
-                    alias = Some((s, *d, *name));
+                    alias = Some((s, *d, *name, *word));
                 }
             }
         }
@@ -545,7 +549,7 @@ pub fn interpret(text: &str) -> Interpretation {
     if let Some((s, _)) = constellation {
         hits.push((s, EarthDomain::Satellites, Extra::None));
     }
-    if let Some((s, d, _)) = alias {
+    if let Some((s, d, _, _)) = alias {
         hits.push((s, d, Extra::None));
     }
     hits.sort_by_key(|h| h.0);
@@ -572,8 +576,10 @@ pub fn interpret(text: &str) -> Interpretation {
         || joined.chars().any(|c| c.is_ascii_digit()))
     .then_some(joined)
     .filter(|q| !q.is_empty());
-    if let Some((_, _, name)) = alias {
+    let mut name_label = name_query.clone();
+    if let Some((_, _, name, word)) = alias {
         name_query = Some(name.to_string());
+        name_label = Some(word.to_string());
     }
 
     // Per domain, the distinct extras named; one distinct value becomes a
@@ -628,6 +634,7 @@ pub fn interpret(text: &str) -> Interpretation {
         domains,
         region,
         name_query,
+        name_label,
         probe,
     }
 }
@@ -746,7 +753,15 @@ fn unit(d: EarthDomain, f: &EntityFilters) -> &'static str {
 }
 
 /// The noun phrase for what was asked ("中国大陆的算力中心", "BeiDou satellites").
-fn subject(d: EarthDomain, f: &EntityFilters, region: Option<&Region>, lang: Lang) -> String {
+/// `name_label` is how a `name_contains` filter is put to the user (never
+/// an internal catalogue spelling); `None` shows the filter as it is.
+fn subject(
+    d: EarthDomain,
+    f: &EntityFilters,
+    region: Option<&Region>,
+    lang: Lang,
+    name_label: Option<&str>,
+) -> String {
     let noun = match lang {
         Lang::Zh => match d {
             EarthDomain::Satellites => match f.constellation {
@@ -810,6 +825,7 @@ fn subject(d: EarthDomain, f: &EntityFilters, region: Option<&Region>, lang: Lan
     let name = f
         .name_contains
         .as_deref()
+        .map(|n| name_label.unwrap_or(n))
         .filter(|_| d != EarthDomain::Satellites || f.constellation.is_none());
     match lang {
         Lang::Zh => {
@@ -852,6 +868,13 @@ fn panel_item(e: &MatchedEntity) -> ResultPanelItem {
         label: e.name.clone(),
         subtitle,
     }
+}
+
+/// True when `r` is empty because no source of domain `d` is configured
+/// (the catalogue's note), not because nothing matched.
+fn source_missing(d: EarthDomain, r: &EntityQueryResult) -> bool {
+    let note = super::entities::no_source_note(d);
+    r.missing_data.contains(&note)
 }
 
 fn push_unique(notes: &mut Vec<String>, note: String) {
@@ -1020,7 +1043,18 @@ impl Draft {
         for n in &r.missing_data {
             push_unique(&mut self.missing, n.clone());
         }
-        let subj = subject(d, f, region, lang);
+        // A well-known name (`ISS`) found once is shown as the entity's
+        // display name, otherwise as the user wrote it.
+        let alias_hit = match (
+            &interp.name_label,
+            &interp.name_query,
+            r.entities.as_slice(),
+        ) {
+            (Some(label), Some(query), [only]) if label != query => Some(only.name.as_str()),
+            _ => None,
+        };
+        let label = alias_hit.or(interp.name_label.as_deref());
+        let subj = subject(d, f, region, lang, label);
         let u = unit(d, f);
         self.actions.push(EarthAction::ShowLayer {
             layer: d,
@@ -1042,6 +1076,18 @@ impl Draft {
             });
             return;
         }
+        if r.total_matched == 0 && source_missing(d, r) {
+            // Nothing to search, which is not the same as nothing found.
+            self.confidence = self.confidence.min(0.3);
+            self.parts.push(match lang {
+                Lang::Zh => format!("未配置{}数据源，无法查询{subj}", layer_name(d, lang)),
+                Lang::En => format!(
+                    "No {} data source is configured, so {subj} cannot be looked up",
+                    layer_name(d, lang)
+                ),
+            });
+            return;
+        }
         if r.total_matched == 0 {
             self.confidence = self.confidence.min(0.6);
             self.parts.push(match lang {
@@ -1057,7 +1103,7 @@ impl Draft {
             Lang::En => format!("{} ({total})", capitalize(&subj)),
         };
         if interp.verb == Some(Verb::Filter) {
-            self.add_filter(lang, q, &subj, u, total);
+            self.add_filter(lang, q, &subj, u, total, shown.len());
         } else {
             self.add_highlight(lang, d, &subj, u, &shown, total, limits);
         }
@@ -1079,8 +1125,18 @@ impl Draft {
         }
     }
 
-    /// Filter the layer to the query's matches.
-    fn add_filter(&mut self, lang: Lang, q: &EntityQuery, subj: &str, u: &str, total: usize) {
+    /// Filter the layer to the query's matches; `listed` of the `total`
+    /// are in `matched_entities`, and the summary says so when that is
+    /// fewer.
+    fn add_filter(
+        &mut self,
+        lang: Lang,
+        q: &EntityQuery,
+        subj: &str,
+        u: &str,
+        total: usize,
+        listed: usize,
+    ) {
         self.actions.push(EarthAction::FilterEntities {
             domain: q.domain,
             filters: serde_json::to_value(&q.filters)
@@ -1092,9 +1148,11 @@ impl Draft {
                 Lang::En => format!("The operator asked to filter {subj}"),
             }),
         });
-        self.parts.push(match lang {
-            Lang::Zh => format!("已筛选出 {total} {u}{subj}"),
-            Lang::En => format!("Filtered to {total} {subj}"),
+        self.parts.push(match (lang, total > listed) {
+            (Lang::Zh, false) => format!("已筛选出 {total} {u}{subj}"),
+            (Lang::Zh, true) => format!("已筛选出 {total} {u}{subj}，列出前 {listed} {u}"),
+            (Lang::En, false) => format!("Filtered to {total} {subj}"),
+            (Lang::En, true) => format!("Filtered to {total} {subj}, the first {listed} listed"),
         });
     }
 

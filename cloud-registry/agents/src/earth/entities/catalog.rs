@@ -64,7 +64,9 @@ fn by_name(a: &Common, b: &Common) -> std::cmp::Ordering {
     a.name_lc.cmp(&b.name_lc).then_with(|| a.id.cmp(&b.id))
 }
 
-fn no_source_note(domain: EarthDomain) -> String {
+/// The `missing_data` note of a query on a domain no source is configured
+/// for: "no data source configured for vessels".
+pub fn no_source_note(domain: EarthDomain) -> String {
     format!("no data source configured for {}", domain.as_str())
 }
 
