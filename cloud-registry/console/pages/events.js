@@ -1,0 +1,1 @@
+export default { path: "#/events", title: "Events", render() {} };

@@ -1,0 +1,1 @@
+export default { path: "#/leases/{id}", title: "Lease", nav: false, render() {} };
