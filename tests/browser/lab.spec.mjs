@@ -10,7 +10,8 @@ const HW = env("BENCHLINK_HW_TOKEN");
 const CHIEF = env("BENCHLINK_CHIEF_TOKEN");
 const EDGE_PID = Number(env("BENCHLINK_EDGE_PID"));
 const PROVIDER = env("BENCHLINK_PROVIDER", "provider-demo-01");
-const CAMERA = env("BENCHLINK_CAMERA", "cam-front-01");
+const CAMERA = "cam-front-01";
+const MIC = "mic-01";
 const IMG = "<img src=x onerror=alert(1)>";
 const JS = "javascript:alert(1)";
 
@@ -41,8 +42,10 @@ await run("lab", async (t) => {
     const rows = await page.$$eval(`${card} tr.cap`, (trs) => trs.map((tr) => ({ id: tr.dataset.capabilityId, status: tr.dataset.status, offline: tr.classList.contains("offline") })));
     check(rows.length === 8, `expected the bench's 8 capabilities, got ${rows.length}: ${JSON.stringify(rows)}`);
     check(rows.every((r) => !r.offline && r.status !== "offline"), `a capability is offline: ${JSON.stringify(rows)}`);
-    const text = await page.textContent(card);
-    for (const w of ["camera", "serial_port", "programmable_power_supply"]) check(text.includes(w), `type group ${w} missing`);
+    const types = await page.$$eval(`${card} td.type`, (tds) => tds.map((td) => td.parentElement.dataset.type));
+    for (const w of ["camera", "microphone", "speaker", "serial_port", "relay", "programmable_power_supply", "thumb_robot", "screen_capture"]) {
+      check(types.includes(w), `type group ${w} missing: ${types}`);
+    }
     check(await page.$$eval("#token", (x) => x.length) === 0, "sign-in form still shown");
     const stored = await page.evaluate(() => ({ s: sessionStorage.getItem("benchlink.token"), l: Object.keys(localStorage).length, u: location.href }));
     check(stored.s === ADMIN && stored.l === 0 && !stored.u.includes(ADMIN), "token must be in sessionStorage only");
@@ -78,6 +81,17 @@ await run("lab", async (t) => {
     await page.waitForSelector(`${capRow(CAMERA)} .holder[data-lease-id="${chiefLease}"] .countdown`, { timeout: 10_000 });
     check(await page.$(`${capRow(CAMERA)} .holder[data-lease-id="${hwLease}"]`) === null, "the preempted holder is still listed");
     check(await page.$(`${capRow(CAMERA)} .queued[data-lease-id="${chiefLease}"]`) === null, "the new holder is still queued");
+  });
+
+  await t.step("a request that must wait is in the queue with its priority and age", async () => {
+    const r = await http("POST", "/api/v1/capability-leases/request", HW, lease(CAMERA, "audit:hw-auditor-01", { priority: 30, queue_timeout_seconds: 120, purpose: "after the chief" }));
+    check(r.status === 202, `queued request: ${r.status} ${JSON.stringify(r.json)}`);
+    const q = `${capRow(CAMERA)} .queued[data-lease-id="${r.json.lease_id}"]`;
+    await page.waitForSelector(q, { timeout: 1000 });
+    const txt = await page.textContent(q);
+    check(txt.includes("audit:hw-auditor-01") && txt.includes("p30") && txt.includes("waiting"), `queue cell: ${txt}`);
+    await page.waitForTimeout(1200);
+    await screenshot(page, "lab");
   });
 
   await t.step("markup in display_name, holder_ref and purpose renders as text", async () => {
@@ -148,11 +162,11 @@ await run("lab", async (t) => {
   await t.step("a viewer sees no action buttons and a forged call is refused", async () => {
     const v = await http("POST", "/api/v1/auth/tokens", ADMIN, { role: "viewer", name: "console-viewer" });
     check(v.status === 201, `viewer token: ${v.status}`);
-    const r = await http("POST", "/api/v1/capability-leases/request", HW, lease(CAMERA, "audit:hw-auditor-01"));
+    const r = await http("POST", "/api/v1/capability-leases/request", HW, lease(MIC, "audit:hw-auditor-01"));
     check(r.status === 201, `lease for the viewer to see: ${r.status} ${JSON.stringify(r.json)}`);
     const other = await t.context.newPage();
     await signIn(other, v.json.token);
-    await other.waitForSelector(`${capRow(CAMERA)} .holder[data-lease-id="${r.json.lease_id}"]`, { timeout: 5000 });
+    await other.waitForSelector(`${capRow(MIC)} .holder[data-lease-id="${r.json.lease_id}"]`, { timeout: 5000 });
     check((await other.textContent("#role")) === "viewer", "role not shown");
     check(await other.$$eval("button.action", (b) => b.length) === 0, "a viewer's lab page has action buttons");
     await other.goto(`${env("BENCHLINK_URL")}/console/#/leases/${r.json.lease_id}`);
@@ -170,8 +184,7 @@ await run("lab", async (t) => {
     await other.close();
     // The admin does see the buttons.
     await page.goto(`${env("BENCHLINK_URL")}/console/#/lab`);
-    await page.waitForSelector(`${capRow(CAMERA)} .holder button.action`, { timeout: 5000 });
-    await screenshot(page, "lab");
+    await page.waitForSelector(`${capRow(MIC)} .holder button.action`, { timeout: 5000 });
   });
 
   await t.step("killing the edge greys its capabilities out", async () => {

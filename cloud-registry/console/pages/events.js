@@ -14,6 +14,14 @@ const TYPES = [
 ];
 const KEEP = 500;
 
+/** `HH:MM:SS.mmm` of an ISO time. */
+function clock(iso) {
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return String(iso ?? "");
+  const p = (n, w = 2) => String(n).padStart(w, "0");
+  return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`;
+}
+
 function link(ev) {
   if (ev.lease_id) return h("a", { href: `#/leases/${encodeURIComponent(ev.lease_id)}` }, ev.lease_id);
   if (ev.session_id) return h("a", { href: `#/sessions/${encodeURIComponent(ev.session_id)}` }, ev.session_id);
@@ -79,10 +87,10 @@ export default {
       if (paused) return;
       const tr = h("tr", { dataset: { eventType: ev.event_type, eventId: ev.event_id } },
         h("td", { class: "num" }, String(ev.event_id)),
-        h("td", null, fmtTime(ev.occurred_at)),
-        h("td", null, h("code", null, ev.event_type)),
-        h("td", null, ev.provider_id || ""),
-        h("td", null, ev.capability_id || ""),
+        h("td", { class: "nowrap", title: fmtTime(ev.occurred_at) }, clock(ev.occurred_at)),
+        h("td", { class: "nowrap" }, h("code", null, ev.event_type)),
+        h("td", { class: "nowrap" }, ev.provider_id || ""),
+        h("td", { class: "nowrap" }, ev.capability_id || ""),
         h("td", null, link(ev)),
         h("td", { class: "data" }, summary(ev)));
       tr.hidden = !enabled.has(ev.event_type);

@@ -138,7 +138,7 @@ export default {
         h("span", { class: "what" }, LABEL[ev.event_type] || ev.event_type),
         h("span", { class: "detail" }, describe(ev)),
         ev.event_type === "lease_preempt_requested" && ev.data && ev.data.notice && ev.data.notice.grace_until
-          ? h("span", { class: "detail" }, "grace ", countdown(ev.data.notice.grace_until)) : null);
+          ? h("span", { class: "detail" }, `grace period until ${fmtTime(ev.data.notice.grace_until)} (${fmtDuration(new Date(ev.data.notice.grace_until) - new Date(ev.occurred_at))})`) : null);
       // Keep the list ordered by event id.
       const after = [...tl.children].find((c) => Number(c.dataset.eventId) > ev.event_id);
       tl.insertBefore(li, after || null);
