@@ -144,6 +144,7 @@ await run("lab", async (t) => {
   await t.step("the events page tails live, filtered by type", async () => {
     await page.goto(`${env("BENCHLINK_URL")}/console/#/events`);
     await page.waitForSelector("#events-body");
+    await page.waitForFunction(() => document.querySelector("#stream-status")?.textContent.includes("live"));
     await page.click('button[data-group="leases"]');
     const r = await http("POST", `/api/v1/capability-leases/${chiefLease}/release`, CHIEF, { reason: "done" });
     check(r.status === 200, `release: ${r.status}`);
@@ -185,6 +186,7 @@ await run("lab", async (t) => {
     // The admin does see the buttons.
     await page.goto(`${env("BENCHLINK_URL")}/console/#/lab`);
     await page.waitForSelector(`${capRow(MIC)} .holder button.action`, { timeout: 5000 });
+    await page.waitForFunction(() => document.querySelector("#stream-status")?.textContent.includes("live"));
   });
 
   await t.step("after a dropped stream the page resumes with Last-Event-ID and misses nothing", async () => {
