@@ -234,10 +234,10 @@ export class EventStream {
       const { value, done } = await reader.read();
       if (done) return;
       buf += value;
-      let i;
-      while ((i = buf.search(/\r?\n\r?\n/)) >= 0) {
-        const block = buf.slice(0, i);
-        buf = buf.slice(i + (buf[i] === "\r" ? 4 : 2));
+      let m;
+      while ((m = /\r?\n\r?\n/.exec(buf)) !== null) {
+        const block = buf.slice(0, m.index);
+        buf = buf.slice(m.index + m[0].length);
         this.block(block);
       }
     }
