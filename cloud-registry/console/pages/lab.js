@@ -92,7 +92,7 @@ function holderCell(l, onRelease) {
     l.status !== "active" && l.status !== "granted" ? badge(l.status) : null,
     " ",
     until ? h("span", { class: grace ? "countdown-wrap grace" : "countdown-wrap" },
-      grace ? "grace " : "", countdown(until)) : null,
+      grace ? "ends in " : "", countdown(until)) : null,
     (can("release_any") || (mine && can("lease")))
       ? [" ", h("button", { type: "button", class: "action small", title: "Release this lease", on: { click: () => onRelease(l) } }, "Release")]
       : null);
