@@ -546,6 +546,7 @@ impl Registry {
         let routes = Router::new()
             .nest("/api/v1", v1)
             .merge(health)
+            .merge(crate::console::router())
             .merge(sessions::api::router(sessions.clone()))
             .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())));
         let app = build_router(routes, auth.clone(), config.http.body_limit_bytes);

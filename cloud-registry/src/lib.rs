@@ -20,6 +20,7 @@
 //!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
 //!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
 //!   under one provider id).
+//! - [`console`]: the web console's embedded assets under `/console/`.
 //! - Composition: [`api`] (what the features' routes share), [`health`]
 //!   (`/healthz`, `/metrics`, `/time`), [`app`] ([`app::Registry::start`]:
 //!   everything wired, every router merged), [`config`] (the TOML file).
@@ -33,6 +34,7 @@ pub mod audit;
 pub mod broker;
 pub mod broker_log;
 pub mod config;
+pub mod console;
 pub mod events;
 pub mod fdlimit;
 pub mod health;

@@ -1,5 +1,7 @@
-//! Bearer tokens over HTTP (admin only):
+//! Bearer tokens over HTTP (admin only, but `whoami`):
 //!
+//! - `GET /api/v1/auth/whoami` (any valid token): `{"principal", "role"}`
+//!   of the calling token; 401 `unauthenticated` without one.
 //! - `POST /api/v1/auth/tokens`: mint a token.
 //! - `GET /api/v1/tokens`: list every token, `{"tokens": [{"name", "role",
 //!   "created_at", "revoked", "revoked_at"?}]}`, oldest first; never a
@@ -41,6 +43,7 @@ pub struct TokensApi {
 /// The token routes (relative to `/api/v1`).
 pub fn routes(state: TokensApi) -> Router {
     Router::new()
+        .route("/auth/whoami", get(whoami))
         .route("/auth/tokens", post(create))
         .route("/tokens", get(list))
         .route("/tokens/{name}", delete(revoke))
@@ -61,6 +64,22 @@ pub struct TokensRevoked {
     pub name: String,
     /// Tokens that were valid and are now revoked.
     pub revoked_tokens: usize,
+}
+
+/// Answer of `GET /api/v1/auth/whoami`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WhoAmI {
+    /// The token's principal name.
+    pub principal: String,
+    /// The token's role.
+    pub role: Role,
+}
+
+async fn whoami(who: Principal) -> Json<WhoAmI> {
+    Json(WhoAmI {
+        principal: who.name,
+        role: who.role,
+    })
 }
 
 async fn list(State(st): State<TokensApi>, who: Principal) -> ApiResult<Json<TokenList>> {

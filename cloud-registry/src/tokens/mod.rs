@@ -1,4 +1,4 @@
-//! Bearer tokens over HTTP: minting, listing and revoking
+//! Bearer tokens over HTTP: minting, listing, revoking, and `whoami`
 //! (docs/http-api.md "Tokens"). The tokens themselves (hashes, roles, the
 //! cache) are [`crate::auth`]'s; this folder is only their routes.
 
