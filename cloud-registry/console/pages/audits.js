@@ -112,6 +112,28 @@ function chiefView(res) {
       c.handoff_target ? [h("dt", null, "hand-off to"), h("dd", null, c.handoff_target)] : null)));
 }
 
+/**
+ * The leases taken for audit `id`: the registry names them in their
+ * purpose ("audit {id} (type): objective"); looked up per capability the
+ * result used, else among the latest leases.
+ */
+function auditLeases(id, caps) {
+  const el = h("span", { class: "audit-leases" }, "—");
+  const prefix = `audit ${id} (`;
+  const asks = caps && caps.length
+    ? caps.map((c) => api.get("capability-leases", { capability_id: c, limit: 200 }))
+    : [api.get("capability-leases", { limit: 500 })];
+  Promise.all(asks.map((p) => p.catch(() => ({ leases: [] })))).then((rs) => {
+    const seen = new Set();
+    const found = [];
+    for (const r of rs) for (const l of r.leases || []) {
+      if (String(l.purpose || "").startsWith(prefix) && !seen.has(l.lease_id)) { seen.add(l.lease_id); found.push(l); }
+    }
+    if (found.length) replace(el, found.map((l) => [leaseLink(l.lease_id), " ", h("span", { class: "muted" }, `${l.capability_id} ${l.status}`), " "]));
+  });
+  return el;
+}
+
 /** `#/audits/{id}`: one audit request and its result. */
 export const detail = {
   path: "#/audits/{id}",
@@ -158,6 +180,7 @@ export const detail = {
           : h("p", { class: "muted" }, "Not claimed."),
         (q.artifact_refs || []).length || (q.evidence_refs || []).length ? [h("h3", null, "Cited in the request"),
           h("p", null, (q.artifact_refs || []).concat(q.evidence_refs || []).map((a) => [artifactLink(a), " "]))] : null,
+        h("h3", null, "Leases"), h("p", null, auditLeases(q.audit_request_id, res?.used_capabilities)),
         h("h3", null, "Result"),
         res ? resultView(res) : h("p", { class: "muted" }, "No result yet."),
         h("details", null, h("summary", null, "request JSON"), jsonBlock(q)));
