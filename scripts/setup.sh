@@ -2,7 +2,8 @@
 # Install what Benchlink needs on a Debian/Ubuntu machine that has only the
 # Rust toolchain: the C libraries the media and serial crates link against,
 # and the programs the tests drive (socat, PulseAudio, espeak-ng, tesseract,
-# Mosquitto, libfaketime). Idempotent: does nothing when everything is present.
+# Mosquitto, libfaketime, chromium and node for the console's browser tests,
+# with their npm packages). Idempotent: does nothing when everything is present.
 set -euo pipefail
 
 packages=(
@@ -19,6 +20,9 @@ packages=(
   faketime         # tests: libfaketime steps the registry's wall clock (clock_steps)
   curl             # README "A first look by hand", docs/http-api.md walk-through
   jq               # the same
+  chromium         # tests: the console's browser tests (tests/browser)
+  nodejs           # tests: the browser tests' scripts
+  npm              # tests: playwright-core for them (tests/browser/package-lock.json)
 )
 
 missing=()
@@ -34,4 +38,11 @@ if ((${#missing[@]})); then
   if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The console's browser tests: playwright-core, pinned by the lockfile.
+browser_dir="$(dirname "$0")/../tests/browser"
+if [ ! -d "$browser_dir/node_modules" ]; then
+  echo "setup: npm ci in tests/browser" >&2
+  (cd "$browser_dir" && npm ci --no-audit --no-fund --silent)
 fi

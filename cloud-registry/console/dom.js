@@ -105,7 +105,7 @@ export function fmtDuration(ms) {
 /** A status badge: `<span class="badge badge-{status}">status</span>`. */
 export function badge(status, text) {
   const s = String(status ?? "unknown");
-  return h("span", { class: `badge badge-${s.replace(/[^a-z0-9_-]/gi, "")}` }, text ?? s);
+  return h("span", { class: `badge badge-${s.replace(/[^a-z0-9_-]/gi, "")}`, dataset: { status: s } }, text ?? s.replace(/_/g, " "));
 }
 
 /** A table from headers and rows (arrays of cells: nodes or strings). */
@@ -143,18 +143,22 @@ function tickAll() {
   }
   for (const el of agers) {
     if (!el.isConnected) { agers.delete(el); continue; }
-    el.textContent = fmtAge(Date.now() - el._since);
+    el.textContent = el._fmt(Date.now() - el._since);
   }
   if (ticking.size === 0 && agers.size === 0) { clearInterval(timer); timer = null; }
 }
 
-/** An element showing the age of `sinceIso`, kept current like countdowns. */
+/**
+ * An element showing the age of `sinceIso` ("4 s ago"; with
+ * `{ago: false}` just "4 s"), kept current like countdowns.
+ */
 const agers = new Set();
-export function age(sinceIso) {
+export function age(sinceIso, opts = {}) {
   const el = h("span", { class: "age" });
   if (!sinceIso) { el.textContent = "—"; return el; }
   el._since = new Date(sinceIso).getTime();
-  el.textContent = fmtAge(Date.now() - el._since);
+  el._fmt = opts.ago === false ? (ms) => fmtDuration(Math.max(0, ms)) : fmtAge;
+  el.textContent = el._fmt(Date.now() - el._since);
   agers.add(el);
   if (!timer) timer = setInterval(tickAll, 1000);
   return el;

@@ -66,7 +66,7 @@ function holderCell(l, onRelease) {
     until ? h("span", { class: grace ? "countdown-wrap grace" : "countdown-wrap" },
       grace ? "grace " : "", countdown(until)) : null,
     (can("release_any") || (mine && can("lease")))
-      ? [" ", h("button", { type: "button", class: "action small", on: { click: () => onRelease(l) } }, "Release")]
+      ? [" ", h("button", { type: "button", class: "action small", title: "Release this lease", on: { click: () => onRelease(l) } }, "Release")]
       : null);
 }
 
@@ -74,7 +74,7 @@ function queueCell(l) {
   return h("div", { class: "queued", dataset: { leaseId: l.lease_id } },
     h("a", { href: `#/leases/${encodeURIComponent(l.lease_id)}` }, l.holder_ref),
     " ", h("span", { class: "prio" }, `p${l.priority}`),
-    " ", h("span", { class: "muted" }, "waiting "), age(l.requested_at));
+    " ", h("span", { class: "muted" }, "waiting "), age(l.requested_at, { ago: false }));
 }
 
 export default {
@@ -107,7 +107,7 @@ export default {
       h("td", { class: "name" }, h("div", null, c.display_name), h("code", { class: "muted" }, c.capability_id)),
       h("td", null, badge(c.status)),
       h("td", null, badge(c.health_status)),
-      h("td", null, c.lease_mode, c.preemptible ? null : h("span", { class: "muted" }, " · not preemptible")),
+      h("td", null, c.lease_mode, c.preemptible ? null : h("div", { class: "muted small" }, "not preemptible")),
       h("td", { class: "holders" }, holders.length ? holders.map((l) => holderCell(l, release)) : h("span", { class: "muted" }, "—")),
       h("td", { class: "queue" }, queue.length ? queue.map(queueCell) : h("span", { class: "muted" }, "—")));
     }
@@ -116,16 +116,23 @@ export default {
       const online = p.online_status === "online";
       const caps = model.capsOf(p.provider_id).sort((a, b) =>
         String(a.capability_type).localeCompare(String(b.capability_type)) || a.capability_id.localeCompare(b.capability_id));
-      const body = [];
-      let type = null;
+      const groups = new Map();
       for (const c of caps) {
-        if (c.capability_type !== type) {
-          type = c.capability_type;
-          body.push(h("tr", { class: "type-group" }, h("td", { class: "type", colspan: "6" }, type)));
-        }
-        const tr = capRow(c, online);
-        rows.set(c.capability_id, tr);
-        body.push(tr);
+        if (!groups.has(c.capability_type)) groups.set(c.capability_type, []);
+        groups.get(c.capability_type).push(c);
+      }
+      const body = [];
+      for (const [type, list] of groups) {
+        list.forEach((c, i) => {
+          const tr = capRow(c, online);
+          if (i === 0) {
+            tr.insertBefore(h("td", { class: "type", rowspan: String(list.length) }, type.replace(/_/g, " ")), tr.firstChild);
+            tr.classList.add("group-start");
+          }
+          tr.dataset.type = type;
+          rows.set(c.capability_id, tr);
+          body.push(tr);
+        });
       }
       const hb = p.last_heartbeat_at ? age(p.last_heartbeat_at) : h("span", null, "—");
       return h("section", {
@@ -142,7 +149,8 @@ export default {
       h("div", { class: "card-body" },
         caps.length
           ? h("table", { class: "grid caps" },
-            h("thead", null, h("tr", null, ["Capability", "Status", "Health", "Lease mode", "Holder (priority, time left)", "Queue (priority, waiting)"].map((x) => h("th", null, x)))),
+            h("colgroup", null, ["c-type", "c-name", "c-status", "c-health", "c-mode", "c-holder", "c-queue"].map((c) => h("col", { class: c }))),
+            h("thead", null, h("tr", null, ["Type", "Capability", "Status", "Health", "Lease mode", "Holder (priority, time left)", "Queue (priority, waiting)"].map((x) => h("th", null, x)))),
             h("tbody", null, body))
           : h("p", { class: "muted" }, "No capabilities registered.")));
     }
@@ -189,6 +197,9 @@ export default {
       if (!c || !tr || !tr.isConnected) { if (c) renderProvider(c.provider_id); return; }
       const p = model.providers.get(c.provider_id);
       const nt = capRow(c, p && p.online_status === "online");
+      const typeCell = tr.querySelector("td.type");
+      if (typeCell) { nt.insertBefore(typeCell, nt.firstChild); nt.classList.add("group-start"); }
+      nt.dataset.type = tr.dataset.type;
       rows.set(cid, nt);
       tr.replaceWith(nt);
       renderSummary();
@@ -223,8 +234,12 @@ export default {
           renderProvider(pid);
         }));
         await Promise.all(cs.map(async (cid) => {
-          const leases = await fetchLeases(cid);
+          const [leases, cap] = await Promise.all([
+            fetchLeases(cid),
+            api.get(`capabilities/${encodeURIComponent(cid)}`).catch(() => null),
+          ]);
           if (stopped) return;
+          if (cap) model.caps.set(cid, cap);
           model.setLeases(leases, cid);
           renderCap(cid);
         }));

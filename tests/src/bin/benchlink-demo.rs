@@ -40,6 +40,11 @@ struct Args {
     /// Grace period of the preempted robot lease, seconds.
     #[arg(long, default_value_t = 3)]
     grace_seconds: u32,
+    /// After the job, keep the lab running this many seconds to look at
+    /// it in the web console (Ctrl-C ends it sooner); then stop every
+    /// process as usual.
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    console_seconds: u64,
 }
 
 fn say(line: String) {
@@ -113,6 +118,11 @@ async fn demo(args: &Args) -> Result<()> {
         lab.root.display()
     ));
     say(format!(
+        "  console {}/console/ (sign in with the admin token in {})",
+        lab.base_url,
+        lab.root.join("registry/admin.token").display()
+    ));
+    say(format!(
         "  simulated devices: {}",
         lab.devices
             .iter()
@@ -161,6 +171,15 @@ async fn demo(args: &Args) -> Result<()> {
         report.sessions.len(),
         report.artifacts.len()
     ));
+    if args.console_seconds > 0 {
+        say(format!(
+            "\nThe lab stays up {} s for the console: {}/console/ (admin token in {}).",
+            args.console_seconds,
+            lab.base_url,
+            lab.root.join("registry/admin.token").display()
+        ));
+        tokio::time::sleep(Duration::from_secs(args.console_seconds)).await;
+    }
     drop(lab);
     Ok(())
 }
