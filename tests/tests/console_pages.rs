@@ -333,11 +333,15 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
     std::fs::write(lab.registry_config(), cfg)?;
     lab.start_registry()?;
     let call = |args: Value| json!({"type": "tool_call", "tool": "agents.propose_config", "arguments": args});
-    model.then(call(json!({"proposal_type": "ai_prompt", "target": {"prompt_key": "agents.roles.bgp"},
+    model.then(call(
+        json!({"proposal_type": "ai_prompt", "target": {"prompt_key": "agents.roles.bgp"},
         "changes": {"text": "Role: BGP analyst. Use RIPE RIS rrc00."},
-        "rationale": format!("name the collectors {MARKUP}")})));
-    model.then(call(json!({"proposal_type": "ai_prompt", "target": {"prompt_key": "agents.roles.network"},
-        "changes": {"text": "Role: network analyst, v2."}, "rationale": "shorter"})));
+        "rationale": format!("name the collectors {MARKUP}")}),
+    ));
+    model.then(call(
+        json!({"proposal_type": "ai_prompt", "target": {"prompt_key": "agents.roles.network"},
+        "changes": {"text": "Role: network analyst, v2."}, "rationale": "shorter"}),
+    ));
     model.then(call(json!({"proposal_type": "datasource_config", "target": {"datasource_id": "celestrak_active"},
         "changes": {"endpoint": "https://celestrak.org/NORAD/elements/active.txt", "api_key": "sk-live-123"},
         "rationale": "use the live feed"})));

@@ -177,7 +177,7 @@ export const detail = {
           h("dt", null, c.ended_at ? "ended" : "expires"), h("dd", null, c.ended_at ? `${fmtTime(c.ended_at)} (${c.end_reason || ""})` : countdown(c.expires_at)),
           c.lease_group_id ? [h("dt", null, "lease group"), h("dd", null, h("code", null, c.lease_group_id))] : null,
           h("dt", null, "leases"), h("dd", null, (c.lease_ids || []).length ? c.lease_ids.map((l) => [leaseLink(l), " "]) : "—"))
-          : h("p", { class: "muted" }, "Not claimed."),
+          : h("p", { class: "muted" }, rec.status === "queued" ? "Not claimed yet." : "The claim has ended (its leases are listed below)."),
         (q.artifact_refs || []).length || (q.evidence_refs || []).length ? [h("h3", null, "Cited in the request"),
           h("p", null, (q.artifact_refs || []).concat(q.evidence_refs || []).map((a) => [artifactLink(a), " "]))] : null,
         h("h3", null, "Leases"), h("p", null, auditLeases(q.audit_request_id, res?.used_capabilities)),
