@@ -1,11 +1,11 @@
 // The Sessions & evidence pages in a real chromium: the list filters and
 // updates live, an image renders, an audio clip has a duration, a serial
-// log shows the DUT's boot banner and can be searched, the sha256 badge
-// says verified, and an artifact whose stored bytes were altered says
-// mismatch.
+// log shows the DUT's boot banner and can be searched, an MJPEG clip
+// plays frame by frame, the sha256 badge says verified, and an artifact
+// whose stored bytes were altered says mismatch.
 //
 // Env: BENCHLINK_URL, BENCHLINK_TOKEN (any reader), IMAGE_SESSION,
-// AUDIO_SESSION, LOG_SESSION, TAMPERED_SESSION, TAMPERED_ARTIFACT,
+// AUDIO_SESSION, LOG_SESSION, CLIP_SESSION, TAMPERED_SESSION, TAMPERED_ARTIFACT,
 // DUT_BANNER, LIVE_LEASE + LIVE_TOKEN (a console lease and its holder's
 // token: the spec acts on it to see a new session arrive).
 
@@ -65,6 +65,18 @@ run("evidence", async (t) => {
     const v = await verdict(page, "audio_clip");
     check(v.verify === "verified", `audio badge: ${v.text}`);
     await screenshot(page, "session-audio");
+  });
+
+  await t.step("an MJPEG clip plays frame by frame with its keyframes", async () => {
+    await page.goto(`${env("BENCHLINK_URL")}/console/#/sessions/${env("CLIP_SESSION")}`);
+    await page.waitForFunction(() => { const i = document.querySelector(".clip img.artifact-frame"); return i && i.complete && i.naturalWidth > 0; }, null, { timeout: 15_000 });
+    check(await page.$$eval(".clip img.keyframe", (k) => k.length) > 1, "keyframes shown");
+    const v = await verdict(page, "video_clip");
+    check(v.verify === "verified", `clip badge: ${v.text}`);
+    const first = await page.$eval(".clip img.artifact-frame", (i) => i.src);
+    await page.click(".clip button.play");
+    await page.waitForFunction((s) => document.querySelector(".clip img.artifact-frame").src !== s, first, { timeout: 5_000 });
+    await screenshot(page, "session-clip");
   });
 
   await t.step("a serial log shows the boot banner and can be searched", async () => {

@@ -198,6 +198,9 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
     let cam = hw.lease_ok(caps::CAMERA, "console evidence").await?;
     let image = hw.act_ok(&cam, "snapshot", json!({})).await?;
     let tampered = hw.act_ok(&cam, "snapshot", json!({})).await?;
+    let clip = hw
+        .act_ok(&cam, "record_clip", json!({"duration_ms": 1000, "fps": 5}))
+        .await?;
     let mic = hw.lease_ok(caps::MICROPHONE, "console evidence").await?;
     let audio = hw
         .act_ok(&mic, "record_audio", json!({"duration_ms": 1500}))
@@ -222,6 +225,8 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
             json!({"duration_ms": 300, "since": "all"}),
         )
         .await?;
+    let clip_s = str_at(&clip, "session_id");
+    uploaded_artifact(&hw, &clip_s).await?;
     let (image_s, tampered_s, audio_s, log_s) = (
         str_at(&image, "session_id"),
         str_at(&tampered, "session_id"),
@@ -403,6 +408,7 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
             ("IMAGE_SESSION", image_s.clone()),
             ("AUDIO_SESSION", audio_s),
             ("LOG_SESSION", log_s),
+            ("CLIP_SESSION", clip_s),
             ("TAMPERED_SESSION", tampered_s),
             ("TAMPERED_ARTIFACT", str_at(&tampered_a, "artifact_id")),
             ("DUT_BANNER", DUT_BANNER.to_string()),
