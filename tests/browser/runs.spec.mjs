@@ -3,9 +3,10 @@
 // markup in titles and rationales shown as text, and the proposal policy:
 // a super_admin applies a low-risk proposal at once, a normal admin is
 // asked to confirm first, a secret-field proposal is shown rejected with
-// its reason and cannot be applied.
+// its reason and cannot be applied; a viewer gets no buttons.
 //
 // Env: BENCHLINK_URL, BENCHLINK_TOKEN (super_admin), ADMIN_TOKEN (admin),
+// VIEWER_TOKEN,
 // EARTH_RUN, EARTH_TEXT, MARKUP_RUN, PROPOSAL_RUN, MARKUP, PROPOSAL_AUTO,
 // PROPOSAL_CONFIRM, PROPOSAL_SECRET.
 
@@ -40,6 +41,7 @@ run("runs", async (t) => {
     const plan = await page.$$eval(".plan-action", (l) => l.map((x) => x.dataset.actionType));
     check(plan.includes("highlight_entities"), `plan: ${plan}`);
     check(await page.$$eval(".entities tbody tr", (r) => r.length) > 0, "matched entities listed");
+    check(await page.$$eval(".plan-action", (l) => l.map((x) => x.textContent).join(" ")).then((t) => t.includes("entities")), "the plan says how many entities");
     check(await page.$$eval(".run-timeline li", (r) => r.length) >= 3, "status timeline");
     await screenshot(page, "run-earth");
   });
@@ -106,6 +108,19 @@ run("runs", async (t) => {
     check(p.status === "applied" && p.policy_result.applied_mode === "manual", `server: ${JSON.stringify(p.policy_result)}`);
   });
 
+  const viewer = await openPage(t.context);
+  await t.step("a viewer sees no Apply or Reject, and a forged reject is refused", async () => {
+    await signIn(viewer.page, env("VIEWER_TOKEN"), "#/proposals");
+    await viewer.page.waitForFunction(() => document.querySelector("main .error")?.textContent.includes("may not see proposals"), null, { timeout: 10_000 });
+    check(await viewer.page.$$eval("button.apply, button.reject, button.confirm-apply", (b) => b.length) === 0, "no action buttons for a viewer");
+    await viewer.page.goto(`${BASE()}/console/#/runs/${env("PROPOSAL_RUN")}`);
+    await viewer.page.waitForSelector(".proposals section.proposal", { timeout: 10_000 });
+    check(await viewer.page.$$eval("button.apply, button.reject", (b) => b.length) === 0, "no proposal buttons on the run page");
+    const forged = await http("POST", `/api/v1/agents/proposals/${env("PROPOSAL_CONFIRM")}/reject`, env("VIEWER_TOKEN"), { reason: "forged" });
+    check(forged.status === 403, `forged reject: ${forged.status}`);
+  });
+
   checkClean(watch, "runs pages (super_admin)");
+  checkClean(viewer.watch, "pages (viewer)");
   checkClean(admin.watch, "proposals page (admin)");
 });

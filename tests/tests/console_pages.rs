@@ -389,6 +389,13 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
         StatusCode::CREATED,
     )
     .await?;
+    let vic = post_ok(
+        &root,
+        "/api/v1/auth/tokens",
+        json!({"role": "viewer", "name": "vic-viewer"}),
+        StatusCode::CREATED,
+    )
+    .await?;
     // The console lease again for the live check (it outlived the restart).
     hw.renew(&console).await?;
 
@@ -429,6 +436,7 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
         "runs.spec.mjs",
         &with(vec![
             ("ADMIN_TOKEN", str_at(&ada, "token")),
+            ("VIEWER_TOKEN", str_at(&vic, "token")),
             ("EARTH_RUN", str_at(&earth, "run_id")),
             ("EARTH_TEXT", earth_text.to_string()),
             ("MARKUP_RUN", str_at(&markup_run, "run_id")),

@@ -67,7 +67,7 @@ const list = {
 function stepView(s) {
   const io = [];
   if (s.input !== null && s.input !== undefined) io.push(h("details", null, h("summary", null, "input"), jsonBlock(s.input)));
-  if (s.output !== null && s.output !== undefined) io.push(h("details", { open: s.step_type === "action" }, h("summary", null, "output"), jsonBlock(s.output)));
+  if (s.output !== null && s.output !== undefined) io.push(h("details", null, h("summary", null, "output"), jsonBlock(s.output)));
   return h("li", { class: `step step-${s.step_type}`, dataset: { stepType: s.step_type, stepName: s.name } },
     h("span", { class: "step-index" }, `#${s.step_index}`), " ",
     h("b", null, s.step_type), " ", h("code", { class: "step-name" }, s.name), " ", badge(s.status),
@@ -120,13 +120,13 @@ function earthView(run, steps, evidence) {
       a.reason ? h("span", { class: "muted" }, a.reason) : null,
       h("details", null, h("summary", null, "JSON"), jsonBlock(a))))),
     h("h3", null, `Matched entities (${ents.length})`),
-    ents.length ? h("table", { class: "grid entities" },
+    ents.length ? h("details", { open: ents.length <= 20 }, h("summary", null, `${ents.length} entities`), h("table", { class: "grid entities" },
       h("thead", null, h("tr", null, ["entity", "name", "domain", "country", "lat", "lon"].map((x) => h("th", null, x)))),
       h("tbody", null, ents.slice(0, 200).map((e) => h("tr", null,
         h("td", null, h("code", null, e.entity_id)), h("td", null, e.name), h("td", null, e.domain),
         h("td", null, e.country || "—"),
         h("td", { class: "num" }, e.lat != null ? e.lat.toFixed(2) : "—"),
-        h("td", { class: "num" }, e.lon != null ? e.lon.toFixed(2) : "—")))))
+        h("td", { class: "num" }, e.lon != null ? e.lon.toFixed(2) : "—"))))))
       : h("p", { class: "muted" }, "None."),
     ents.length > 200 ? h("p", { class: "muted" }, `… and ${ents.length - 200} more.`) : null);
 }
