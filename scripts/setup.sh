@@ -21,8 +21,6 @@ packages=(
   curl             # README "A first look by hand", docs/http-api.md walk-through
   jq               # the same
   chromium         # tests: the console's browser tests (tests/browser)
-  nodejs           # tests: the browser tests' scripts
-  npm              # tests: playwright-core for them (tests/browser/package-lock.json)
 )
 
 missing=()
@@ -31,6 +29,11 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+
+# node and npm for the browser tests' scripts, unless a node install
+# (which may bring its own npm) is there already.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2

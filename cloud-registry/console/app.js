@@ -121,6 +121,7 @@ function route() {
   const m = match(hash);
   leave();
   clear(main);
+  for (const k of Object.keys(main.dataset)) delete main.dataset[k];
   for (const a of document.querySelectorAll(".nav-link")) {
     const p = a.dataset.path;
     a.classList.toggle("active", hash === p || hash.startsWith(p + "/"));

@@ -187,6 +187,23 @@ await run("lab", async (t) => {
     await page.waitForSelector(`${capRow(MIC)} .holder button.action`, { timeout: 5000 });
   });
 
+  await t.step("after a dropped stream the page resumes with Last-Event-ID and misses nothing", async () => {
+    await page.goto(`${env("BENCHLINK_URL")}/console/#/lab`);
+    await page.waitForSelector(`${capRow("spk-01")}`);
+    await page.waitForFunction(() => document.querySelector("#stream-status")?.textContent.includes("live"));
+    // Offline stops new connections only: cut the open stream too.
+    await t.context.setOffline(true);
+    await page.evaluate(async () => { const { events } = await import("/console/api.js"); events.ctrl.abort(); });
+    await page.waitForFunction(() => /reconnecting/.test(document.querySelector("#stream-status")?.textContent || ""), null, { timeout: 5000 });
+    const r = await http("POST", "/api/v1/capability-leases/request", HW, lease("spk-01", "audit:hw-auditor-01", { purpose: "while the console was cut off" }));
+    check(r.status === 201, `lease while offline: ${r.status} ${JSON.stringify(r.json)}`);
+    await page.waitForTimeout(300);
+    check(await page.$(`${capRow("spk-01")} .holder[data-lease-id="${r.json.lease_id}"]`) === null, "shown while the page was offline");
+    await t.context.setOffline(false);
+    await page.waitForSelector(`${capRow("spk-01")} .holder[data-lease-id="${r.json.lease_id}"]`, { timeout: 10_000 });
+    await page.waitForFunction(() => document.querySelector("#stream-status")?.textContent.includes("live"));
+  });
+
   await t.step("killing the edge greys its capabilities out", async () => {
     process.kill(EDGE_PID, "SIGKILL");
     const t0 = Date.now();
@@ -198,5 +215,13 @@ await run("lab", async (t) => {
     check(Number(opacity) < 1, `offline card not greyed (opacity ${opacity})`);
     await screenshot(page, "lab-offline");
     checkClean(watch, "lab");
+  });
+
+  await t.step("sign-out forgets the token", async () => {
+    await page.click("#signout");
+    await page.waitForSelector("#token");
+    check(await page.evaluate(() => sessionStorage.getItem("benchlink.token")) === null, "token kept after sign-out");
+    await page.reload();
+    await page.waitForSelector("#token");
   });
 });

@@ -37,6 +37,34 @@ class LabModel {
     }
   }
 
+  /**
+   * Apply one lease as an event carries it (the lease at that moment):
+   * it moves between queue, holders and gone. Returns its capability id.
+   */
+  applyLease(l) {
+    const cid = l.capability_id;
+    if (!cid) return null;
+    for (const m of [this.holders, this.queues]) {
+      const arr = m.get(cid);
+      if (arr) {
+        const i = arr.findIndex((x) => x.lease_id === l.lease_id);
+        if (i >= 0) arr.splice(i, 1);
+      }
+    }
+    const into = l.status === "requested" ? this.queues : HOLDING.has(l.status) ? this.holders : null;
+    if (into) {
+      if (!into.has(cid)) into.set(cid, []);
+      const arr = into.get(cid);
+      arr.push(l);
+      arr.sort((a, b) => b.priority - a.priority || String(a.requested_at).localeCompare(String(b.requested_at)));
+    }
+    const c = this.caps.get(cid);
+    if (c && (c.status === "available" || c.status === "leased")) {
+      c.status = (this.holders.get(cid) || []).length ? "leased" : "available";
+    }
+    return cid;
+  }
+
   capsOf(providerId) {
     return [...this.caps.values()].filter((c) => c.provider_id === providerId);
   }
@@ -202,7 +230,6 @@ export default {
       nt.dataset.type = tr.dataset.type;
       rows.set(cid, nt);
       tr.replaceWith(nt);
-      renderSummary();
     }
 
     // Coalesced refreshes: many events for one key cost one fetch.
@@ -242,6 +269,7 @@ export default {
           if (cap) model.caps.set(cid, cap);
           model.setLeases(leases, cid);
           renderCap(cid);
+          renderSummary();
         }));
         replace(err);
       } catch (e) {
@@ -249,11 +277,26 @@ export default {
       }
     }
 
+    // Lease events carry the lease: applied at once once the first load is
+    // in (before that, the capability's leases are fetched after it).
+    let loaded = false;
+    const dirty = new Set();
+    let frame = 0;
+    const paint = () => {
+      frame = 0;
+      for (const cid of dirty) renderCap(cid);
+      dirty.clear();
+      renderSummary();
+    };
     const unsubscribe = events.subscribe((ev) => {
       const t = ev.event_type || "";
       if (t.startsWith("lease_")) {
         const cid = ev.capability_id || (ev.data && ev.data.capability_id);
-        if (cid) { pendingCaps.add(cid); schedule(); }
+        if (!cid) return;
+        if (!loaded || !ev.data || !ev.data.lease_id) { pendingCaps.add(cid); schedule(); return; }
+        model.applyLease(ev.data);
+        dirty.add(cid);
+        if (!frame) frame = requestAnimationFrame(paint);
       } else if (t === "provider_registered" || t === "capability_registered" || t === "capability_health_changed") {
         const pid = ev.provider_id || (ev.data && ev.data.provider_id);
         if (pid) { pendingProviders.add(pid); schedule(); }
@@ -272,7 +315,9 @@ export default {
         for (const p of ps.providers) model.providers.set(p.provider_id, p);
         for (const c of cs.capabilities) model.caps.set(c.capability_id, c);
         model.setLeases(ls);
+        loaded = true;
         renderAll();
+        if (pendingCaps.size) schedule();
         root.dataset.renderMs = String(Math.round(performance.now() - t0));
       } catch (e) {
         replace(summary, "");
@@ -280,7 +325,7 @@ export default {
       }
     })();
 
-    return () => { stopped = true; unsubscribe(); };
+    return () => { stopped = true; unsubscribe(); if (frame) cancelAnimationFrame(frame); };
   },
 };
 

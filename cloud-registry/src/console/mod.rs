@@ -32,7 +32,10 @@ object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'";
 /// The console's routes (full paths).
 pub fn router() -> Router {
     Router::new()
-        .route("/console", get(|| async { Redirect::permanent("/console/") }))
+        .route(
+            "/console",
+            get(|| async { Redirect::permanent("/console/") }),
+        )
         .route("/console/", get(|| async { asset("index.html") }))
         .route(
             "/console/{*path}",
