@@ -9,12 +9,20 @@ import { h, clear, replace } from "./dom.js";
 import lab from "./pages/lab.js";
 import lease from "./pages/lease.js";
 import eventsPage from "./pages/events.js";
+import sessions, { detail as session } from "./pages/sessions.js";
+import audits, { detail as audit } from "./pages/audits.js";
+import runs, { detail as run } from "./pages/runs.js";
+import proposals from "./pages/proposals.js";
 
 /** Every page, in navigation order; pages without `nav: false` are in the bar. */
 export const PAGES = [
   lab,
   lease,
   eventsPage,
+  sessions, session,
+  audits, audit,
+  runs, run,
+  proposals,
 ];
 
 const root = document.getElementById("app");
