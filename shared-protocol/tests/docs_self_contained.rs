@@ -7,6 +7,7 @@ const PAGES: &[&str] = &[
     "docs/actions.md",
     "docs/architecture.md",
     "docs/benchmarks.md",
+    "docs/console.md",
     "docs/devices.md",
     "docs/earth-command.md",
     "docs/http-api.md",
