@@ -359,7 +359,7 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
         StatusCode::CREATED,
     )
     .await?;
-    let prop_run = str_at(&created["run"], "public_id");
+    let prop_run = str_at(&created["run"], "run_id");
     let detail = benchlink_e2e::poll_until(Duration::from_secs(30), "proposal run settles", || {
         let root = &root;
         let prop_run = &prop_run;

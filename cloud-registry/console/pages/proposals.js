@@ -110,7 +110,7 @@ export function proposalCard(p, changed) {
         ? h("p", { class: "error rejection" }, h("b", null, p.status === "rejected" ? "Rejected: " : "Failed: "), p.error || "no reason recorded")
         : null,
       h("p", { class: "rationale" }, h("b", null, "Rationale: "), p.rationale),
-      h("p", { class: "muted" }, "Run ", h("span", { class: "run-ref" }, `#${p.run_id}`)),
+      h("p", { class: "muted" }, "Run ", h("a", { class: "run-ref", href: `#/runs/${encodeURIComponent(p.run_id)}` }, h("code", null, p.run_id))),
       diffView(p.before_payload, p.after_payload),
       policyView(p),
       h("details", null, h("summary", null, "policy result JSON"), jsonBlock(p.policy_result)),

@@ -46,8 +46,8 @@ const list = {
         const r = await api.get("agents/runs", { run_type: f.run_type, status: f.status, limit: 100 });
         clear(body); err.textContent = "";
         for (const run of r.runs || []) {
-          body.appendChild(h("tr", { dataset: { runId: run.public_id } },
-            h("td", null, h("a", { href: `#/runs/${encodeURIComponent(run.public_id)}` }, h("code", null, run.public_id))),
+          body.appendChild(h("tr", { dataset: { runId: run.run_id } },
+            h("td", null, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, h("code", null, run.run_id))),
             h("td", null, badge(run.status)),
             h("td", null, run.run_type),
             h("td", { class: "run-title" }, run.title),
@@ -165,7 +165,7 @@ export const detail = {
       replace(box,
         h("h2", null, h("span", { class: "run-title" }, run.title), " ", badge(run.status)),
         h("div", { class: "toolbar" },
-          h("code", { id: "run-id" }, run.public_id), copyButton(run.public_id),
+          h("code", { id: "run-id" }, run.run_id), copyButton(run.run_id),
           h("button", { type: "button", on: { click: load } }, "Refresh"),
           canStop ? h("button", { type: "button", class: "danger", on: { click: async () => {
             try { await api.post(`agents/runs/${encodeURIComponent(id)}/stop`); } catch (e) { alertBox(box, e); }
