@@ -1366,3 +1366,76 @@ async fn a_claim_waiting_for_work_answers_no_content_when_the_registry_shuts_dow
     );
     b.stop().await;
 }
+
+#[tokio::test]
+async fn a_requirement_no_registered_capability_can_serve_is_refused_at_creation() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.register_led_bench().await;
+    // The bench's microphone is shared: an exclusive one is never there.
+    b.leases
+        .upsert_capability(CapabilityInfo {
+            capability_id: "mic-01".to_string(),
+            provider_id: "provider-winlab-01".to_string(),
+            node_id: "win-gpu-02".to_string(),
+            capability_type: CapabilityType::Microphone,
+            tags: vec!["lab".to_string()],
+            lease_mode: LeaseMode::SharedRead,
+            preemptible: true,
+            safety_locked: false,
+            default_priority: 50,
+            online: true,
+            non_interruptible: false,
+        })
+        .await;
+    b.register_thread("mac-01:thread-ui-22", "ui").await;
+
+    let mut req = led_request("auditreq_unmet", 60);
+    req["capability_requirements"] = json!([
+        { "capability_type": "camera", "mode": "exclusive" },
+        { "capability_type": "microphone", "mode": "exclusive" },
+        { "capability_type": "screen_capture", "mode": "exclusive" },
+        { "capability_type": "speaker", "mode": "exclusive",
+          "preferred_node_tags": ["rear"], "fallback_allowed": false }
+    ]);
+    let (_, body) = status_is(
+        b.post("/audit-requests", &b.admin, &req).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    assert_eq!(body["error"]["code"], "unsatisfiable_requirement", "{body}");
+    let failing = body["error"]["details"]["requirements"].as_array().unwrap();
+    let by_index: HashMap<u64, String> = failing
+        .iter()
+        .map(|f| {
+            (
+                f["requirement_index"].as_u64().unwrap(),
+                f["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(by_index.len(), 3, "{body}");
+    assert_eq!(
+        by_index[&1],
+        "no microphone offers exclusive; mic-01 is shared_read"
+    );
+    assert_eq!(by_index[&2], "no screen_capture is registered");
+    assert!(by_index[&3].contains("[rear]"), "{}", by_index[&3]);
+    assert!(by_index[&3].contains("spk-01 has [lab, device-station-a]"));
+    // Nothing was stored.
+    let (s, _) = b.get("/audit-requests/auditreq_unmet", &b.admin).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(b.audit_events().is_empty());
+
+    // Asking for what the bench has is accepted, even while its provider
+    // is offline (it may come back).
+    b.leases
+        .set_provider_online("provider-winlab-01", false)
+        .await;
+    req["capability_requirements"][1]["mode"] = json!("shared_read");
+    req["capability_requirements"] = json!([req["capability_requirements"][1].clone()]);
+    let (_, record) = status_is(
+        b.post("/audit-requests", &b.admin, &req).await,
+        StatusCode::CREATED,
+    );
+    assert_eq!(record["status"], "queued", "{record}");
+    b.stop().await;
+}

@@ -269,7 +269,8 @@ async fn list_messages(
 impl From<AuditError> for ApiError {
     /// 403 `forbidden` / `not_claim_holder`, 404 `not_found` / `no_result`,
     /// 409 `duplicate_audit_request` / `claim_expired` / `claim_ended` /
-    /// `not_claimed`, 422 `invalid_field` with `details.field`, the lease
+    /// `not_claimed`, 422 `invalid_field` with `details.field` /
+    /// `unsatisfiable_requirement` with `details.requirements`, the lease
     /// engine's own codes, 500 for the store.
     fn from(e: AuditError) -> Self {
         let message = e.to_string();
@@ -289,6 +290,12 @@ impl From<AuditError> for ApiError {
             AuditError::Invalid { field, message } => {
                 ApiError::invalid_field(&field, format!("{field}: {message}"))
             }
+            AuditError::Unsatisfiable { failing } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unsatisfiable_requirement",
+                message,
+            )
+            .with_details(json!({ "requirements": failing })),
             AuditError::NotClaimHolder {
                 audit_request_id,
                 principal,

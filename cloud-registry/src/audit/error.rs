@@ -41,6 +41,16 @@ pub enum AuditError {
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
 
+    /// A capability requirement no registered capability could ever
+    /// serve (type, mode, preferred tags without fallback). HTTP 422
+    /// `unsatisfiable_requirement`, `details.requirements` listing each.
+    #[error("{} capability requirement(s) cannot be met by any registered capability: {}",
+        failing.len(),
+        failing.iter().map(|f| format!("[{}] {}", f.requirement_index, f.reason)).collect::<Vec<_>>().join("; "))]
+    Unsatisfiable {
+        failing: Vec<UnsatisfiableRequirement>,
+    },
+
     /// The caller does not hold the request's claim. HTTP 403
     /// `not_claim_holder`.
     #[error("`{principal}` does not hold a claim on audit request `{audit_request_id}`")]
@@ -86,6 +96,16 @@ pub enum AuditError {
     /// The store failed. HTTP 500.
     #[error("audit store: {0}")]
     Sqlite(#[from] rusqlite::Error),
+}
+
+/// One requirement of [`AuditError::Unsatisfiable`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct UnsatisfiableRequirement {
+    /// Index in `capability_requirements`.
+    pub requirement_index: usize,
+    /// Why nothing matches, naming the capabilities that come closest,
+    /// e.g. "no microphone offers exclusive; mic-01 is shared_read".
+    pub reason: String,
 }
 
 impl AuditError {

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::chief;
-use super::error::AuditError;
+use super::error::{AuditError, UnsatisfiableRequirement};
 use super::model::{
     AuditRequestFilter, AuditRequestPage, AuditRequestRecord, ClaimEndReason, ClaimInfo,
     ClaimRequest, ClaimedTask, ExtendRequest, ExtendedClaim, MessagePost, ReleaseRequest,
@@ -37,7 +37,8 @@ use super::AuditConfig;
 use crate::auth::Principal;
 use crate::db::Db;
 use crate::events::{self, EventBus, NewEvent};
-use crate::leases::{LeaseEngine, LeaseError, MAX_GROUP_MEMBERS};
+use crate::leases::{CapabilityInfo, LeaseEngine, LeaseError, MAX_GROUP_MEMBERS};
+use shared_protocol::capability::{CapabilityRequirement, LeaseMode, RequirementMode};
 
 /// Principal the registry acts as when it ends claims on its own
 /// (sweeper) and sends messages to threads.
@@ -143,7 +144,8 @@ impl AuditService {
     /// audit_agent), `Invalid` naming the field (protocol rules, an
     /// extension field of another audit type, an unknown
     /// `source_thread_ref`, a bad `depends_on`, a requirement longer than
-    /// the lease maximum), `Duplicate` for a known `audit_request_id`.
+    /// the lease maximum), `Unsatisfiable` for requirements no registered
+    /// capability could serve, `Duplicate` for a known `audit_request_id`.
     pub async fn create(
         &self,
         who: &Principal,
@@ -152,6 +154,13 @@ impl AuditService {
         require(who, WRITE_ROLES, "create audit requests")?;
         req.validate()?;
         check_request_shape(&req, self.leases.config().max_duration_seconds)?;
+        if !req.capability_requirements.is_empty() {
+            let dir = self.leases.directory().await;
+            let failing = unsatisfiable(&req.capability_requirements, &dir);
+            if !failing.is_empty() {
+                return Err(AuditError::Unsatisfiable { failing });
+            }
+        }
         let now = Utc::now();
         req.created_at.get_or_insert(now);
         let sig = requirements_signature(&req);
@@ -1264,4 +1273,70 @@ fn lease_purpose(req: &AuditTaskRequest) -> String {
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(200)
         .collect()
+}
+
+/// The requirements of `reqs` that no capability of `dir` could ever serve,
+/// whether online or not: the lease engine's rule (same type, the
+/// capability's own lease mode, every preferred tag unless
+/// `fallback_allowed`), with a reason naming the nearest capabilities.
+fn unsatisfiable(
+    reqs: &[CapabilityRequirement],
+    dir: &[CapabilityInfo],
+) -> Vec<UnsatisfiableRequirement> {
+    let mut out = Vec::new();
+    for (i, r) in reqs.iter().enumerate() {
+        let mut of_type: Vec<&CapabilityInfo> = dir
+            .iter()
+            .filter(|c| c.capability_type == r.capability_type)
+            .collect();
+        of_type.sort_by(|a, b| a.capability_id.cmp(&b.capability_id));
+        let list = |cs: &[&CapabilityInfo], what: &dyn Fn(&CapabilityInfo) -> String| {
+            cs.iter()
+                .map(|c| format!("{} {}", c.capability_id, what(c)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let ty = r.capability_type;
+        let mode = r.mode;
+        if of_type.is_empty() {
+            out.push(UnsatisfiableRequirement {
+                requirement_index: i,
+                reason: format!("no {ty} is registered"),
+            });
+            continue;
+        }
+        let moded: Vec<&CapabilityInfo> = of_type
+            .iter()
+            .copied()
+            .filter(|c| match mode {
+                RequirementMode::Exclusive => c.lease_mode == LeaseMode::Exclusive,
+                RequirementMode::SharedRead => c.lease_mode != LeaseMode::Exclusive,
+            })
+            .collect();
+        if moded.is_empty() {
+            out.push(UnsatisfiableRequirement {
+                requirement_index: i,
+                reason: format!(
+                    "no {ty} offers {mode}; {}",
+                    list(&of_type, &|c| format!("is {}", c.lease_mode))
+                ),
+            });
+            continue;
+        }
+        if !r.fallback_allowed
+            && !moded
+                .iter()
+                .any(|c| r.preferred_node_tags.iter().all(|t| c.tags.contains(t)))
+        {
+            out.push(UnsatisfiableRequirement {
+                requirement_index: i,
+                reason: format!(
+                    "no {ty} offering {mode} has the tags [{}] (fallback_allowed is false); {}",
+                    r.preferred_node_tags.join(", "),
+                    list(&moded, &|c| format!("has [{}]", c.tags.join(", ")))
+                ),
+            });
+        }
+    }
+    out
 }
