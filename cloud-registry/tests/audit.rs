@@ -1439,3 +1439,82 @@ async fn a_requirement_no_registered_capability_can_serve_is_refused_at_creation
     assert_eq!(record["status"], "queued", "{record}");
     b.stop().await;
 }
+
+#[tokio::test]
+async fn the_creator_cancels_a_queued_request_and_a_claimed_one_is_refused() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&[], 60).await;
+    let creator = b.token(Role::Operator, "release-manager").await;
+    let other = b.token(Role::Operator, "someone-else").await;
+    for id in ["auditreq_cancel", "auditreq_busy"] {
+        let _ = status_is(
+            b.post("/audit-requests", &creator, &led_request(id, 60))
+                .await,
+            StatusCode::CREATED,
+        );
+    }
+
+    // Someone else may not cancel it.
+    let (_, body) = status_is(
+        b.post("/audit-requests/auditreq_cancel/cancel", &other, &json!({}))
+            .await,
+        StatusCode::FORBIDDEN,
+    );
+    assert_eq!(body["error"]["code"], "forbidden", "{body}");
+
+    let (_, record) = status_is(
+        b.post(
+            "/audit-requests/auditreq_cancel/cancel",
+            &creator,
+            &json!({ "reason": "firmware withdrawn" }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(record["status"], "failed", "{record}");
+    assert_eq!(
+        record["failure_reason"],
+        "cancelled by release-manager: firmware withdrawn"
+    );
+    let cancelled: Vec<_> = b
+        .audit_events()
+        .into_iter()
+        .filter(|(t, id, d)| {
+            t == "audit_task_released" && id == "auditreq_cancel" && d["reason"] == "cancelled"
+        })
+        .collect();
+    assert_eq!(cancelled.len(), 1, "{:?}", b.audit_events());
+
+    // The cancelled one is never claimed; the other is, and is then not
+    // cancellable (its holder or an admin releases it first).
+    let agent = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &agent,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(claim["claim"]["audit_request_id"], "auditreq_busy");
+    let (_, body) = status_is(
+        b.post("/audit-requests/auditreq_busy/cancel", &b.admin, &json!({}))
+            .await,
+        StatusCode::CONFLICT,
+    );
+    assert_eq!(body["error"]["code"], "not_queued", "{body}");
+    assert_eq!(body["error"]["details"]["status"], "claimed", "{body}");
+    // A final one neither.
+    let (_, body) = status_is(
+        b.post(
+            "/audit-requests/auditreq_cancel/cancel",
+            &creator,
+            &json!({}),
+        )
+        .await,
+        StatusCode::CONFLICT,
+    );
+    assert_eq!(body["error"]["details"]["status"], "failed", "{body}");
+    b.stop().await;
+}

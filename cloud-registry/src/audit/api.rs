@@ -8,6 +8,7 @@
 //! | POST | `/audit-requests/claim` | `ClaimRequest` → 200 `ClaimedTask` or 204 |
 //! | POST | `/audit-requests/{id}/extend` | `ExtendRequest` (optional) → `ExtendedClaim` |
 //! | POST | `/audit-requests/{id}/release` | `ReleaseRequest` (optional) → `AuditRequestRecord` |
+//! | POST | `/audit-requests/{id}/cancel` | `ReleaseRequest` (optional) → `AuditRequestRecord` |
 //! | POST | `/audit-requests/{id}/result` | `AuditTaskResult` → `AuditRequestRecord` |
 //! | GET | `/audit-requests/{id}/result` | → `AuditTaskResult` |
 //! | POST | `/threads` | `ThreadRegistration` → 201 (new) / 200 (updated) `ThreadRecord` |
@@ -58,6 +59,7 @@ pub fn router(svc: Arc<AuditService>) -> Router {
         .route("/audit-requests/{audit_request_id}", get(get_one))
         .route("/audit-requests/{audit_request_id}/extend", post(extend))
         .route("/audit-requests/{audit_request_id}/release", post(release))
+        .route("/audit-requests/{audit_request_id}/cancel", post(cancel))
         .route(
             "/audit-requests/{audit_request_id}/result",
             post(post_result).get(get_result),
@@ -169,6 +171,16 @@ async fn release(
 ) -> ApiResult<Json<AuditRequestRecord>> {
     let req: ReleaseRequest = optional_body(&body)?;
     Ok(Json(svc.release(&who, &id, req).await?))
+}
+
+async fn cancel(
+    State(svc): Svc,
+    who: Principal,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<AuditRequestRecord>> {
+    let req: ReleaseRequest = optional_body(&body)?;
+    Ok(Json(svc.cancel(&who, &id, req).await?))
 }
 
 async fn post_result(
@@ -324,6 +336,11 @@ impl From<AuditError> for ApiError {
                 audit_request_id,
                 status,
             } => ApiError::conflict("not_claimed", message)
+                .with_details(json!({ "audit_request_id": audit_request_id, "status": status })),
+            AuditError::NotQueued {
+                audit_request_id,
+                status,
+            } => ApiError::conflict("not_queued", message)
                 .with_details(json!({ "audit_request_id": audit_request_id, "status": status })),
             AuditError::Lease(e) => e.into(),
             AuditError::Db(e) => ApiError::internal(e),

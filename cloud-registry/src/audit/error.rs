@@ -85,6 +85,13 @@ pub enum AuditError {
         status: AuditRequestStatus,
     },
 
+    /// Only a queued request can be cancelled. HTTP 409 `not_queued`.
+    #[error("audit request `{audit_request_id}` is `{status}`, not queued")]
+    NotQueued {
+        audit_request_id: String,
+        status: AuditRequestStatus,
+    },
+
     /// The lease engine refused or failed (see [`LeaseError`]'s mapping).
     #[error(transparent)]
     Lease(#[from] LeaseError),

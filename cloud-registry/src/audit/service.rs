@@ -677,6 +677,84 @@ impl AuditService {
         Ok(record)
     }
 
+    /// Cancel the queued request `id`: its creator or an admin. It
+    /// becomes `failed` with `failure_reason` "cancelled by <name>[: reason]"
+    /// and is never claimed again (a claim that was leasing for it gives its
+    /// leases back). Event `audit_task_released` with `data.reason`
+    /// `cancelled` and `data.request_status` `failed`.
+    ///
+    /// Errors: `Forbidden` (not the creator nor an admin), `NotFound`,
+    /// `NotQueued` (409: claimed — its holder or an admin releases it
+    /// first — or already final).
+    pub async fn cancel(
+        &self,
+        who: &Principal,
+        id: &str,
+        req: ReleaseRequest,
+    ) -> Result<AuditRequestRecord, AuditError> {
+        require(who, WRITE_ROLES, "cancel audit requests")?;
+        req.validate()?;
+        let (key, by, admin) = (id.to_string(), who.name.clone(), who.is_admin());
+        let role = who.role;
+        let max = self.cfg.max_attempts;
+        let (record, event) = self
+            .db
+            .write(move |c| -> Result<_, AuditError> {
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let row = sql::load_request(&tx, &key)?
+                    .ok_or_else(|| AuditError::not_found("audit_request", &key))?;
+                if !admin && row.created_by != by {
+                    return Err(AuditError::Forbidden {
+                        role,
+                        action: "cancel audit requests created by others",
+                        allowed: vec!["the request's creator", "admin"],
+                    });
+                }
+                if row.status != AuditRequestStatus::Queued {
+                    return Err(AuditError::NotQueued {
+                        audit_request_id: key,
+                        status: row.status,
+                    });
+                }
+                let failure = match &req.reason {
+                    Some(r) => format!("cancelled by {by}: {r}"),
+                    None => format!("cancelled by {by}"),
+                };
+                let now = Utc::now();
+                sql::set_request_status(
+                    &tx,
+                    &key,
+                    AuditRequestStatus::Failed,
+                    Some(&failure),
+                    now,
+                )?;
+                let event = events::append(
+                    &tx,
+                    NewEvent::new(
+                        EventType::AuditTaskReleased,
+                        by.clone(),
+                        json!({
+                            "reason": "cancelled",
+                            "note": req.reason,
+                            "request_status": AuditRequestStatus::Failed,
+                            "attempts": row.attempts,
+                            "max_attempts": max,
+                            "failure_reason": failure,
+                        }),
+                    )
+                    .audit_request(key.clone()),
+                )?;
+                let record = sql::load_record(&tx, &key, max)?
+                    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                tx.commit()?;
+                Ok((record, event))
+            })
+            .await??;
+        self.bus.publish([event]);
+        self.changed.notify_waiters();
+        Ok(record)
+    }
+
     /// Accept the result of the caller's live claim on `id`: store it with
     /// its findings, used capabilities and artifact refs, release the
     /// claim's leases, and complete the request (`audit_task_completed`;
