@@ -1437,6 +1437,11 @@ async fn a_requirement_no_registered_capability_can_serve_is_refused_at_creation
         StatusCode::CREATED,
     );
     assert_eq!(record["status"], "queued", "{record}");
+    assert_eq!(
+        record["waiting_on"],
+        json!(["requirement 0 (microphone, shared_read): mic-01 offline"]),
+        "{record}"
+    );
     b.stop().await;
 }
 
@@ -1516,5 +1521,82 @@ async fn the_creator_cancels_a_queued_request_and_a_claimed_one_is_refused() {
         StatusCode::CONFLICT,
     );
     assert_eq!(body["error"]["details"]["status"], "failed", "{body}");
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_queued_request_says_what_each_requirement_waits_on() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&["auditreq_a", "auditreq_b"], 60)
+        .await;
+    let waits = |record: &Value| -> Vec<String> {
+        record["waiting_on"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (_, record) = status_is(
+        b.get("/audit-requests/auditreq_b", &b.admin).await,
+        StatusCode::OK,
+    );
+    assert_eq!(waits(&record), ["no agent has claimed it yet"], "{record}");
+
+    let agent = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &agent,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(claim["claim"]["audit_request_id"], "auditreq_a");
+    let mic_lease = claim["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["capability_id"] == "mic-01")
+        .map(|a| a["lease_id"].as_str().unwrap().to_string())
+        .unwrap();
+    let (_, record) = status_is(
+        b.get("/audit-requests/auditreq_b", &b.admin).await,
+        StatusCode::OK,
+    );
+    let lines = waits(&record);
+    assert_eq!(lines.len(), 4, "{record}");
+    let mic = lines
+        .iter()
+        .find(|l| l.starts_with("requirement 2 (microphone, exclusive): mic-01 held by lease "))
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    assert!(mic.contains(&mic_lease), "{mic}");
+    assert!(
+        mic.contains("(audit:multimodal-auditor-01) until "),
+        "{mic}"
+    );
+    // The listing says the same.
+    let (_, page) = status_is(
+        b.get("/audit-requests?status=queued", &b.admin).await,
+        StatusCode::OK,
+    );
+    assert_eq!(waits(&page["audit_requests"][0]), lines, "{page}");
+
+    b.leases
+        .set_provider_online("provider-winlab-01", false)
+        .await;
+    let (_, record) = status_is(
+        b.get("/audit-requests/auditreq_b", &b.admin).await,
+        StatusCode::OK,
+    );
+    assert!(
+        waits(&record)
+            .iter()
+            .any(|l| l == "requirement 0 (camera, exclusive): cam-front-01 offline"),
+        "{record}"
+    );
     b.stop().await;
 }

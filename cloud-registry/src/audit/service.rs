@@ -37,7 +37,7 @@ use super::AuditConfig;
 use crate::auth::Principal;
 use crate::db::Db;
 use crate::events::{self, EventBus, NewEvent};
-use crate::leases::{CapabilityInfo, LeaseEngine, LeaseError, MAX_GROUP_MEMBERS};
+use crate::leases::{CapabilityInfo, LeaseEngine, LeaseError, LeaseFilter, MAX_GROUP_MEMBERS};
 use shared_protocol::capability::{CapabilityRequirement, LeaseMode, RequirementMode};
 
 /// Principal the registry acts as when it ends claims on its own
@@ -166,7 +166,7 @@ impl AuditService {
         let sig = requirements_signature(&req);
         let by = who.name.clone();
         let max_attempts = self.cfg.max_attempts;
-        let (record, event) = self
+        let (mut record, event) = self
             .db
             .write(move |c| -> Result<_, AuditError> {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -207,6 +207,7 @@ impl AuditService {
                 Ok((record, event))
             })
             .await??;
+        self.explain_waits(std::slice::from_mut(&mut record)).await;
         self.bus.publish([event]);
         self.changed.notify_waiters();
         Ok(record)
@@ -219,10 +220,86 @@ impl AuditService {
         require(who, READ_ROLES, "read audit requests")?;
         let key = id.to_string();
         let max = self.cfg.max_attempts;
-        self.db
+        let mut record = self
+            .db
             .read(move |c| sql::load_record(c, &key, max))
             .await??
-            .ok_or_else(|| AuditError::not_found("audit_request", id))
+            .ok_or_else(|| AuditError::not_found("audit_request", id))?;
+        self.explain_waits(std::slice::from_mut(&mut record)).await;
+        Ok(record)
+    }
+
+    /// Add to each queued record with capability requirements, in
+    /// `waiting_on`, what it waits on, one line per requirement that
+    /// cannot be served now: "requirement 2 (microphone, exclusive):
+    /// mic-01 held by lease lease_… (audit:x) until <expires_at>",
+    /// "…: mic-01 offline", or, when every requirement has a free
+    /// capability, "no agent has claimed it yet".
+    async fn explain_waits(&self, records: &mut [AuditRequestRecord]) {
+        let waiting = |r: &AuditRequestRecord| {
+            r.status == AuditRequestStatus::Queued && !r.request.capability_requirements.is_empty()
+        };
+        if !records.iter().any(waiting) {
+            return;
+        }
+        let dir = self.leases.directory().await;
+        let held = self
+            .leases
+            .list(LeaseFilter {
+                active_only: true,
+                ..LeaseFilter::default()
+            })
+            .await;
+        for record in records.iter_mut().filter(|r| waiting(r)) {
+            let mut lines = Vec::new();
+            for (i, r) in record.request.capability_requirements.iter().enumerate() {
+                let mut fits: Vec<&CapabilityInfo> = dir.iter().filter(|c| serves(r, c)).collect();
+                fits.sort_by(|a, b| a.capability_id.cmp(&b.capability_id));
+                let holders = |c: &CapabilityInfo| -> Vec<&CapabilityLease> {
+                    held.iter()
+                        .filter(|l| {
+                            l.capability_id == c.capability_id && l.status.holds_capability()
+                        })
+                        .filter(|l| {
+                            r.mode == RequirementMode::Exclusive || l.mode == LeaseMode::Exclusive
+                        })
+                        .collect()
+                };
+                if fits.iter().any(|c| c.online && holders(c).is_empty()) {
+                    continue;
+                }
+                let what = if fits.is_empty() {
+                    "no registered capability matches".to_string()
+                } else {
+                    fits.iter()
+                        .map(|c| {
+                            if !c.online {
+                                return format!("{} offline", c.capability_id);
+                            }
+                            let hs: Vec<String> = holders(c)
+                                .iter()
+                                .map(|l| match &l.expires_at {
+                                    Some(t) => {
+                                        format!("lease {} ({}) until {t}", l.lease_id, l.holder_ref)
+                                    }
+                                    None => format!("lease {} ({})", l.lease_id, l.holder_ref),
+                                })
+                                .collect();
+                            format!("{} held by {}", c.capability_id, hs.join(", "))
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                };
+                lines.push(format!(
+                    "requirement {i} ({}, {}): {what}",
+                    r.capability_type, r.mode
+                ));
+            }
+            if lines.is_empty() {
+                lines.push("no agent has claimed it yet".to_string());
+            }
+            record.waiting_on.extend(lines);
+        }
     }
 
     /// One page of requests matching `filter` (`limit` 0 means 50; at most
@@ -255,6 +332,8 @@ impl AuditService {
             .db
             .read(move |c| sql::list_records(c, &f, max))
             .await??;
+        let mut audit_requests = audit_requests;
+        self.explain_waits(&mut audit_requests).await;
         Ok(AuditRequestPage {
             audit_requests,
             total,
@@ -1386,10 +1465,7 @@ fn unsatisfiable(
         let moded: Vec<&CapabilityInfo> = of_type
             .iter()
             .copied()
-            .filter(|c| match mode {
-                RequirementMode::Exclusive => c.lease_mode == LeaseMode::Exclusive,
-                RequirementMode::SharedRead => c.lease_mode != LeaseMode::Exclusive,
-            })
+            .filter(|c| mode_fits(mode, c))
             .collect();
         if moded.is_empty() {
             out.push(UnsatisfiableRequirement {
@@ -1417,4 +1493,21 @@ fn unsatisfiable(
         }
     }
     out
+}
+
+/// The lease engine's mode rule: an exclusive requirement takes an
+/// exclusive capability, a shared one a shared capability.
+fn mode_fits(mode: RequirementMode, c: &CapabilityInfo) -> bool {
+    match mode {
+        RequirementMode::Exclusive => c.lease_mode == LeaseMode::Exclusive,
+        RequirementMode::SharedRead => c.lease_mode != LeaseMode::Exclusive,
+    }
+}
+
+/// True when `c` can serve `r` (type, mode, tags unless fallback), online
+/// or not.
+fn serves(r: &CapabilityRequirement, c: &CapabilityInfo) -> bool {
+    c.capability_type == r.capability_type
+        && mode_fits(r.mode, c)
+        && (r.fallback_allowed || r.preferred_node_tags.iter().all(|t| c.tags.contains(t)))
 }
