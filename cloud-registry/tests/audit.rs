@@ -52,7 +52,26 @@ impl Bench {
         let db = Db::open(&db_path, |c| {
             events::migrate(c)?;
             auth::migrate(c)?;
-            audit::migrate(c)
+            cloud_registry::sessions::migrate(c)?;
+            audit::migrate(c)?;
+            // The artifacts the LED results below name, as a session
+            // would have reported them.
+            for id in [
+                "art_clip_wake",
+                "art_frame_2700ms",
+                "art_audio_greeting",
+                "art_1",
+            ] {
+                c.execute(
+                    "INSERT INTO capability_artifacts (artifact_id, session_id, provider_id,
+                         artifact_type, storage_uri, content_type, captured_at, checksum,
+                         size_bytes, metadata_json, received_at)
+                     VALUES (?1, 'sess_led', 'provider-winlab-01', 'video_clip', '', 'video/mp4',
+                         '2026-11-30T03:29:00Z', 'sha256:00', 1, '{}', '2026-11-30T03:29:00Z')",
+                    [id],
+                )?;
+            }
+            Ok(())
         })
         .unwrap();
         let bus = EventBus::new(db.clone());
@@ -1597,6 +1616,60 @@ async fn a_queued_request_says_what_each_requirement_waits_on() {
             .iter()
             .any(|l| l == "requirement 0 (camera, exclusive): cam-front-01 offline"),
         "{record}"
+    );
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_result_naming_unknown_artifacts_is_refused_with_every_unknown_id() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&["auditreq_art"], 60).await;
+    let agent = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &agent,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let used: Vec<String> = claim["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["capability_id"].as_str().unwrap().to_string())
+        .collect();
+    let mut result = led_result("auditreq_art", &used);
+    result["artifact_refs"] = json!(["art_clip_wake", "art_missing_1"]);
+    result["findings"][0]["evidence_ref_ids"] = json!(["art_frame_2700ms", "art_missing_2"]);
+    let (_, body) = status_is(
+        b.post("/audit-requests/auditreq_art/result", &agent, &result)
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    assert_eq!(body["error"]["details"]["field"], "artifact_refs", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`art_missing_1` (artifact_refs)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("`art_missing_2` (findings[0].evidence_ref_ids)"),
+        "{message}"
+    );
+    assert!(!message.contains("art_clip_wake"), "{message}");
+    // Nothing stored; the claim still holds and a correct result passes.
+    let (s, _) = b.get("/audit-requests/auditreq_art/result", &b.admin).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let _ = status_is(
+        b.post(
+            "/audit-requests/auditreq_art/result",
+            &agent,
+            &led_result("auditreq_art", &used),
+        )
+        .await,
+        StatusCode::OK,
     );
     b.stop().await;
 }

@@ -847,7 +847,10 @@ impl AuditService {
     /// `Invalid`
     /// (`audit_request_id` not the path's, `audit_type` not the request's,
     /// an output field of another audit type, a repeated `finding_id`, an
-    /// unknown `handoff_target`). Nothing is stored on error.
+    /// unknown `handoff_target`; `artifact_refs` or findings'
+    /// `evidence_ref_ids` naming artifacts the registry does not know,
+    /// with `details.field` the first such field and the message listing
+    /// every unknown id). Nothing is stored on error.
     pub async fn submit_result(
         &self,
         who: &Principal,
@@ -884,6 +887,7 @@ impl AuditService {
                     ));
                 }
                 check_result_shape(&result)?;
+                check_artifacts_exist(&tx, &row.request, &result)?;
                 if let Some(target) = &result.chief.handoff_target {
                     threads::require_registered(&tx, "handoff_target", target)?;
                 }
@@ -1510,4 +1514,63 @@ fn serves(r: &CapabilityRequirement, c: &CapabilityInfo) -> bool {
     c.capability_type == r.capability_type
         && mode_fits(r.mode, c)
         && (r.fallback_allowed || r.preferred_node_tags.iter().all(|t| c.tags.contains(t)))
+}
+
+/// Every artifact id `result` names (`artifact_refs`, findings'
+/// `evidence_ref_ids`) must be an artifact the registry knows: reported by
+/// a session (`capability_artifacts`) or with its upload under way
+/// (`artifact_pending_uploads`). A finding's evidence may also be one of
+/// the request's own `evidence_refs` / `artifact_refs` or an audit
+/// request (a chief's finding pointing at a sub-audit).
+///
+/// Errors: `Invalid` on the first field naming an unknown id, the message
+/// listing every unknown id with its field.
+fn check_artifacts_exist(
+    tx: &rusqlite::Connection,
+    request: &AuditTaskRequest,
+    result: &AuditTaskResult,
+) -> Result<(), AuditError> {
+    let mut named: Vec<(String, &str)> = result
+        .artifact_refs
+        .iter()
+        .map(|a| ("artifact_refs".to_string(), a.as_str()))
+        .collect();
+    for (i, f) in result.findings.iter().enumerate() {
+        for e in &f.evidence_ref_ids {
+            let given = request.evidence_refs.contains(e) || request.artifact_refs.contains(e);
+            let audit: bool = tx
+                .prepare_cached(
+                    "SELECT EXISTS(SELECT 1 FROM audit_requests WHERE audit_request_id = ?1)",
+                )?
+                .query_row([e], |r| r.get(0))?;
+            if !given && !audit {
+                named.push((format!("findings[{i}].evidence_ref_ids"), e.as_str()));
+            }
+        }
+    }
+    if named.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = tx.prepare_cached(
+        "SELECT EXISTS(SELECT 1 FROM capability_artifacts WHERE artifact_id = ?1)
+             OR EXISTS(SELECT 1 FROM artifact_pending_uploads WHERE artifact_id = ?1)",
+    )?;
+    let mut unknown: Vec<(String, &str)> = Vec::new();
+    for (field, id) in named {
+        let known: bool = stmt.query_row([id], |r| r.get(0))?;
+        if !known && !unknown.iter().any(|(f, u)| *f == field && *u == id) {
+            unknown.push((field, id));
+        }
+    }
+    let Some((first, _)) = unknown.first() else {
+        return Ok(());
+    };
+    let list: Vec<String> = unknown
+        .iter()
+        .map(|(f, id)| format!("`{id}` ({f})"))
+        .collect();
+    Err(AuditError::invalid(
+        first.clone(),
+        format!("unknown artifacts: {}", list.join(", ")),
+    ))
 }
