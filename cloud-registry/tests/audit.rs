@@ -1673,3 +1673,106 @@ async fn a_result_naming_unknown_artifacts_is_refused_with_every_unknown_id() {
     );
     b.stop().await;
 }
+
+#[tokio::test]
+async fn a_chief_result_with_several_field_errors_gets_them_all_in_one_answer() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&["auditreq_dep"], 60).await;
+    let mm = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &mm,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let used: Vec<String> = claim["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["capability_id"].as_str().unwrap().to_string())
+        .collect();
+    let _ = status_is(
+        b.post(
+            "/audit-requests/auditreq_dep/result",
+            &mm,
+            &led_result("auditreq_dep", &used),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let mut req = led_request("auditreq_chief_errs", 60);
+    req["audit_type"] = json!("chief");
+    req["capability_requirements"] = json!([]);
+    req["depends_on"] = json!(["auditreq_dep"]);
+    let _ = status_is(
+        b.post("/audit-requests", &b.admin, &req).await,
+        StatusCode::CREATED,
+    );
+    let chief = b.agent("audit:chief-auditor-01").await;
+    let _ = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &chief,
+            &json!({ "audit_types": ["chief"], "agent_ref": "audit:chief-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let mut result = led_result("auditreq_chief_errs", &[]);
+    result["audit_type"] = json!("chief");
+    for k in [
+        "observed_timeline",
+        "visual_mismatches",
+        "perceptual_verdict",
+        "audio_mismatches",
+        "interaction_failures",
+        "frame_refs",
+        "needs_human_review_reason",
+    ] {
+        result.as_object_mut().unwrap().remove(k);
+    }
+    // Three mistakes at once: no final_decision, an unknown handoff
+    // target, an artifact nobody uploaded.
+    result["overall_risk_level"] = json!("high");
+    result["handoff_target"] = json!("mac-02:thread-nowhere");
+    result["artifact_refs"] = json!(["art_clip_wake", "art_never_uploaded"]);
+    let (_, body) = status_is(
+        b.post(
+            "/audit-requests/auditreq_chief_errs/result",
+            &chief,
+            &result,
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    assert_eq!(body["error"]["code"], "invalid_field", "{body}");
+    let fields: Vec<&str> = body["error"]["details"]["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{body}"))
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        ["final_decision", "artifact_refs", "handoff_target"],
+        "{body}"
+    );
+    assert_eq!(body["error"]["details"]["field"], "final_decision");
+    // Fixing all three at once is accepted.
+    b.register_thread("mac-02:thread-nowhere", "release").await;
+    result["final_decision"] = json!("rejected");
+    result["artifact_refs"] = json!(["art_clip_wake"]);
+    let _ = status_is(
+        b.post(
+            "/audit-requests/auditreq_chief_errs/result",
+            &chief,
+            &result,
+        )
+        .await,
+        StatusCode::OK,
+    );
+    b.stop().await;
+}

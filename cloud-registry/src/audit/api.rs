@@ -302,6 +302,15 @@ impl From<AuditError> for ApiError {
             AuditError::Invalid { field, message } => {
                 ApiError::invalid_field(&field, format!("{field}: {message}"))
             }
+            AuditError::InvalidFields { errors } => {
+                let first = errors.first().map(|(f, _)| f.clone()).unwrap_or_default();
+                let list: Vec<serde_json::Value> = errors
+                    .iter()
+                    .map(|(f, m)| json!({ "field": f, "message": m }))
+                    .collect();
+                ApiError::invalid_field(&first, message)
+                    .with_details(json!({ "field": first, "errors": list }))
+            }
             AuditError::Unsatisfiable { failing } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "unsatisfiable_requirement",

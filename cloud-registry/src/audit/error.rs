@@ -41,6 +41,12 @@ pub enum AuditError {
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
 
+    /// Several fields break rules; all are listed. HTTP 422
+    /// `invalid_field` with `details.field` the first and
+    /// `details.errors` every `{field, message}`.
+    #[error("{}", errors.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join("; "))]
+    InvalidFields { errors: Vec<(String, String)> },
+
     /// A capability requirement no registered capability could ever
     /// serve (type, mode, preferred tags without fallback). HTTP 422
     /// `unsatisfiable_requirement`, `details.requirements` listing each.
@@ -121,6 +127,23 @@ impl AuditError {
             field: field.into(),
             message: message.into(),
         }
+    }
+
+    /// One error for `errors`: itself when it is the only one, else
+    /// [`AuditError::InvalidFields`] of the `Invalid` ones (any other kind
+    /// is returned as is, first).
+    pub(crate) fn fields(mut errors: Vec<AuditError>) -> Self {
+        if errors.len() == 1 {
+            return errors.remove(0);
+        }
+        let mut fields = Vec::with_capacity(errors.len());
+        for e in errors {
+            match e {
+                AuditError::Invalid { field, message } => fields.push((field, message)),
+                other => return other,
+            }
+        }
+        AuditError::InvalidFields { errors: fields }
     }
 
     pub(crate) fn not_found(kind: &'static str, id: impl Into<String>) -> Self {

@@ -844,8 +844,9 @@ impl AuditService {
     /// Errors, checked in this order: `Forbidden`, `NotFound` (unknown id),
     /// `NotClaimHolder` (403), `ClaimExpired` (409, past the visibility
     /// timeout), `ClaimEnded` (409, e.g. a result was already accepted),
-    /// `Invalid`
-    /// (`audit_request_id` not the path's, `audit_type` not the request's,
+    /// then every field rule at once: `Invalid` for one, `InvalidFields`
+    /// for several (`result.validate()`, a chief without `final_decision`,
+    /// `audit_request_id` not the path's, `audit_type` not the request's,
     /// an output field of another audit type, a repeated `finding_id`, an
     /// unknown `handoff_target`; `artifact_refs` or findings'
     /// `evidence_ref_ids` naming artifacts the registry does not know,
@@ -858,7 +859,8 @@ impl AuditService {
         result: AuditTaskResult,
     ) -> Result<AuditRequestRecord, AuditError> {
         require(who, AGENT_ROLES, "post audit results")?;
-        result.validate()?;
+        // Every field error of the body is answered at once.
+        let early = result.validate().err().map(AuditError::from);
         let (key, by) = (id.to_string(), who.name.clone());
         let max = self.cfg.max_attempts;
         let (record, events, lease_ids) = self
@@ -868,8 +870,15 @@ impl AuditService {
                 let row = sql::load_request(&tx, &key)?
                     .ok_or_else(|| AuditError::not_found("audit_request", &key))?;
                 let claim = live_claim_of(&tx, &row, &by)?;
+                let mut errors: Vec<AuditError> = early.into_iter().collect();
+                if result.audit_type == AuditType::Chief && result.chief.final_decision.is_none() {
+                    errors.push(AuditError::invalid(
+                        "final_decision",
+                        "a chief audit result carries final_decision",
+                    ));
+                }
                 if result.audit_request_id != key {
-                    return Err(AuditError::invalid(
+                    errors.push(AuditError::invalid(
                         "audit_request_id",
                         format!(
                             "`{}` is not the request `{key}` this result is posted to",
@@ -878,7 +887,7 @@ impl AuditService {
                     ));
                 }
                 if result.audit_type != row.audit_type {
-                    return Err(AuditError::invalid(
+                    errors.push(AuditError::invalid(
                         "audit_type",
                         format!(
                             "request `{key}` is a `{}` audit; the result says `{}`",
@@ -886,10 +895,19 @@ impl AuditService {
                         ),
                     ));
                 }
-                check_result_shape(&result)?;
-                check_artifacts_exist(&tx, &row.request, &result)?;
+                if let Err(e) = check_result_shape(&result) {
+                    errors.push(e);
+                }
+                if let Err(e) = check_artifacts_exist(&tx, &row.request, &result) {
+                    errors.push(e);
+                }
                 if let Some(target) = &result.chief.handoff_target {
-                    threads::require_registered(&tx, "handoff_target", target)?;
+                    if let Err(e) = threads::require_registered(&tx, "handoff_target", target) {
+                        errors.push(e);
+                    }
+                }
+                if !errors.is_empty() {
+                    return Err(AuditError::fields(errors));
                 }
                 let now = Utc::now();
                 sql::insert_result(&tx, &result, &claim.claim_id, &by, now)?;
