@@ -52,7 +52,26 @@ impl Bench {
         let db = Db::open(&db_path, |c| {
             events::migrate(c)?;
             auth::migrate(c)?;
-            audit::migrate(c)
+            cloud_registry::sessions::migrate(c)?;
+            audit::migrate(c)?;
+            // The artifacts the LED results below name, as a session
+            // would have reported them.
+            for id in [
+                "art_clip_wake",
+                "art_frame_2700ms",
+                "art_audio_greeting",
+                "art_1",
+            ] {
+                c.execute(
+                    "INSERT INTO capability_artifacts (artifact_id, session_id, provider_id,
+                         artifact_type, storage_uri, content_type, captured_at, checksum,
+                         size_bytes, metadata_json, received_at)
+                     VALUES (?1, 'sess_led', 'provider-winlab-01', 'video_clip', '', 'video/mp4',
+                         '2026-11-30T03:29:00Z', 'sha256:00', 1, '{}', '2026-11-30T03:29:00Z')",
+                    [id],
+                )?;
+            }
+            Ok(())
         })
         .unwrap();
         let bus = EventBus::new(db.clone());
@@ -1363,6 +1382,397 @@ async fn a_claim_waiting_for_work_answers_no_content_when_the_registry_shuts_dow
     assert!(
         waited < Duration::from_secs(5),
         "answered at shutdown, not after wait_ms ({waited:?})"
+    );
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_requirement_no_registered_capability_can_serve_is_refused_at_creation() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.register_led_bench().await;
+    // The bench's microphone is shared: an exclusive one is never there.
+    b.leases
+        .upsert_capability(CapabilityInfo {
+            capability_id: "mic-01".to_string(),
+            provider_id: "provider-winlab-01".to_string(),
+            node_id: "win-gpu-02".to_string(),
+            capability_type: CapabilityType::Microphone,
+            tags: vec!["lab".to_string()],
+            lease_mode: LeaseMode::SharedRead,
+            preemptible: true,
+            safety_locked: false,
+            default_priority: 50,
+            online: true,
+            non_interruptible: false,
+        })
+        .await;
+    b.register_thread("mac-01:thread-ui-22", "ui").await;
+
+    let mut req = led_request("auditreq_unmet", 60);
+    req["capability_requirements"] = json!([
+        { "capability_type": "camera", "mode": "exclusive" },
+        { "capability_type": "microphone", "mode": "exclusive" },
+        { "capability_type": "screen_capture", "mode": "exclusive" },
+        { "capability_type": "speaker", "mode": "exclusive",
+          "preferred_node_tags": ["rear"], "fallback_allowed": false }
+    ]);
+    let (_, body) = status_is(
+        b.post("/audit-requests", &b.admin, &req).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    assert_eq!(body["error"]["code"], "unsatisfiable_requirement", "{body}");
+    let failing = body["error"]["details"]["requirements"].as_array().unwrap();
+    let by_index: HashMap<u64, String> = failing
+        .iter()
+        .map(|f| {
+            (
+                f["requirement_index"].as_u64().unwrap(),
+                f["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(by_index.len(), 3, "{body}");
+    assert_eq!(
+        by_index[&1],
+        "no microphone offers exclusive; mic-01 is shared_read"
+    );
+    assert_eq!(by_index[&2], "no screen_capture is registered");
+    assert!(by_index[&3].contains("[rear]"), "{}", by_index[&3]);
+    assert!(by_index[&3].contains("spk-01 has [lab, device-station-a]"));
+    // Nothing was stored.
+    let (s, _) = b.get("/audit-requests/auditreq_unmet", &b.admin).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(b.audit_events().is_empty());
+
+    // Asking for what the bench has is accepted, even while its provider
+    // is offline (it may come back).
+    b.leases
+        .set_provider_online("provider-winlab-01", false)
+        .await;
+    req["capability_requirements"][1]["mode"] = json!("shared_read");
+    req["capability_requirements"] = json!([req["capability_requirements"][1].clone()]);
+    let (_, record) = status_is(
+        b.post("/audit-requests", &b.admin, &req).await,
+        StatusCode::CREATED,
+    );
+    assert_eq!(record["status"], "queued", "{record}");
+    assert_eq!(
+        record["waiting_on"],
+        json!(["requirement 0 (microphone, shared_read): mic-01 offline"]),
+        "{record}"
+    );
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn the_creator_cancels_a_queued_request_and_a_claimed_one_is_refused() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&[], 60).await;
+    let creator = b.token(Role::Operator, "release-manager").await;
+    let other = b.token(Role::Operator, "someone-else").await;
+    for id in ["auditreq_cancel", "auditreq_busy"] {
+        let _ = status_is(
+            b.post("/audit-requests", &creator, &led_request(id, 60))
+                .await,
+            StatusCode::CREATED,
+        );
+    }
+
+    // Someone else may not cancel it.
+    let (_, body) = status_is(
+        b.post("/audit-requests/auditreq_cancel/cancel", &other, &json!({}))
+            .await,
+        StatusCode::FORBIDDEN,
+    );
+    assert_eq!(body["error"]["code"], "forbidden", "{body}");
+
+    let (_, record) = status_is(
+        b.post(
+            "/audit-requests/auditreq_cancel/cancel",
+            &creator,
+            &json!({ "reason": "firmware withdrawn" }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(record["status"], "failed", "{record}");
+    assert_eq!(
+        record["failure_reason"],
+        "cancelled by release-manager: firmware withdrawn"
+    );
+    let cancelled: Vec<_> = b
+        .audit_events()
+        .into_iter()
+        .filter(|(t, id, d)| {
+            t == "audit_task_released" && id == "auditreq_cancel" && d["reason"] == "cancelled"
+        })
+        .collect();
+    assert_eq!(cancelled.len(), 1, "{:?}", b.audit_events());
+
+    // The cancelled one is never claimed; the other is, and is then not
+    // cancellable (its holder or an admin releases it first).
+    let agent = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &agent,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(claim["claim"]["audit_request_id"], "auditreq_busy");
+    let (_, body) = status_is(
+        b.post("/audit-requests/auditreq_busy/cancel", &b.admin, &json!({}))
+            .await,
+        StatusCode::CONFLICT,
+    );
+    assert_eq!(body["error"]["code"], "not_queued", "{body}");
+    assert_eq!(body["error"]["details"]["status"], "claimed", "{body}");
+    // A final one neither.
+    let (_, body) = status_is(
+        b.post(
+            "/audit-requests/auditreq_cancel/cancel",
+            &creator,
+            &json!({}),
+        )
+        .await,
+        StatusCode::CONFLICT,
+    );
+    assert_eq!(body["error"]["details"]["status"], "failed", "{body}");
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_queued_request_says_what_each_requirement_waits_on() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&["auditreq_a", "auditreq_b"], 60)
+        .await;
+    let waits = |record: &Value| -> Vec<String> {
+        record["waiting_on"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (_, record) = status_is(
+        b.get("/audit-requests/auditreq_b", &b.admin).await,
+        StatusCode::OK,
+    );
+    assert_eq!(waits(&record), ["no agent has claimed it yet"], "{record}");
+
+    let agent = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &agent,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(claim["claim"]["audit_request_id"], "auditreq_a");
+    let mic_lease = claim["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["capability_id"] == "mic-01")
+        .map(|a| a["lease_id"].as_str().unwrap().to_string())
+        .unwrap();
+    let (_, record) = status_is(
+        b.get("/audit-requests/auditreq_b", &b.admin).await,
+        StatusCode::OK,
+    );
+    let lines = waits(&record);
+    assert_eq!(lines.len(), 4, "{record}");
+    let mic = lines
+        .iter()
+        .find(|l| l.starts_with("requirement 2 (microphone, exclusive): mic-01 held by lease "))
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    assert!(mic.contains(&mic_lease), "{mic}");
+    assert!(
+        mic.contains("(audit:multimodal-auditor-01) until "),
+        "{mic}"
+    );
+    // The listing says the same.
+    let (_, page) = status_is(
+        b.get("/audit-requests?status=queued", &b.admin).await,
+        StatusCode::OK,
+    );
+    assert_eq!(waits(&page["audit_requests"][0]), lines, "{page}");
+
+    b.leases
+        .set_provider_online("provider-winlab-01", false)
+        .await;
+    let (_, record) = status_is(
+        b.get("/audit-requests/auditreq_b", &b.admin).await,
+        StatusCode::OK,
+    );
+    assert!(
+        waits(&record)
+            .iter()
+            .any(|l| l == "requirement 0 (camera, exclusive): cam-front-01 offline"),
+        "{record}"
+    );
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_result_naming_unknown_artifacts_is_refused_with_every_unknown_id() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&["auditreq_art"], 60).await;
+    let agent = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &agent,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let used: Vec<String> = claim["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["capability_id"].as_str().unwrap().to_string())
+        .collect();
+    let mut result = led_result("auditreq_art", &used);
+    result["artifact_refs"] = json!(["art_clip_wake", "art_missing_1"]);
+    result["findings"][0]["evidence_ref_ids"] = json!(["art_frame_2700ms", "art_missing_2"]);
+    let (_, body) = status_is(
+        b.post("/audit-requests/auditreq_art/result", &agent, &result)
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    assert_eq!(body["error"]["details"]["field"], "artifact_refs", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`art_missing_1` (artifact_refs)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("`art_missing_2` (findings[0].evidence_ref_ids)"),
+        "{message}"
+    );
+    assert!(!message.contains("art_clip_wake"), "{message}");
+    // Nothing stored; the claim still holds and a correct result passes.
+    let (s, _) = b.get("/audit-requests/auditreq_art/result", &b.admin).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let _ = status_is(
+        b.post(
+            "/audit-requests/auditreq_art/result",
+            &agent,
+            &led_result("auditreq_art", &used),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_chief_result_with_several_field_errors_gets_them_all_in_one_answer() {
+    let b = Bench::start(AuditConfig::default()).await;
+    b.led_bench_with_tasks(&["auditreq_dep"], 60).await;
+    let mm = b.agent("audit:multimodal-auditor-01").await;
+    let (_, claim) = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &mm,
+            &json!({ "audit_types": ["multimodal"], "agent_ref": "audit:multimodal-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let used: Vec<String> = claim["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["capability_id"].as_str().unwrap().to_string())
+        .collect();
+    let _ = status_is(
+        b.post(
+            "/audit-requests/auditreq_dep/result",
+            &mm,
+            &led_result("auditreq_dep", &used),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let mut req = led_request("auditreq_chief_errs", 60);
+    req["audit_type"] = json!("chief");
+    req["capability_requirements"] = json!([]);
+    req["depends_on"] = json!(["auditreq_dep"]);
+    let _ = status_is(
+        b.post("/audit-requests", &b.admin, &req).await,
+        StatusCode::CREATED,
+    );
+    let chief = b.agent("audit:chief-auditor-01").await;
+    let _ = status_is(
+        b.post(
+            "/audit-requests/claim",
+            &chief,
+            &json!({ "audit_types": ["chief"], "agent_ref": "audit:chief-auditor-01", "wait_ms": 0 }),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    let mut result = led_result("auditreq_chief_errs", &[]);
+    result["audit_type"] = json!("chief");
+    for k in [
+        "observed_timeline",
+        "visual_mismatches",
+        "perceptual_verdict",
+        "audio_mismatches",
+        "interaction_failures",
+        "frame_refs",
+        "needs_human_review_reason",
+    ] {
+        result.as_object_mut().unwrap().remove(k);
+    }
+    // Three mistakes at once: no final_decision, an unknown handoff
+    // target, an artifact nobody uploaded.
+    result["overall_risk_level"] = json!("high");
+    result["handoff_target"] = json!("mac-02:thread-nowhere");
+    result["artifact_refs"] = json!(["art_clip_wake", "art_never_uploaded"]);
+    let (_, body) = status_is(
+        b.post(
+            "/audit-requests/auditreq_chief_errs/result",
+            &chief,
+            &result,
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    assert_eq!(body["error"]["code"], "invalid_field", "{body}");
+    let fields: Vec<&str> = body["error"]["details"]["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{body}"))
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        ["final_decision", "artifact_refs", "handoff_target"],
+        "{body}"
+    );
+    assert_eq!(body["error"]["details"]["field"], "final_decision");
+    // Fixing all three at once is accepted.
+    b.register_thread("mac-02:thread-nowhere", "release").await;
+    result["final_decision"] = json!("rejected");
+    result["artifact_refs"] = json!(["art_clip_wake"]);
+    let _ = status_is(
+        b.post(
+            "/audit-requests/auditreq_chief_errs/result",
+            &chief,
+            &result,
+        )
+        .await,
+        StatusCode::OK,
     );
     b.stop().await;
 }

@@ -109,6 +109,12 @@ pub struct LabOptions {
     /// artifacts), e.g. a small file system a test fills (default:
     /// `registry/` in the lab directory).
     pub registry_store_dir: Option<PathBuf>,
+    /// Run this edge TOML (e.g. the shipped `config/edge-agent.sim.toml`)
+    /// instead of the generated bench: its capabilities exactly as
+    /// written, with only the lab's provider id, state dir and registry
+    /// connection put in (see [`adapt_edge_config`]). It must declare
+    /// eight capabilities, like the generated bench.
+    pub edge_config_template: Option<PathBuf>,
 }
 
 impl Default for LabOptions {
@@ -132,6 +138,7 @@ impl Default for LabOptions {
             edge_http_port: None,
             edge_state_dir: None,
             registry_store_dir: None,
+            edge_config_template: None,
         }
     }
 }
@@ -362,18 +369,31 @@ impl Lab {
 
         // Bench TOML.
         let edge_config = root.join("edge/edge-agent.toml");
-        let mut toml = edge_toml(
-            &opts
-                .edge_state_dir
-                .clone()
-                .unwrap_or_else(|| root.join("edge/state")),
-            &mqtt_host,
-            mqtt_port,
-            &opts.topic_prefix,
-            opts.edge_http_port.unwrap_or(http_port),
-            &provider_token,
-            &devices,
-        );
+        let edge_state = opts
+            .edge_state_dir
+            .clone()
+            .unwrap_or_else(|| root.join("edge/state"));
+        let edge_http_port = opts.edge_http_port.unwrap_or(http_port);
+        let mut toml = match &opts.edge_config_template {
+            Some(template) => adapt_edge_config(
+                &crate::read_to_string(template)?,
+                &edge_state,
+                &mqtt_host,
+                mqtt_port,
+                &opts.topic_prefix,
+                edge_http_port,
+                &provider_token,
+            ),
+            None => edge_toml(
+                &edge_state,
+                &mqtt_host,
+                mqtt_port,
+                &opts.topic_prefix,
+                edge_http_port,
+                &provider_token,
+                &devices,
+            ),
+        };
         if let Some(d) = &opts.outbox_durability {
             toml = toml.replace("[outbox]\n", &format!("[outbox]\ndurability = \"{d}\"\n"));
         }
@@ -589,6 +609,52 @@ pub fn uuid_like() -> String {
 /// `benchlink-e2e-{random}/v1`.
 pub fn unique_topic_prefix() -> String {
     format!("benchlink-e2e-{}/v1", uuid_like())
+}
+
+/// An edge TOML (`text`, e.g. the shipped `config/edge-agent.sim.toml`)
+/// made to run in a lab: its `state_dir`, `provider_id` and the
+/// `[registry]` connection (`mqtt_host`, `mqtt_port`, `topic_prefix`,
+/// `base_url`, plus the provider `token` and a 1 s heartbeat) are replaced
+/// by the lab's; everything else, the capabilities above all, is kept as
+/// written. Works line by line on `key = value` lines.
+pub fn adapt_edge_config(
+    text: &str,
+    state_dir: &Path,
+    mqtt_host: &str,
+    mqtt_port: u16,
+    topic_prefix: &str,
+    http_port: u16,
+    token: &str,
+) -> String {
+    let mut out = String::new();
+    let mut section = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            section = trimmed.to_string();
+        }
+        let key = trimmed
+            .split_once('=')
+            .map(|(k, _)| k.trim())
+            .unwrap_or_default();
+        let replaced = match (section.as_str(), key) {
+            ("", "state_dir") => Some(format!("state_dir = \"{}\"", state_dir.display())),
+            ("[provider]", "provider_id") => Some(format!("provider_id = \"{PROVIDER_ID}\"")),
+            ("[registry]", "mqtt_host") => Some(format!("mqtt_host = \"{mqtt_host}\"")),
+            ("[registry]", "mqtt_port") => Some(format!("mqtt_port = {mqtt_port}")),
+            ("[registry]", "topic_prefix") => Some(format!("topic_prefix = \"{topic_prefix}\"")),
+            ("[registry]", "base_url") => Some(format!(
+                "base_url = \"http://127.0.0.1:{http_port}\"\n\
+                 token = \"{token}\"\n\
+                 mqtt_keep_alive_seconds = 5\n\
+                 heartbeat_interval_seconds = 1"
+            )),
+            _ => None,
+        };
+        out.push_str(replaced.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
 }
 
 /// The bench TOML: four simulated media capabilities and four real serial

@@ -8,6 +8,7 @@
 //! | POST | `/audit-requests/claim` | `ClaimRequest` → 200 `ClaimedTask` or 204 |
 //! | POST | `/audit-requests/{id}/extend` | `ExtendRequest` (optional) → `ExtendedClaim` |
 //! | POST | `/audit-requests/{id}/release` | `ReleaseRequest` (optional) → `AuditRequestRecord` |
+//! | POST | `/audit-requests/{id}/cancel` | `ReleaseRequest` (optional) → `AuditRequestRecord` |
 //! | POST | `/audit-requests/{id}/result` | `AuditTaskResult` → `AuditRequestRecord` |
 //! | GET | `/audit-requests/{id}/result` | → `AuditTaskResult` |
 //! | POST | `/threads` | `ThreadRegistration` → 201 (new) / 200 (updated) `ThreadRecord` |
@@ -58,6 +59,7 @@ pub fn router(svc: Arc<AuditService>) -> Router {
         .route("/audit-requests/{audit_request_id}", get(get_one))
         .route("/audit-requests/{audit_request_id}/extend", post(extend))
         .route("/audit-requests/{audit_request_id}/release", post(release))
+        .route("/audit-requests/{audit_request_id}/cancel", post(cancel))
         .route(
             "/audit-requests/{audit_request_id}/result",
             post(post_result).get(get_result),
@@ -171,6 +173,16 @@ async fn release(
     Ok(Json(svc.release(&who, &id, req).await?))
 }
 
+async fn cancel(
+    State(svc): Svc,
+    who: Principal,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<AuditRequestRecord>> {
+    let req: ReleaseRequest = optional_body(&body)?;
+    Ok(Json(svc.cancel(&who, &id, req).await?))
+}
+
 async fn post_result(
     State(svc): Svc,
     who: Principal,
@@ -269,7 +281,8 @@ async fn list_messages(
 impl From<AuditError> for ApiError {
     /// 403 `forbidden` / `not_claim_holder`, 404 `not_found` / `no_result`,
     /// 409 `duplicate_audit_request` / `claim_expired` / `claim_ended` /
-    /// `not_claimed`, 422 `invalid_field` with `details.field`, the lease
+    /// `not_claimed`, 422 `invalid_field` with `details.field` /
+    /// `unsatisfiable_requirement` with `details.requirements`, the lease
     /// engine's own codes, 500 for the store.
     fn from(e: AuditError) -> Self {
         let message = e.to_string();
@@ -289,6 +302,21 @@ impl From<AuditError> for ApiError {
             AuditError::Invalid { field, message } => {
                 ApiError::invalid_field(&field, format!("{field}: {message}"))
             }
+            AuditError::InvalidFields { errors } => {
+                let first = errors.first().map(|(f, _)| f.clone()).unwrap_or_default();
+                let list: Vec<serde_json::Value> = errors
+                    .iter()
+                    .map(|(f, m)| json!({ "field": f, "message": m }))
+                    .collect();
+                ApiError::invalid_field(&first, message)
+                    .with_details(json!({ "field": first, "errors": list }))
+            }
+            AuditError::Unsatisfiable { failing } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unsatisfiable_requirement",
+                message,
+            )
+            .with_details(json!({ "requirements": failing })),
             AuditError::NotClaimHolder {
                 audit_request_id,
                 principal,
@@ -317,6 +345,11 @@ impl From<AuditError> for ApiError {
                 audit_request_id,
                 status,
             } => ApiError::conflict("not_claimed", message)
+                .with_details(json!({ "audit_request_id": audit_request_id, "status": status })),
+            AuditError::NotQueued {
+                audit_request_id,
+                status,
+            } => ApiError::conflict("not_queued", message)
                 .with_details(json!({ "audit_request_id": audit_request_id, "status": status })),
             AuditError::Lease(e) => e.into(),
             AuditError::Db(e) => ApiError::internal(e),

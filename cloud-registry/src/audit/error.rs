@@ -41,6 +41,22 @@ pub enum AuditError {
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
 
+    /// Several fields break rules; all are listed. HTTP 422
+    /// `invalid_field` with `details.field` the first and
+    /// `details.errors` every `{field, message}`.
+    #[error("{}", errors.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join("; "))]
+    InvalidFields { errors: Vec<(String, String)> },
+
+    /// A capability requirement no registered capability could ever
+    /// serve (type, mode, preferred tags without fallback). HTTP 422
+    /// `unsatisfiable_requirement`, `details.requirements` listing each.
+    #[error("{} capability requirement(s) cannot be met by any registered capability: {}",
+        failing.len(),
+        failing.iter().map(|f| format!("[{}] {}", f.requirement_index, f.reason)).collect::<Vec<_>>().join("; "))]
+    Unsatisfiable {
+        failing: Vec<UnsatisfiableRequirement>,
+    },
+
     /// The caller does not hold the request's claim. HTTP 403
     /// `not_claim_holder`.
     #[error("`{principal}` does not hold a claim on audit request `{audit_request_id}`")]
@@ -75,6 +91,13 @@ pub enum AuditError {
         status: AuditRequestStatus,
     },
 
+    /// Only a queued request can be cancelled. HTTP 409 `not_queued`.
+    #[error("audit request `{audit_request_id}` is `{status}`, not queued")]
+    NotQueued {
+        audit_request_id: String,
+        status: AuditRequestStatus,
+    },
+
     /// The lease engine refused or failed (see [`LeaseError`]'s mapping).
     #[error(transparent)]
     Lease(#[from] LeaseError),
@@ -88,12 +111,39 @@ pub enum AuditError {
     Sqlite(#[from] rusqlite::Error),
 }
 
+/// One requirement of [`AuditError::Unsatisfiable`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct UnsatisfiableRequirement {
+    /// Index in `capability_requirements`.
+    pub requirement_index: usize,
+    /// Why nothing matches, naming the capabilities that come closest,
+    /// e.g. "no microphone offers exclusive; mic-01 is shared_read".
+    pub reason: String,
+}
+
 impl AuditError {
     pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         AuditError::Invalid {
             field: field.into(),
             message: message.into(),
         }
+    }
+
+    /// One error for `errors`: itself when it is the only one, else
+    /// [`AuditError::InvalidFields`] of the `Invalid` ones (any other kind
+    /// is returned as is, first).
+    pub(crate) fn fields(mut errors: Vec<AuditError>) -> Self {
+        if errors.len() == 1 {
+            return errors.remove(0);
+        }
+        let mut fields = Vec::with_capacity(errors.len());
+        for e in errors {
+            match e {
+                AuditError::Invalid { field, message } => fields.push((field, message)),
+                other => return other,
+            }
+        }
+        AuditError::InvalidFields { errors: fields }
     }
 
     pub(crate) fn not_found(kind: &'static str, id: impl Into<String>) -> Self {

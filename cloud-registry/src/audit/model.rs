@@ -210,7 +210,10 @@ pub struct AuditRequestRecord {
     /// The live claim, while `claimed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<ClaimInfo>,
-    /// Chief requests: dependencies that are not final yet.
+    /// Chief requests: dependencies that are not final yet. Then, for a
+    /// queued request with capability requirements, one readable line per
+    /// requirement that cannot be served now (held by which lease until
+    /// when, offline), or "no agent has claimed it yet".
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_on: Vec<String>,
     /// The latest stored result's status and decision.

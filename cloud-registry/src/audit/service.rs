@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::chief;
-use super::error::AuditError;
+use super::error::{AuditError, UnsatisfiableRequirement};
 use super::model::{
     AuditRequestFilter, AuditRequestPage, AuditRequestRecord, ClaimEndReason, ClaimInfo,
     ClaimRequest, ClaimedTask, ExtendRequest, ExtendedClaim, MessagePost, ReleaseRequest,
@@ -37,7 +37,8 @@ use super::AuditConfig;
 use crate::auth::Principal;
 use crate::db::Db;
 use crate::events::{self, EventBus, NewEvent};
-use crate::leases::{LeaseEngine, LeaseError, MAX_GROUP_MEMBERS};
+use crate::leases::{CapabilityInfo, LeaseEngine, LeaseError, LeaseFilter, MAX_GROUP_MEMBERS};
+use shared_protocol::capability::{CapabilityRequirement, LeaseMode, RequirementMode};
 
 /// Principal the registry acts as when it ends claims on its own
 /// (sweeper) and sends messages to threads.
@@ -143,7 +144,8 @@ impl AuditService {
     /// audit_agent), `Invalid` naming the field (protocol rules, an
     /// extension field of another audit type, an unknown
     /// `source_thread_ref`, a bad `depends_on`, a requirement longer than
-    /// the lease maximum), `Duplicate` for a known `audit_request_id`.
+    /// the lease maximum), `Unsatisfiable` for requirements no registered
+    /// capability could serve, `Duplicate` for a known `audit_request_id`.
     pub async fn create(
         &self,
         who: &Principal,
@@ -152,12 +154,19 @@ impl AuditService {
         require(who, WRITE_ROLES, "create audit requests")?;
         req.validate()?;
         check_request_shape(&req, self.leases.config().max_duration_seconds)?;
+        if !req.capability_requirements.is_empty() {
+            let dir = self.leases.directory().await;
+            let failing = unsatisfiable(&req.capability_requirements, &dir);
+            if !failing.is_empty() {
+                return Err(AuditError::Unsatisfiable { failing });
+            }
+        }
         let now = Utc::now();
         req.created_at.get_or_insert(now);
         let sig = requirements_signature(&req);
         let by = who.name.clone();
         let max_attempts = self.cfg.max_attempts;
-        let (record, event) = self
+        let (mut record, event) = self
             .db
             .write(move |c| -> Result<_, AuditError> {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -198,6 +207,7 @@ impl AuditService {
                 Ok((record, event))
             })
             .await??;
+        self.explain_waits(std::slice::from_mut(&mut record)).await;
         self.bus.publish([event]);
         self.changed.notify_waiters();
         Ok(record)
@@ -210,10 +220,86 @@ impl AuditService {
         require(who, READ_ROLES, "read audit requests")?;
         let key = id.to_string();
         let max = self.cfg.max_attempts;
-        self.db
+        let mut record = self
+            .db
             .read(move |c| sql::load_record(c, &key, max))
             .await??
-            .ok_or_else(|| AuditError::not_found("audit_request", id))
+            .ok_or_else(|| AuditError::not_found("audit_request", id))?;
+        self.explain_waits(std::slice::from_mut(&mut record)).await;
+        Ok(record)
+    }
+
+    /// Add to each queued record with capability requirements, in
+    /// `waiting_on`, what it waits on, one line per requirement that
+    /// cannot be served now: "requirement 2 (microphone, exclusive):
+    /// mic-01 held by lease lease_… (audit:x) until <expires_at>",
+    /// "…: mic-01 offline", or, when every requirement has a free
+    /// capability, "no agent has claimed it yet".
+    async fn explain_waits(&self, records: &mut [AuditRequestRecord]) {
+        let waiting = |r: &AuditRequestRecord| {
+            r.status == AuditRequestStatus::Queued && !r.request.capability_requirements.is_empty()
+        };
+        if !records.iter().any(waiting) {
+            return;
+        }
+        let dir = self.leases.directory().await;
+        let held = self
+            .leases
+            .list(LeaseFilter {
+                active_only: true,
+                ..LeaseFilter::default()
+            })
+            .await;
+        for record in records.iter_mut().filter(|r| waiting(r)) {
+            let mut lines = Vec::new();
+            for (i, r) in record.request.capability_requirements.iter().enumerate() {
+                let mut fits: Vec<&CapabilityInfo> = dir.iter().filter(|c| serves(r, c)).collect();
+                fits.sort_by(|a, b| a.capability_id.cmp(&b.capability_id));
+                let holders = |c: &CapabilityInfo| -> Vec<&CapabilityLease> {
+                    held.iter()
+                        .filter(|l| {
+                            l.capability_id == c.capability_id && l.status.holds_capability()
+                        })
+                        .filter(|l| {
+                            r.mode == RequirementMode::Exclusive || l.mode == LeaseMode::Exclusive
+                        })
+                        .collect()
+                };
+                if fits.iter().any(|c| c.online && holders(c).is_empty()) {
+                    continue;
+                }
+                let what = if fits.is_empty() {
+                    "no registered capability matches".to_string()
+                } else {
+                    fits.iter()
+                        .map(|c| {
+                            if !c.online {
+                                return format!("{} offline", c.capability_id);
+                            }
+                            let hs: Vec<String> = holders(c)
+                                .iter()
+                                .map(|l| match &l.expires_at {
+                                    Some(t) => {
+                                        format!("lease {} ({}) until {t}", l.lease_id, l.holder_ref)
+                                    }
+                                    None => format!("lease {} ({})", l.lease_id, l.holder_ref),
+                                })
+                                .collect();
+                            format!("{} held by {}", c.capability_id, hs.join(", "))
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                };
+                lines.push(format!(
+                    "requirement {i} ({}, {}): {what}",
+                    r.capability_type, r.mode
+                ));
+            }
+            if lines.is_empty() {
+                lines.push("no agent has claimed it yet".to_string());
+            }
+            record.waiting_on.extend(lines);
+        }
     }
 
     /// One page of requests matching `filter` (`limit` 0 means 50; at most
@@ -246,6 +332,8 @@ impl AuditService {
             .db
             .read(move |c| sql::list_records(c, &f, max))
             .await??;
+        let mut audit_requests = audit_requests;
+        self.explain_waits(&mut audit_requests).await;
         Ok(AuditRequestPage {
             audit_requests,
             total,
@@ -668,6 +756,84 @@ impl AuditService {
         Ok(record)
     }
 
+    /// Cancel the queued request `id`: its creator or an admin. It
+    /// becomes `failed` with `failure_reason` "cancelled by <name>[: reason]"
+    /// and is never claimed again (a claim that was leasing for it gives its
+    /// leases back). Event `audit_task_released` with `data.reason`
+    /// `cancelled` and `data.request_status` `failed`.
+    ///
+    /// Errors: `Forbidden` (not the creator nor an admin), `NotFound`,
+    /// `NotQueued` (409: claimed — its holder or an admin releases it
+    /// first — or already final).
+    pub async fn cancel(
+        &self,
+        who: &Principal,
+        id: &str,
+        req: ReleaseRequest,
+    ) -> Result<AuditRequestRecord, AuditError> {
+        require(who, WRITE_ROLES, "cancel audit requests")?;
+        req.validate()?;
+        let (key, by, admin) = (id.to_string(), who.name.clone(), who.is_admin());
+        let role = who.role;
+        let max = self.cfg.max_attempts;
+        let (record, event) = self
+            .db
+            .write(move |c| -> Result<_, AuditError> {
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let row = sql::load_request(&tx, &key)?
+                    .ok_or_else(|| AuditError::not_found("audit_request", &key))?;
+                if !admin && row.created_by != by {
+                    return Err(AuditError::Forbidden {
+                        role,
+                        action: "cancel audit requests created by others",
+                        allowed: vec!["the request's creator", "admin"],
+                    });
+                }
+                if row.status != AuditRequestStatus::Queued {
+                    return Err(AuditError::NotQueued {
+                        audit_request_id: key,
+                        status: row.status,
+                    });
+                }
+                let failure = match &req.reason {
+                    Some(r) => format!("cancelled by {by}: {r}"),
+                    None => format!("cancelled by {by}"),
+                };
+                let now = Utc::now();
+                sql::set_request_status(
+                    &tx,
+                    &key,
+                    AuditRequestStatus::Failed,
+                    Some(&failure),
+                    now,
+                )?;
+                let event = events::append(
+                    &tx,
+                    NewEvent::new(
+                        EventType::AuditTaskReleased,
+                        by.clone(),
+                        json!({
+                            "reason": "cancelled",
+                            "note": req.reason,
+                            "request_status": AuditRequestStatus::Failed,
+                            "attempts": row.attempts,
+                            "max_attempts": max,
+                            "failure_reason": failure,
+                        }),
+                    )
+                    .audit_request(key.clone()),
+                )?;
+                let record = sql::load_record(&tx, &key, max)?
+                    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                tx.commit()?;
+                Ok((record, event))
+            })
+            .await??;
+        self.bus.publish([event]);
+        self.changed.notify_waiters();
+        Ok(record)
+    }
+
     /// Accept the result of the caller's live claim on `id`: store it with
     /// its findings, used capabilities and artifact refs, release the
     /// claim's leases, and complete the request (`audit_task_completed`;
@@ -678,10 +844,14 @@ impl AuditService {
     /// Errors, checked in this order: `Forbidden`, `NotFound` (unknown id),
     /// `NotClaimHolder` (403), `ClaimExpired` (409, past the visibility
     /// timeout), `ClaimEnded` (409, e.g. a result was already accepted),
-    /// `Invalid`
-    /// (`audit_request_id` not the path's, `audit_type` not the request's,
+    /// then every field rule at once: `Invalid` for one, `InvalidFields`
+    /// for several (`result.validate()`, a chief without `final_decision`,
+    /// `audit_request_id` not the path's, `audit_type` not the request's,
     /// an output field of another audit type, a repeated `finding_id`, an
-    /// unknown `handoff_target`). Nothing is stored on error.
+    /// unknown `handoff_target`; `artifact_refs` or findings'
+    /// `evidence_ref_ids` naming artifacts the registry does not know,
+    /// with `details.field` the first such field and the message listing
+    /// every unknown id). Nothing is stored on error.
     pub async fn submit_result(
         &self,
         who: &Principal,
@@ -689,7 +859,8 @@ impl AuditService {
         result: AuditTaskResult,
     ) -> Result<AuditRequestRecord, AuditError> {
         require(who, AGENT_ROLES, "post audit results")?;
-        result.validate()?;
+        // Every field error of the body is answered at once.
+        let early = result.validate().err().map(AuditError::from);
         let (key, by) = (id.to_string(), who.name.clone());
         let max = self.cfg.max_attempts;
         let (record, events, lease_ids) = self
@@ -699,8 +870,15 @@ impl AuditService {
                 let row = sql::load_request(&tx, &key)?
                     .ok_or_else(|| AuditError::not_found("audit_request", &key))?;
                 let claim = live_claim_of(&tx, &row, &by)?;
+                let mut errors: Vec<AuditError> = early.into_iter().collect();
+                if result.audit_type == AuditType::Chief && result.chief.final_decision.is_none() {
+                    errors.push(AuditError::invalid(
+                        "final_decision",
+                        "a chief audit result carries final_decision",
+                    ));
+                }
                 if result.audit_request_id != key {
-                    return Err(AuditError::invalid(
+                    errors.push(AuditError::invalid(
                         "audit_request_id",
                         format!(
                             "`{}` is not the request `{key}` this result is posted to",
@@ -709,7 +887,7 @@ impl AuditService {
                     ));
                 }
                 if result.audit_type != row.audit_type {
-                    return Err(AuditError::invalid(
+                    errors.push(AuditError::invalid(
                         "audit_type",
                         format!(
                             "request `{key}` is a `{}` audit; the result says `{}`",
@@ -717,9 +895,19 @@ impl AuditService {
                         ),
                     ));
                 }
-                check_result_shape(&result)?;
+                if let Err(e) = check_result_shape(&result) {
+                    errors.push(e);
+                }
+                if let Err(e) = check_artifacts_exist(&tx, &row.request, &result) {
+                    errors.push(e);
+                }
                 if let Some(target) = &result.chief.handoff_target {
-                    threads::require_registered(&tx, "handoff_target", target)?;
+                    if let Err(e) = threads::require_registered(&tx, "handoff_target", target) {
+                        errors.push(e);
+                    }
+                }
+                if !errors.is_empty() {
+                    return Err(AuditError::fields(errors));
                 }
                 let now = Utc::now();
                 sql::insert_result(&tx, &result, &claim.claim_id, &by, now)?;
@@ -1264,4 +1452,143 @@ fn lease_purpose(req: &AuditTaskRequest) -> String {
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(200)
         .collect()
+}
+
+/// The requirements of `reqs` that no capability of `dir` could ever serve,
+/// whether online or not: the lease engine's rule (same type, the
+/// capability's own lease mode, every preferred tag unless
+/// `fallback_allowed`), with a reason naming the nearest capabilities.
+fn unsatisfiable(
+    reqs: &[CapabilityRequirement],
+    dir: &[CapabilityInfo],
+) -> Vec<UnsatisfiableRequirement> {
+    let mut out = Vec::new();
+    for (i, r) in reqs.iter().enumerate() {
+        let mut of_type: Vec<&CapabilityInfo> = dir
+            .iter()
+            .filter(|c| c.capability_type == r.capability_type)
+            .collect();
+        of_type.sort_by(|a, b| a.capability_id.cmp(&b.capability_id));
+        let list = |cs: &[&CapabilityInfo], what: &dyn Fn(&CapabilityInfo) -> String| {
+            cs.iter()
+                .map(|c| format!("{} {}", c.capability_id, what(c)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let ty = r.capability_type;
+        let mode = r.mode;
+        if of_type.is_empty() {
+            out.push(UnsatisfiableRequirement {
+                requirement_index: i,
+                reason: format!("no {ty} is registered"),
+            });
+            continue;
+        }
+        let moded: Vec<&CapabilityInfo> = of_type
+            .iter()
+            .copied()
+            .filter(|c| mode_fits(mode, c))
+            .collect();
+        if moded.is_empty() {
+            out.push(UnsatisfiableRequirement {
+                requirement_index: i,
+                reason: format!(
+                    "no {ty} offers {mode}; {}",
+                    list(&of_type, &|c| format!("is {}", c.lease_mode))
+                ),
+            });
+            continue;
+        }
+        if !r.fallback_allowed
+            && !moded
+                .iter()
+                .any(|c| r.preferred_node_tags.iter().all(|t| c.tags.contains(t)))
+        {
+            out.push(UnsatisfiableRequirement {
+                requirement_index: i,
+                reason: format!(
+                    "no {ty} offering {mode} has the tags [{}] (fallback_allowed is false); {}",
+                    r.preferred_node_tags.join(", "),
+                    list(&moded, &|c| format!("has [{}]", c.tags.join(", ")))
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// The lease engine's mode rule: an exclusive requirement takes an
+/// exclusive capability, a shared one a shared capability.
+fn mode_fits(mode: RequirementMode, c: &CapabilityInfo) -> bool {
+    match mode {
+        RequirementMode::Exclusive => c.lease_mode == LeaseMode::Exclusive,
+        RequirementMode::SharedRead => c.lease_mode != LeaseMode::Exclusive,
+    }
+}
+
+/// True when `c` can serve `r` (type, mode, tags unless fallback), online
+/// or not.
+fn serves(r: &CapabilityRequirement, c: &CapabilityInfo) -> bool {
+    c.capability_type == r.capability_type
+        && mode_fits(r.mode, c)
+        && (r.fallback_allowed || r.preferred_node_tags.iter().all(|t| c.tags.contains(t)))
+}
+
+/// Every artifact id `result` names (`artifact_refs`, findings'
+/// `evidence_ref_ids`) must be an artifact the registry knows: reported by
+/// a session (`capability_artifacts`) or with its upload under way
+/// (`artifact_pending_uploads`). A finding's evidence may also be one of
+/// the request's own `evidence_refs` / `artifact_refs` or an audit
+/// request (a chief's finding pointing at a sub-audit).
+///
+/// Errors: `Invalid` on the first field naming an unknown id, the message
+/// listing every unknown id with its field.
+fn check_artifacts_exist(
+    tx: &rusqlite::Connection,
+    request: &AuditTaskRequest,
+    result: &AuditTaskResult,
+) -> Result<(), AuditError> {
+    let mut named: Vec<(String, &str)> = result
+        .artifact_refs
+        .iter()
+        .map(|a| ("artifact_refs".to_string(), a.as_str()))
+        .collect();
+    for (i, f) in result.findings.iter().enumerate() {
+        for e in &f.evidence_ref_ids {
+            let given = request.evidence_refs.contains(e) || request.artifact_refs.contains(e);
+            let audit: bool = tx
+                .prepare_cached(
+                    "SELECT EXISTS(SELECT 1 FROM audit_requests WHERE audit_request_id = ?1)",
+                )?
+                .query_row([e], |r| r.get(0))?;
+            if !given && !audit {
+                named.push((format!("findings[{i}].evidence_ref_ids"), e.as_str()));
+            }
+        }
+    }
+    if named.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = tx.prepare_cached(
+        "SELECT EXISTS(SELECT 1 FROM capability_artifacts WHERE artifact_id = ?1)
+             OR EXISTS(SELECT 1 FROM artifact_pending_uploads WHERE artifact_id = ?1)",
+    )?;
+    let mut unknown: Vec<(String, &str)> = Vec::new();
+    for (field, id) in named {
+        let known: bool = stmt.query_row([id], |r| r.get(0))?;
+        if !known && !unknown.iter().any(|(f, u)| *f == field && *u == id) {
+            unknown.push((field, id));
+        }
+    }
+    let Some((first, _)) = unknown.first() else {
+        return Ok(());
+    };
+    let list: Vec<String> = unknown
+        .iter()
+        .map(|(f, id)| format!("`{id}` ({f})"))
+        .collect();
+    Err(AuditError::invalid(
+        first.clone(),
+        format!("unknown artifacts: {}", list.join(", ")),
+    ))
 }

@@ -1158,6 +1158,12 @@ impl LeaseEngine {
         Ok(self.db.read(move |c| sql::list(c, &filter)).await??)
     }
 
+    /// Every registered capability as the engine sees it (type, tags,
+    /// lease mode, online), in no particular order.
+    pub async fn directory(&self) -> Vec<CapabilityInfo> {
+        lock(&self.state).dir.values().cloned().collect()
+    }
+
     /// Ids of capabilities with at least one committed lease in a holding
     /// status.
     pub async fn held_capabilities(&self) -> HashSet<String> {
