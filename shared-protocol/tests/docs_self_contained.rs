@@ -5,6 +5,7 @@
 const PAGES: &[&str] = &[
     "README.md",
     "docs/actions.md",
+    "docs/audit-protocol.md",
     "docs/architecture.md",
     "docs/benchmarks.md",
     "docs/console.md",
