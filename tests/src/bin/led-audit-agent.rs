@@ -44,7 +44,7 @@ use serde_json::{json, Map, Value};
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "led-audit-agent",
-    about = "Example multimodal audit agent: LED validation (seed 001 §8.1)"
+    about = "Example multimodal audit agent: the LED validation of docs/audit-protocol.md"
 )]
 struct Args {
     /// Registry base URL (without `/api/v1`).
