@@ -968,10 +968,14 @@ impl Publisher {
             return;
         }
         let outbox = self.outbox.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = outbox.remove_updates(&seqs) {
-                tracing::warn!("outbox: cannot delete acknowledged session updates: {e}");
-            }
+        let updates_ready = self.updates_ready.clone();
+        tokio::task::spawn_blocking(move || match outbox.remove_updates(&seqs) {
+            // A copy the registry asked for (`session_sync`) while the
+            // original was in flight was queued: send it now, not with the
+            // next unrelated update.
+            Ok(requeued) if requeued > 0 => updates_ready.notify_one(),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("outbox: cannot delete acknowledged session updates: {e}"),
         });
     }
 

@@ -452,7 +452,11 @@ fn an_acknowledged_final_update_is_queued_again_for_a_session_sync() {
         SyncAnswer::StillQueued
     );
     let seq = queued.iter().find(|q| q.message_id == "m-end").unwrap().seq;
-    outbox.remove_update(seq).unwrap();
+    assert_eq!(
+        outbox.remove_updates(&[seq]).unwrap(),
+        1,
+        "the caller is told a copy was queued again, to wake the publisher"
+    );
     let after: Vec<String> = outbox
         .queued_updates(10)
         .unwrap()
@@ -471,7 +475,11 @@ fn an_acknowledged_final_update_is_queued_again_for_a_session_sync() {
         .find(|q| q.session_id == "sess-1")
         .unwrap()
         .seq;
-    outbox.remove_update(seq).unwrap();
+    assert_eq!(
+        outbox.remove_updates(&[seq]).unwrap(),
+        0,
+        "asked once, sent once"
+    );
     assert!(outbox
         .queued_updates(10)
         .unwrap()

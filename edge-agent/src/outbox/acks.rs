@@ -13,7 +13,7 @@ use super::sync::prune_sent;
 impl Outbox {
     /// The broker acknowledged queued update `seq`.
     pub fn remove_update(&self, seq: i64) -> Result<(), OutboxError> {
-        self.remove_updates(&[seq])
+        self.remove_updates(&[seq]).map(|_| ())
     }
 
     /// The broker acknowledged the queued updates `seqs`: delete them in
@@ -22,39 +22,46 @@ impl Outbox {
     /// record that the metadata of the artifacts they carry was
     /// acknowledged, and delete the files of those whose bytes the registry
     /// already confirmed (the others go at [`Self::mark_uploaded`]).
-    pub fn remove_updates(&self, seqs: &[i64]) -> Result<(), OutboxError> {
+    ///
+    /// Returns how many final updates were queued again because the
+    /// registry asked for them (`session_sync`) while they were in flight:
+    /// the caller wakes the publisher for those.
+    pub fn remove_updates(&self, seqs: &[i64]) -> Result<usize, OutboxError> {
         if seqs.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let resync_waiting = !lock(&self.inner.resend_after_ack).is_empty();
-        let (done, confirming): (Vec<(String, i64)>, usize) = self.with_conn_unsynced(|c| {
-            if resync_waiting {
-                self.queue_again_after_ack(c, seqs)?;
-            }
-            let tx = c.unchecked_transaction()?;
-            let mut done = Vec::new();
-            let mut confirming = 0;
-            {
-                let mut select = tx.prepare_cached(
-                    "SELECT artifact_id, size_bytes FROM artifacts
+        let (done, confirming, requeued): (Vec<(String, i64)>, usize, usize) = self
+            .with_conn_unsynced(|c| {
+                let requeued = if resync_waiting {
+                    self.queue_again_after_ack(c, seqs)?
+                } else {
+                    0
+                };
+                let tx = c.unchecked_transaction()?;
+                let mut done = Vec::new();
+                let mut confirming = 0;
+                {
+                    let mut select = tx.prepare_cached(
+                        "SELECT artifact_id, size_bytes FROM artifacts
                      WHERE metadata_seq = ?1 AND metadata_acked = 0 AND upload_state = 'uploaded'
                        AND bytes_bound = 1",
-                )?;
-                // Bytes the registry held unbound: upload again to confirm
-                // they are bound (or to replace them if swept).
-                let mut confirm = tx.prepare_cached(
-                    "UPDATE artifacts SET upload_state = 'pending', next_attempt_at_ms = 0
+                    )?;
+                    // Bytes the registry held unbound: upload again to confirm
+                    // they are bound (or to replace them if swept).
+                    let mut confirm = tx.prepare_cached(
+                        "UPDATE artifacts SET upload_state = 'pending', next_attempt_at_ms = 0
                      WHERE metadata_seq = ?1 AND metadata_acked = 0 AND upload_state = 'uploaded'
                        AND bytes_bound = 0",
-                )?;
-                let mut ack = tx.prepare_cached(
-                    "UPDATE artifacts SET metadata_acked = 1
+                    )?;
+                    let mut ack = tx.prepare_cached(
+                        "UPDATE artifacts SET metadata_acked = 1
                      WHERE metadata_seq = ?1 AND metadata_acked = 0",
-                )?;
-                // The newest acknowledged update of each session is kept
-                // for a `session_sync` (the broker's PUBACK does not prove
-                // the registry was subscribed).
-                let mut keep = tx.prepare_cached(
+                    )?;
+                    // The newest acknowledged update of each session is kept
+                    // for a `session_sync` (the broker's PUBACK does not prove
+                    // the registry was subscribed).
+                    let mut keep = tx.prepare_cached(
                     "INSERT INTO sent_updates (session_id, seq, message_id, payload, acked_at_ms)
                      SELECT session_id, seq, message_id, payload, ?2 FROM pending_updates
                      WHERE seq = ?1 AND final = 1
@@ -63,25 +70,26 @@ impl Outbox {
                         payload = excluded.payload, acked_at_ms = excluded.acked_at_ms
                      WHERE excluded.seq > sent_updates.seq",
                 )?;
-                let now_ms = Utc::now().timestamp_millis();
-                let mut delete = tx.prepare_cached("DELETE FROM pending_updates WHERE seq = ?1")?;
-                for seq in seqs {
-                    keep.execute(params![seq, now_ms])?;
-                    let rows = select
-                        .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?)))?
-                        .collect::<Result<Vec<(String, i64)>, _>>()?;
-                    done.extend(rows);
-                    confirming += confirm.execute([seq])?;
-                    ack.execute([seq])?;
-                    delete.execute([seq])?;
+                    let now_ms = Utc::now().timestamp_millis();
+                    let mut delete =
+                        tx.prepare_cached("DELETE FROM pending_updates WHERE seq = ?1")?;
+                    for seq in seqs {
+                        keep.execute(params![seq, now_ms])?;
+                        let rows = select
+                            .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?)))?
+                            .collect::<Result<Vec<(String, i64)>, _>>()?;
+                        done.extend(rows);
+                        confirming += confirm.execute([seq])?;
+                        ack.execute([seq])?;
+                        delete.execute([seq])?;
+                    }
                 }
-            }
-            if self.sent_prune_due() {
-                prune_sent(&tx, Utc::now().timestamp_millis())?;
-            }
-            tx.commit()?;
-            Ok((done, confirming))
-        })?;
+                if self.sent_prune_due() {
+                    prune_sent(&tx, Utc::now().timestamp_millis())?;
+                }
+                tx.commit()?;
+                Ok((done, confirming, requeued))
+            })?;
         if confirming > 0 {
             self.inner.due_again.notify_one();
         }
@@ -101,6 +109,6 @@ impl Outbox {
             }
             self.release(size.max(0) as u64, 1);
         }
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(requeued), Err)
     }
 }

@@ -95,7 +95,7 @@ impl Outbox {
         &self,
         c: &Connection,
         seqs: &[i64],
-    ) -> rusqlite::Result<()> {
+    ) -> rusqlite::Result<usize> {
         let mut again = Vec::new();
         {
             let mut waiting = lock(&self.inner.resend_after_ack);
@@ -114,13 +114,14 @@ impl Outbox {
                 }
             }
         }
+        let queued = again.len();
         for (session_id, message_id, payload) in again {
             // The acknowledged row goes below, in the same lock: a fresh
             // message id keeps the copy from being taken for it.
             let copy = format!("{message_id}.sync");
             self.queue_in(c, &copy, &session_id, &payload, &[], UpdateKind::Final)?;
         }
-        Ok(())
+        Ok(queued)
     }
 
     /// True (and the clock restarted) when acknowledged updates were last
