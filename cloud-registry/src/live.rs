@@ -36,6 +36,8 @@ pub const BOUNDARY: &str = "benchlink-live-frame";
 pub struct Frame {
     /// The edge's counter, from 1 per stream.
     pub seq: u64,
+    /// When the edge captured it (the edge's clock).
+    pub captured_at: chrono::DateTime<chrono::Utc>,
     pub jpeg: Bytes,
     pub received: Instant,
 }
@@ -58,9 +60,16 @@ impl LiveFrames {
     }
 
     /// Keep `jpeg` as the capability's latest frame and wake its viewers.
-    pub fn put(&self, capability_id: &str, seq: u64, jpeg: Bytes) {
+    pub fn put(
+        &self,
+        capability_id: &str,
+        seq: u64,
+        captured_at: chrono::DateTime<chrono::Utc>,
+        jpeg: Bytes,
+    ) {
         self.slot(capability_id).send_replace(Some(Arc::new(Frame {
             seq,
+            captured_at,
             jpeg,
             received: Instant::now(),
         })));
@@ -118,9 +127,10 @@ fn fresh(f: &Option<Arc<Frame>>) -> Option<Arc<Frame>> {
 
 fn part(f: &Frame) -> Bytes {
     let mut out = format!(
-        "--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {}\r\nX-Frame-Seq: {}\r\n\r\n",
+        "--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {}\r\nX-Frame-Seq: {}\r\nX-Captured-At: {}\r\n\r\n",
         f.jpeg.len(),
-        f.seq
+        f.seq,
+        f.captured_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
     )
     .into_bytes();
     out.extend_from_slice(&f.jpeg);
@@ -232,6 +242,7 @@ mod tests {
     fn a_part_carries_its_jpeg_between_headers_and_crlf() {
         let p = part(&Frame {
             seq: 3,
+            captured_at: chrono::Utc::now(),
             jpeg: Bytes::from_static(b"\xff\xd8xy\xff\xd9"),
             received: Instant::now(),
         });
@@ -246,7 +257,7 @@ mod tests {
     async fn an_ended_stream_has_no_frame_and_a_stale_one_is_not_fresh() {
         let frames = LiveFrames::default();
         let rx = frames.subscribe("cam");
-        frames.put("cam", 1, Bytes::from_static(b"j"));
+        frames.put("cam", 1, chrono::Utc::now(), Bytes::from_static(b"j"));
         assert_eq!(fresh(&rx.borrow()).map(|f| f.seq), Some(1));
         frames.end("cam");
         assert!(fresh(&rx.borrow()).is_none());

@@ -1038,6 +1038,7 @@ async fn live_frame(
         live.put(
             &header.capability_id,
             header.seq,
+            header.captured_at,
             bytes::Bytes::copy_from_slice(jpeg),
         );
     }

@@ -81,6 +81,32 @@ async fn peek(base: &str, path: &str, token: &str) -> Result<(StatusCode, String
     Ok((status, ct, body))
 }
 
+/// Read the live answer for `span`: for each part, how far behind the
+/// capture it arrived (ms, `X-Captured-At` to now; edge and registry
+/// share this machine's clock).
+async fn lags(base: &str, path: &str, token: &str, span: Duration) -> Result<Vec<i64>> {
+    let mut resp = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await?;
+    let mut text = String::new();
+    let mut out = Vec::new();
+    let end = tokio::time::Instant::now() + span;
+    while let Ok(Ok(Some(c))) = tokio::time::timeout_at(end, resp.chunk()).await {
+        let now = chrono::Utc::now();
+        text.push_str(&String::from_utf8_lossy(&c));
+        while let Some(i) = text.find("X-Captured-At: ") {
+            let rest = &text[i + 15..];
+            let Some(e) = rest.find('\r') else { break };
+            let at = chrono::DateTime::parse_from_rfc3339(&rest[..e])?;
+            out.push((now - at.with_timezone(&chrono::Utc)).num_milliseconds());
+            text = rest[e..].to_string();
+        }
+    }
+    Ok(out)
+}
+
 fn code(body: &[u8]) -> String {
     serde_json::from_slice::<Value>(body)
         .ok()
@@ -137,6 +163,14 @@ async fn a_holder_watches_a_running_stream_live_until_the_lease_ends() -> Result
     assert!(
         body.windows(2).any(|w| w == [0xFF, 0xD8]),
         "no JPEG in the first part"
+    );
+
+    let lag = lags(&base, &live_path, &lab.hw_token, Duration::from_secs(3)).await?;
+    println!("live frames in 3 s: {}, lag ms: {lag:?}", lag.len());
+    assert!(lag.len() >= 6, "too few frames in 3 s: {lag:?}");
+    assert!(
+        lag.iter().all(|l| *l < 1000),
+        "a frame arrived 1 s or more after its capture: {lag:?}"
     );
 
     let out = Command::new("node")
