@@ -101,6 +101,15 @@ export const api = {
     return { blob: await resp.blob(), headers: resp.headers };
   },
 
+  /** GET a streaming answer → the `Response` (its body unread), with the
+   *  token in the header; throws ApiError for an error answer. `signal`
+   *  aborts it. */
+  async stream(path, signal) {
+    const resp = await fetch(url(path), { headers: headers({ Accept: "*/*" }), credentials: "omit", signal });
+    if (!resp.ok) throw await failure(resp);
+    return resp;
+  },
+
   /** Check `tok` with whoami; on success keep it in sessionStorage. */
   async signIn(tok) {
     const resp = await fetch("/api/v1/auth/whoami", {

@@ -13,6 +13,7 @@ import sessions, { detail as session } from "./pages/sessions.js";
 import audits, { detail as audit } from "./pages/audits.js";
 import runs, { detail as run } from "./pages/runs.js";
 import proposals from "./pages/proposals.js";
+import live from "./pages/live.js";
 
 /** Every page, in navigation order; pages without `nav: false` are in the bar. */
 export const PAGES = [
@@ -23,6 +24,7 @@ export const PAGES = [
   audits, audit,
   runs, run,
   proposals,
+  live,
 ];
 
 const root = document.getElementById("app");

@@ -487,12 +487,14 @@ impl Registry {
             }
         };
         let forward_after = last_event_id(&db).await?;
+        let live = Arc::new(crate::live::LiveFrames::default());
         let mqtt = MqttLink::start(
             settings,
             providers.clone(),
             bus.clone(),
             forward_after,
             sessions.clone(),
+            live.clone(),
         );
         sessions.attach_commands(mqtt.command_sender());
         sessions.attach_twins(providers.twins().clone());
@@ -541,6 +543,12 @@ impl Registry {
                 shutdown: shutdown_rx.clone(),
             }))
             .merge(crate::tokens::api::routes(TokensApi { auth: auth.clone() }))
+            .merge(crate::live::routes(crate::live::LiveApi {
+                frames: live.clone(),
+                providers: providers.clone(),
+                leases: engine.clone(),
+                shutdown: shutdown_rx.clone(),
+            }))
             .merge(audit::router(audit.clone()))
             .merge(health.clone());
         let routes = Router::new()

@@ -41,6 +41,7 @@ pub mod health;
 pub mod hearing;
 pub mod http_server;
 pub mod leases;
+pub mod live;
 pub mod mqtt;
 pub mod providers;
 pub mod sessions;

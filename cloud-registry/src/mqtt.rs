@@ -58,7 +58,8 @@ use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, PreemptNotice};
 use shared_protocol::mqtt::{
     parse_topic, topic, topic_filter_all, ActionCancel, Envelope, LeaseGranted, LeaseRevoked,
-    MessageType, ProviderConflict, RegisterAck, RegisterBody, SessionUpdate, StatusBody, TopicKind,
+    LiveFrame, MessageType, ProviderConflict, RegisterAck, RegisterBody, SessionUpdate, StatusBody,
+    TopicKind,
 };
 use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
 use shared_protocol::Validate;
@@ -383,6 +384,7 @@ impl MqttLink {
         bus: EventBus,
         forward_after: u64,
         lease_end: Arc<dyn LeaseEndHook>,
+        live: Arc<crate::live::LiveFrames>,
     ) -> Self {
         let mut opts = MqttOptions::new(&settings.client_id, &settings.host, settings.port);
         opts.set_keep_alive(settings.keep_alive)
@@ -429,6 +431,7 @@ impl MqttLink {
                 out_tx.clone(),
                 OfflineConfirm {
                     providers: providers.clone(),
+                    live,
                     heard: Arc::new(Mutex::new(HashMap::new())),
                     link_up_since: hearing.subscribe(),
                 },
@@ -688,7 +691,12 @@ async fn run_publisher(
                 ]
                 .map(|k| {
                     rumqttc::SubscribeFilter::new(topic_filter_all(&prefix, k), QoS::AtLeastOnce)
-                });
+                })
+                .into_iter()
+                .chain([rumqttc::SubscribeFilter::new(
+                    topic_filter_all(&prefix, TopicKind::Frames),
+                    QoS::AtMostOnce,
+                )]);
                 if let Err(e) = client.subscribe_many(filters).await {
                     tracing::warn!(error = %e, "MQTT subscription not queued");
                 }
@@ -756,6 +764,8 @@ type Heard = HashMap<String, u64>;
 #[derive(Clone)]
 struct OfflineConfirm {
     providers: Arc<Providers>,
+    /// Where `frames` messages go.
+    live: Arc<crate::live::LiveFrames>,
     heard: Arc<Mutex<Heard>>,
     link_up_since: watch::Receiver<Option<Instant>>,
 }
@@ -865,11 +875,14 @@ async fn ingest_one(
         TopicKind::Register => &stats.register_in,
         TopicKind::Heartbeat => &stats.heartbeat_in,
         TopicKind::Results => &stats.results_in,
-        TopicKind::Commands => &stats.other_in,
+        TopicKind::Commands | TopicKind::Frames => &stats.other_in,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     if kind == TopicKind::Commands {
         return Ok(());
+    }
+    if kind == TopicKind::Frames {
+        return live_frame(p, provider_id, providers, &confirm.live).await;
     }
     if p.payload.is_empty() {
         // A cleared retained status.
@@ -983,10 +996,51 @@ async fn ingest_one(
             }
             providers.session_update(provider_id, body).await
         }
-        TopicKind::Commands => true,
+        TopicKind::Commands | TopicKind::Frames => true,
     };
     if stored {
         dedup.remember(provider_id, &env.message_id);
+    }
+    Ok(())
+}
+
+/// A `frames` message: the latest frame of a stream of one of the
+/// provider's capabilities (or its end), kept in memory for the live view.
+async fn live_frame(
+    p: &Publish,
+    provider_id: &str,
+    providers: &Providers,
+    live: &crate::live::LiveFrames,
+) -> Result<(), Refused> {
+    let (header, jpeg) = match LiveFrame::decode(&p.payload) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::debug!(provider_id, error = %e, "live frame refused");
+            return Ok(());
+        }
+    };
+    let owner = providers
+        .store()
+        .get_capability(&header.capability_id)
+        .await
+        .ok()
+        .flatten()
+        .map(|c| c.provider_id);
+    if owner.as_deref() != Some(provider_id) {
+        return Err(Refused::ForeignCapability {
+            provider_id: provider_id.to_string(),
+            capability_id: header.capability_id,
+        });
+    }
+    if header.end || jpeg.is_empty() {
+        live.end(&header.capability_id);
+    } else {
+        live.put(
+            &header.capability_id,
+            header.seq,
+            header.captured_at,
+            bytes::Bytes::copy_from_slice(jpeg),
+        );
     }
     Ok(())
 }

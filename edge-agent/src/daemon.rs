@@ -146,6 +146,7 @@ impl Daemon {
             outbox.clone(),
             updates_ready,
         );
+        crate::drivers::live::set_sink(link.frame_sender());
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let uploader = Uploader::new(

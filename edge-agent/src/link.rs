@@ -40,6 +40,7 @@ use shared_protocol::provider::{HeartbeatRequest, OnlineStatus};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::drivers::live::LiveMessage;
 use crate::outbox::{Outbox, QueuedUpdate};
 use crate::update_size::{shrink_queued, MAX_SESSION_UPDATE_BYTES};
 
@@ -143,6 +144,8 @@ pub struct Link {
     control: mpsc::Sender<Control>,
     poll_task: JoinHandle<()>,
     publisher_task: JoinHandle<()>,
+    frames_task: JoinHandle<()>,
+    frames_tx: mpsc::Sender<LiveMessage>,
 }
 
 /// Changes the link's heartbeat period (the dispatcher applies
@@ -220,6 +223,13 @@ impl Link {
             events_tx,
             stop: stop_rx,
         }));
+        let (frames_tx, frames_rx) = mpsc::channel(FRAME_QUEUE);
+        let frames_task = tokio::spawn(frames_loop(
+            client.clone(),
+            topic(&cfg.topic_prefix, &cfg.provider_id, TopicKind::Frames),
+            state.clone(),
+            frames_rx,
+        ));
         let publisher_task = tokio::spawn(publisher_loop(Publisher {
             client,
             cfg,
@@ -241,9 +251,17 @@ impl Link {
                 control: control_tx,
                 poll_task,
                 publisher_task,
+                frames_task,
+                frames_tx,
             },
             commands_rx,
         )
+    }
+
+    /// Where live camera frames go to be published on the `frames` topic
+    /// (see [`crate::drivers::live`]).
+    pub fn frame_sender(&self) -> mpsc::Sender<LiveMessage> {
+        self.frames_tx.clone()
     }
 
     /// Connection state.
@@ -284,12 +302,43 @@ impl Link {
             let _ = tokio::time::timeout_at(deadline + Duration::from_secs(1), done_rx).await;
         }
         self.publisher_task.abort();
+        self.frames_task.abort();
         let mut poll = self.poll_task;
         if tokio::time::timeout(Duration::from_secs(2), &mut poll)
             .await
             .is_err()
         {
             poll.abort();
+        }
+    }
+}
+
+/// Live frames waiting for the frames task; more are dropped.
+const FRAME_QUEUE: usize = 2;
+/// How long handing a live frame to the event loop may take before it is
+/// dropped.
+const FRAME_SEND_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Publishes live camera frames, QoS 0 and not retained, while the link is
+/// up; drops them while it is down (a live view has no use for old
+/// frames). Its own task, so a slow hand-over never delays heartbeats or
+/// session updates, and the event loop never awaits it.
+async fn frames_loop(
+    client: AsyncClient,
+    topic: String,
+    state: Arc<LinkState>,
+    mut rx: mpsc::Receiver<LiveMessage>,
+) {
+    while let Some(m) = rx.recv().await {
+        if !state.is_connected() {
+            continue;
+        }
+        let payload = m.header.encode(&m.jpeg);
+        let send = client.publish(topic.clone(), QoS::AtMostOnce, false, payload);
+        match tokio::time::timeout(FRAME_SEND_TIMEOUT, send).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!("mqtt: live frame not sent: {e}"),
+            Err(_) => tracing::debug!("mqtt: live frame dropped (event loop busy)"),
         }
     }
 }

@@ -8,6 +8,10 @@
 //! | `{prefix}/providers/{p}/heartbeat` | edge→cloud | 0 | no |
 //! | `{prefix}/providers/{p}/commands` | cloud→edge | 1 | no |
 //! | `{prefix}/providers/{p}/results` | edge→cloud | 1 | no |
+//! | `{prefix}/providers/{p}/frames` | edge→cloud | 0 | no |
+//!
+//! `frames` carries a running camera stream's live view, not an
+//! [`Envelope`]: see [`LiveFrame`].
 //!
 //! A QoS 1 acknowledgement comes from the broker, not from the registry:
 //! an update the broker accepted while the registry was not subscribed
@@ -30,13 +34,15 @@ use crate::{Timestamp, PROTOCOL_VERSION};
 pub const DEFAULT_TOPIC_PREFIX: &str = "benchlink/v1";
 
 wire_enum! {
-    /// The five per-provider topics.
+    /// The six per-provider topics.
     pub enum TopicKind {
         Status = "status",
         Register = "register",
         Heartbeat = "heartbeat",
         Commands = "commands",
         Results = "results",
+        /// Live frames of running camera streams ([`LiveFrame`]).
+        Frames = "frames",
     }
 }
 
@@ -47,7 +53,7 @@ impl TopicKind {
     /// The QoS messages on this topic are published with.
     pub fn qos(self) -> QosLevel {
         match self {
-            TopicKind::Heartbeat => 0,
+            TopicKind::Heartbeat | TopicKind::Frames => 0,
             _ => 1,
         }
     }
@@ -217,6 +223,62 @@ wire_enum! {
         SessionSync = "session_sync",
         /// `results` topic: [`SessionUpdate`].
         SessionUpdate = "session_update",
+    }
+}
+
+/// Largest JPEG a [`LiveFrame`] carries, bytes; an edge skips a larger
+/// frame rather than sending it.
+pub const MAX_LIVE_FRAME_BYTES: usize = 192 * 1024;
+
+/// The header of a message on the `frames` topic.
+///
+/// Payload: this header as one line of JSON, a `\n`, then the JPEG bytes
+/// (no base64). `end: true` with no JPEG says the stream stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveFrame {
+    pub capability_id: String,
+    /// Counts from 1 per stream.
+    pub seq: u64,
+    pub captured_at: Timestamp,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub end: bool,
+}
+
+impl Validate for LiveFrame {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_id("capability_id", &self.capability_id)
+    }
+}
+
+impl LiveFrame {
+    /// The payload: header line, `\n`, `jpeg`.
+    pub fn encode(&self, jpeg: &[u8]) -> Vec<u8> {
+        let mut out = serde_json::to_vec(self).unwrap_or_default();
+        out.push(b'\n');
+        out.extend_from_slice(jpeg);
+        out
+    }
+
+    /// Split a payload built by [`Self::encode`] into header and JPEG.
+    ///
+    /// Errors: no header line, a header that does not parse or validate,
+    /// or a JPEG over [`MAX_LIVE_FRAME_BYTES`].
+    pub fn decode(payload: &[u8]) -> Result<(LiveFrame, &[u8]), ValidationError> {
+        let nl = payload
+            .iter()
+            .take(1024)
+            .position(|b| *b == b'\n')
+            .ok_or_else(|| ValidationError::new("payload", "no header line"))?;
+        let header: LiveFrame = crate::parse_json(&payload[..nl])
+            .map_err(|e| ValidationError::new("header", e.to_string()))?;
+        let jpeg = &payload[nl + 1..];
+        if jpeg.len() > MAX_LIVE_FRAME_BYTES {
+            return Err(ValidationError::new(
+                "jpeg",
+                format!("{} bytes, over {MAX_LIVE_FRAME_BYTES}", jpeg.len()),
+            ));
+        }
+        Ok((header, jpeg))
     }
 }
 
@@ -507,5 +569,30 @@ impl Validate for SessionSync {
             check_id(&format!("sessions[{i}].capability_id"), &s.capability_id)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod live_frame_tests {
+    use super::*;
+
+    #[test]
+    fn a_live_frame_payload_splits_back_into_header_and_jpeg() {
+        let h = LiveFrame {
+            capability_id: "cam-1".into(),
+            seq: 7,
+            captured_at: chrono::Utc::now(),
+            end: false,
+        };
+        let jpeg = [0xFF, 0xD8, b'\n', 0x00, 0xFF, 0xD9];
+        let payload = h.encode(&jpeg);
+        let (back, body) = LiveFrame::decode(&payload).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(body, jpeg);
+        assert!(LiveFrame::decode(b"no header").is_err());
+        let big = h.encode(&vec![0; MAX_LIVE_FRAME_BYTES + 1]);
+        assert!(LiveFrame::decode(&big).is_err());
+        assert_eq!(TopicKind::Frames.qos(), 0);
+        assert!(!TopicKind::Frames.retained());
     }
 }

@@ -80,7 +80,7 @@ async function fetchLeases(capabilityId) {
   return held.leases.concat(queued.leases);
 }
 
-function holderCell(l, onRelease) {
+function holderCell(l, onRelease, c) {
   const grace = l.status === "grace_period" || l.status === "preempt_requested";
   const until = grace && l.grace_until ? l.grace_until : l.expires_at;
   const mine = l.principal === api.principal;
@@ -93,6 +93,9 @@ function holderCell(l, onRelease) {
     " ",
     until ? h("span", { class: grace ? "countdown-wrap grace" : "countdown-wrap" },
       grace ? "ends in " : "", countdown(until)) : null,
+    mine && c && c.capability_type === "camera"
+      ? [" ", h("a", { href: `#/live/${encodeURIComponent(c.capability_id)}`, class: "live-link" }, "Live")]
+      : null,
     (can("release_any") || (mine && can("lease")))
       ? [" ", h("button", { type: "button", class: "action small", title: "Release this lease", on: { click: () => onRelease(l) } }, "Release")]
       : null);
@@ -136,7 +139,7 @@ export default {
       h("td", null, badge(c.status)),
       h("td", null, badge(c.health_status)),
       h("td", null, c.lease_mode, c.preemptible ? null : h("div", { class: "muted small" }, "not preemptible")),
-      h("td", { class: "holders" }, holders.length ? holders.map((l) => holderCell(l, release)) : h("span", { class: "muted" }, "—")),
+      h("td", { class: "holders" }, holders.length ? holders.map((l) => holderCell(l, release, c)) : h("span", { class: "muted" }, "—")),
       h("td", { class: "queue" }, queue.length ? queue.map(queueCell) : h("span", { class: "muted" }, "—")));
     }
 

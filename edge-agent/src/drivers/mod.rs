@@ -233,6 +233,7 @@ pub fn unsupported(kind: CapabilityType, action: CapabilityAction, why: &str) ->
 }
 
 pub mod camera;
+pub mod live;
 pub mod microphone;
 pub mod psu;
 pub mod relay;

@@ -274,6 +274,7 @@ impl CameraDriver {
         }
         if self.worker.is_none() {
             let cfg = WorkerConfig {
+                capability_id: self.capability_id.clone(),
                 preference: self.settings.preference,
                 resolution: self.settings.resolution,
                 fps: self.settings.fps,

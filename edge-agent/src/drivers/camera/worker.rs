@@ -17,7 +17,12 @@ use shared_protocol::capability::{CapabilityAction, CapabilityType};
 use super::frames::{self, negotiate, CaptureMode, FormatPreference, RawFrame};
 use super::ring::{FrameRing, StoredFrame};
 use super::{CameraBackend, FrameSource, PtzAxis};
+use crate::drivers::live::{self, LiveMessage};
 use crate::drivers::{unsupported, DriverError};
+use shared_protocol::mqtt::{LiveFrame, MAX_LIVE_FRAME_BYTES};
+
+/// Least spacing of a stream's live frames (at most ~3 per second).
+const LIVE_EVERY: Duration = Duration::from_millis(300);
 
 /// What the thread is blocked in, and since when; plus the stream's last
 /// error. Shared with the driver for stall detection and health.
@@ -60,6 +65,8 @@ pub struct Opened {
 /// How the thread should open and run the camera.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
+    /// Names the stream's live frames.
+    pub capability_id: String,
     pub preference: FormatPreference,
     pub resolution: (u32, u32),
     pub fps: u32,
@@ -258,6 +265,9 @@ struct StreamState {
     consecutive_errors: u32,
     started_at: Instant,
     error: Option<String>,
+    /// Live frames offered so far.
+    live_seq: u64,
+    last_live: Option<Instant>,
 }
 
 struct Worker {
@@ -367,6 +377,8 @@ impl Worker {
                     consecutive_errors: 0,
                     started_at: Instant::now(),
                     error: None,
+                    live_seq: 0,
+                    last_live: None,
                 });
                 let _ = reply.send(Ok(StreamInfo {
                     mode: self.mode,
@@ -383,6 +395,15 @@ impl Worker {
                     return;
                 };
                 self.progress.set_stream_error(None);
+                live::offer(LiveMessage {
+                    header: LiveFrame {
+                        capability_id: self.cfg.capability_id.clone(),
+                        seq: s.live_seq + 1,
+                        captured_at: chrono::Utc::now(),
+                        end: true,
+                    },
+                    jpeg: Vec::new(),
+                });
                 let frames_in_ring = s.ring.len();
                 let ring_span_ms = s.ring.span_ms();
                 let evicted = s.ring.evicted();
@@ -552,6 +573,22 @@ impl Worker {
                 match encoded(&frame) {
                     Ok(j) => {
                         s.last_kept = Some(now);
+                        if s.last_live
+                            .is_none_or(|t| now.duration_since(t) >= LIVE_EVERY)
+                            && j.len() <= MAX_LIVE_FRAME_BYTES
+                        {
+                            s.last_live = Some(now);
+                            s.live_seq += 1;
+                            live::offer(LiveMessage {
+                                header: LiveFrame {
+                                    capability_id: self.cfg.capability_id.clone(),
+                                    seq: s.live_seq,
+                                    captured_at: frame.captured_at,
+                                    end: false,
+                                },
+                                jpeg: j.clone(),
+                            });
+                        }
                         s.ring.push(StoredFrame {
                             received: now,
                             captured_at: frame.captured_at,
