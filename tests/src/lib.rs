@@ -4,6 +4,7 @@
 //! test (children are killed on drop, also when a test panics).
 
 pub mod bench;
+pub mod browser;
 pub mod client;
 pub mod scenario;
 

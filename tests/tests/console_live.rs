@@ -8,51 +8,14 @@
 //! Needs node, /usr/bin/chromium and tests/browser/node_modules
 //! (scripts/setup.sh); with CI=true a missing one fails the test.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use benchlink_e2e::bench::{caps, Lab, LabOptions, HW_AGENT};
+use benchlink_e2e::browser::{self, run_spec};
 use benchlink_e2e::client::Agent;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-/// True when node, chromium and playwright-core are there; otherwise
-/// panics under CI=true and says why it does not run elsewhere.
-fn browser_ready() -> bool {
-    let root = repo_root();
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    let mut missing = Vec::new();
-    if Command::new("node").arg("--version").output().is_err() {
-        missing.push("node".to_string());
-    }
-    if !Path::new(&chromium).exists() {
-        missing.push(format!("chromium at {chromium}"));
-    }
-    if !root
-        .join("tests/browser/node_modules/playwright-core")
-        .exists()
-    {
-        missing.push("tests/browser/node_modules (run scripts/setup.sh)".to_string());
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("console browser tests need: {}", missing.join(", "));
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}");
-    }
-    eprintln!("NOT RUN: {msg}");
-    false
-}
 
 /// `GET path` with `token`: status, content type, and the first bytes of
 /// the body (a live answer does not end by itself).
@@ -116,7 +79,7 @@ fn code(body: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_watches_a_running_stream_live_until_the_lease_ends() -> Result<()> {
-    if !browser_ready() {
+    if !browser::ready() {
         return Ok(());
     }
     let lab = Lab::start(LabOptions::default()).await?;
@@ -173,28 +136,14 @@ async fn a_holder_watches_a_running_stream_live_until_the_lease_ends() -> Result
         "a frame arrived 1 s or more after its capture: {lag:?}"
     );
 
-    let out = Command::new("node")
-        .arg(repo_root().join("tests/browser/live.spec.mjs"))
-        .current_dir(repo_root())
-        .env(
-            "SCREENSHOT_DIR",
-            std::env::var("SCREENSHOT_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| repo_root().join("target/console-screenshots")),
-        )
-        .env("BENCHLINK_URL", &base)
-        .env("LIVE_TOKEN", &lab.hw_token)
-        .env("LIVE_LEASE", &cam)
-        .env("LIVE_CAPABILITY", caps::CAMERA)
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "live.spec.mjs failed ({}):\n{stdout}\n{stderr}",
-        out.status
+    run_spec(
+        "live.spec.mjs",
+        &[
+            ("BENCHLINK_URL", base.clone()),
+            ("LIVE_TOKEN", lab.hw_token.clone()),
+            ("LIVE_LEASE", cam.clone()),
+            ("LIVE_CAPABILITY", caps::CAMERA.to_string()),
+        ],
     );
 
     // The lease is gone: the former holder is refused too.

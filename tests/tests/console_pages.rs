@@ -10,13 +10,12 @@
 //! (scripts/setup.sh); with CI=true a missing one fails the test.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use benchlink_e2e::bench::{caps, Lab, LabOptions, DUT_BANNER, HW_AGENT};
+use benchlink_e2e::browser::{self, run_spec};
 use benchlink_e2e::client::Agent;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -24,67 +23,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What user-supplied fields carry: markup and a `javascript:` link.
 const MARKUP: &str = "<img src=x onerror=alert(1)> javascript:alert(1)";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-/// True when node, chromium and playwright-core are there; otherwise
-/// panics under CI=true and says why it does not run elsewhere.
-fn browser_ready() -> bool {
-    let root = repo_root();
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    let mut missing = Vec::new();
-    if Command::new("node").arg("--version").output().is_err() {
-        missing.push("node".to_string());
-    }
-    if !Path::new(&chromium).exists() {
-        missing.push(format!("chromium at {chromium}"));
-    }
-    if !root
-        .join("tests/browser/node_modules/playwright-core")
-        .exists()
-    {
-        missing.push("tests/browser/node_modules (run scripts/setup.sh)".to_string());
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("console browser tests need: {}", missing.join(", "));
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}");
-    }
-    eprintln!("NOT RUN: {msg}");
-    false
-}
-
-/// Run `node tests/browser/{spec}` with `env`; its output is printed and
-/// a non-zero exit fails with it.
-fn run_spec(spec: &str, env: &[(&str, String)]) {
-    let root = repo_root();
-    let shots = std::env::var("SCREENSHOT_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target/console-screenshots"));
-    let out = Command::new("node")
-        .arg(root.join("tests/browser").join(spec))
-        .current_dir(&root)
-        .env("SCREENSHOT_DIR", &shots)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "{spec} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-}
 
 /// A scripted OpenAI-compatible chat-completions server: each request gets
 /// the next queued message content (then a final answer), over HTTP/1.1.
@@ -186,7 +124,7 @@ async fn post_ok(agent: &Agent, path: &str, body: Value, want: StatusCode) -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Result<()> {
-    if !browser_ready() {
+    if !browser::ready() {
         return Ok(());
     }
     let mut lab = Lab::start(LabOptions::default()).await?;
