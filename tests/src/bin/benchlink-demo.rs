@@ -118,9 +118,14 @@ async fn demo(args: &Args) -> Result<()> {
         lab.root.display()
     ));
     say(format!(
-        "  console {}/console/ (sign in with the admin token in {})",
+        "  console {}/console/ (sign in with the admin token in {}; {})",
         lab.base_url,
-        lab.root.join("registry/admin.token").display()
+        lab.root.join("registry/admin.token").display(),
+        if args.console_seconds > 0 {
+            format!("up {} s after the job", args.console_seconds)
+        } else {
+            "the lab stops with the demo: --console-seconds N keeps it up".to_string()
+        }
     ));
     say(format!(
         "  simulated devices: {}",
