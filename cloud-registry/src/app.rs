@@ -127,7 +127,8 @@ pub enum AppError {
 /// exclusive capability a second time. The lock ends with the process,
 /// also when it is killed.
 ///
-/// Errors: the lock file cannot be created, or another process holds it.
+/// Errors: the lock file cannot be created, or another process still
+/// holds it after [`STORE_LOCK_WAIT`].
 pub fn lock_store(store: &Path) -> Result<std::fs::File, AppError> {
     let mut name = store.as_os_str().to_owned();
     name.push(".lock");
@@ -147,15 +148,32 @@ pub fn lock_store(store: &Path) -> Result<std::fs::File, AppError> {
             what: format!("open {}", lock_path.display()),
             source,
         })?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(AppError::StoreInUse(store.to_path_buf())),
-        Err(std::fs::TryLockError::Error(source)) => Err(AppError::Io {
-            what: format!("lock {}", lock_path.display()),
-            source,
-        }),
+    // A holder that is going away (a registry stopping, or a process
+    // forked while the lock was open and not yet exec'd) lets go within
+    // moments: ask again for up to STORE_LOCK_WAIT before refusing.
+    let deadline = std::time::Instant::now() + STORE_LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(AppError::StoreInUse(store.to_path_buf()))
+            }
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(AppError::Io {
+                    what: format!("lock {}", lock_path.display()),
+                    source,
+                })
+            }
+        }
     }
 }
+
+/// How long [`lock_store`] waits for another holder of the store's lock
+/// to let go before it refuses with [`AppError::StoreInUse`].
+pub const STORE_LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// Open the SQLite file and run every migration.
 pub fn open_db(path: &Path) -> Result<Db, DbError> {
@@ -336,7 +354,9 @@ impl Registry {
             what: "HTTP listener address".into(),
             source,
         })?;
-        let store_lock = lock_store(&config.store.path)?;
+        // It may wait up to STORE_LOCK_WAIT: not on a runtime worker.
+        let store_path = config.store.path.clone();
+        let store_lock = tokio::task::spawn_blocking(move || lock_store(&store_path)).await??;
         let store_dir = config
             .store
             .path
