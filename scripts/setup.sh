@@ -49,3 +49,18 @@ if [ ! -d "$browser_dir/node_modules" ]; then
   echo "setup: npm ci in tests/browser" >&2
   (cd "$browser_dir" && npm ci --no-audit --no-fund --silent)
 fi
+
+# The MCP server's test client: the official Python MCP SDK in a venv,
+# pinned by tests/mcp/requirements.txt.
+mcp_dir="$(dirname "$0")/../tests/mcp"
+if [ ! -x "$mcp_dir/.venv/bin/python" ] || ! "$mcp_dir/.venv/bin/python" -c 'import mcp' 2>/dev/null; then
+  echo "setup: python venv for the MCP client in tests/mcp/.venv" >&2
+  if ! python3 -m venv --help >/dev/null 2>&1; then
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  python3 -m venv "$mcp_dir/.venv"
+  "$mcp_dir/.venv/bin/pip" install -q --disable-pip-version-check -r "$mcp_dir/requirements.txt"
+fi

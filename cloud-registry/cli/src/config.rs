@@ -1,0 +1,131 @@
+//! Where the registry's URL and the caller's token come from, first found
+//! wins: the flags `--url` / `--token` / `--token-file`, the environment
+//! (`BENCHLINK_URL`, `BENCHLINK_TOKEN`, `BENCHLINK_TOKEN_FILE`), then the
+//! config file (`--config`, `BENCHLINK_CONFIG`, or
+//! `$XDG_CONFIG_HOME/benchlink/config.toml`, default
+//! `~/.config/benchlink/config.toml`):
+//!
+//! ```toml
+//! url = "http://127.0.0.1:8080"
+//! token_file = "/home/me/.config/benchlink/token"   # mode 0600
+//! ```
+//!
+//! A token file must not be readable by group or others (mode 0600 or
+//! stricter); otherwise it is refused as a usage error.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::exit::Failure;
+
+/// The config file's keys (every key optional, unknown keys refused).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// The registry's base URL, e.g. `http://127.0.0.1:8080`.
+    pub url: Option<String>,
+    /// A file holding the bearer token (its first line); mode 0600.
+    pub token_file: Option<PathBuf>,
+}
+
+/// What the command line gave (already merged with the environment by
+/// clap's `env` attributes).
+#[derive(Debug, Default, Clone)]
+pub struct Given {
+    /// `--url` / `BENCHLINK_URL`.
+    pub url: Option<String>,
+    /// `--token` / `BENCHLINK_TOKEN`.
+    pub token: Option<String>,
+    /// `--token-file` / `BENCHLINK_TOKEN_FILE`.
+    pub token_file: Option<PathBuf>,
+    /// `--config` / `BENCHLINK_CONFIG`.
+    pub config: Option<PathBuf>,
+}
+
+/// The resolved URL and token.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Base URL without a trailing `/`.
+    pub url: String,
+    /// Bearer token.
+    pub token: String,
+}
+
+/// The default config file path (`$XDG_CONFIG_HOME` or `~/.config`).
+pub fn default_config_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("benchlink").join("config.toml"))
+}
+
+/// Read a token file: its first line, trimmed.
+///
+/// Errors (usage): unreadable, empty, or readable by group or others.
+pub fn read_token_file(path: &Path) -> Result<String, Failure> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Failure::usage(format!("token file {}: {e}", path.display())))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(Failure::usage(format!(
+                "token file {} has mode {mode:04o}; others may read it: chmod 600 {}",
+                path.display(),
+                path.display()
+            )));
+        }
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::usage(format!("token file {}: {e}", path.display())))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        return Err(Failure::usage(format!(
+            "token file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(token)
+}
+
+impl Given {
+    /// Resolve the URL and the token.
+    ///
+    /// Errors (usage): a config file named explicitly that is missing or
+    /// does not parse, no URL or no token anywhere, a bad token file.
+    pub fn resolve(&self) -> Result<Settings, Failure> {
+        let (path, explicit) = match &self.config {
+            Some(p) => (Some(p.clone()), true),
+            None => (default_config_path(), false),
+        };
+        let file = match path {
+            Some(p) if explicit || p.exists() => {
+                let text = std::fs::read_to_string(&p)
+                    .map_err(|e| Failure::usage(format!("config file {}: {e}", p.display())))?;
+                toml::from_str::<ConfigFile>(&text)
+                    .map_err(|e| Failure::usage(format!("config file {}: {e}", p.display())))?
+            }
+            _ => ConfigFile::default(),
+        };
+        let url = self.url.clone().or(file.url).ok_or_else(|| {
+            Failure::usage(
+                "no registry URL: pass --url, set BENCHLINK_URL, or `url` in the config file",
+            )
+        })?;
+        let token = match (&self.token, &self.token_file, &file.token_file) {
+            (Some(t), _, _) => t.trim().to_string(),
+            (None, Some(f), _) | (None, None, Some(f)) => read_token_file(f)?,
+            (None, None, None) => {
+                return Err(Failure::usage(
+                    "no token: pass --token or --token-file, set BENCHLINK_TOKEN, or `token_file` in the config file",
+                ))
+            }
+        };
+        Ok(Settings {
+            url: url.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+}

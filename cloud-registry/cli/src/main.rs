@@ -1,0 +1,80 @@
+//! `benchlink`: the registry's command-line client (see docs/cli.md).
+
+use std::process::ExitCode;
+
+use benchlink::cli::{Cli, Command};
+use benchlink::client::Agent;
+use benchlink::config::Given;
+use benchlink::exit::{Failure, OK};
+use benchlink::run::{run, Ctx};
+use clap::{CommandFactory, Parser};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    let json = cli.global.json;
+    match execute(cli) {
+        Ok(()) => ExitCode::from(OK),
+        Err(f) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"error": {"exit_code": f.code, "message": f.message, "answer": f.body}})
+                );
+            }
+            eprintln!("benchlink: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn execute(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "benchlink",
+                &mut std::io::stdout(),
+            );
+            return Ok(());
+        }
+        Command::Man => {
+            return clap_mangen::Man::new(Cli::command())
+                .render(&mut std::io::stdout())
+                .map_err(|e| Failure::new(benchlink::exit::API, format!("man page: {e}")));
+        }
+        _ => {}
+    }
+    let g = cli.global;
+    let settings = Given {
+        url: g.url,
+        token: g.token,
+        token_file: g.token_file,
+        config: g.config,
+    }
+    .resolve()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(benchlink::exit::API, format!("tokio runtime: {e}")))?;
+    rt.block_on(async move {
+        let agent = Agent::new(&settings.url, "", &settings.token);
+        if let Command::Mcp = cli.command {
+            return benchlink::mcp::serve_stdio(agent).await;
+        }
+        run(
+            &Ctx {
+                agent,
+                json: g.json,
+            },
+            cli.command,
+        )
+        .await
+    })
+}
