@@ -431,3 +431,44 @@ async fn watch_shows_a_preemption_as_it_happens() {
     assert_eq!(r.code, 5, "stderr {}", r.stderr);
     assert!(r.stderr.contains("lease_not_usable"), "{}", r.stderr);
 }
+
+#[test]
+fn completions_and_the_man_page_come_from_the_same_definitions() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(workspace_bin("benchlink"))
+            .args(args)
+            .output()
+            .expect("run benchlink");
+        assert!(out.status.success(), "benchlink {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let man = run(&["man"]);
+    assert!(
+        man.starts_with(".ie") || man.contains(".TH benchlink 1"),
+        "{man}"
+    );
+    let bash = run(&["completions", "bash"]);
+    let zsh = run(&["completions", "zsh"]);
+    for sub in [
+        "caps", "who", "lease", "artifact", "watch", "audit", "earth", "mcp",
+    ] {
+        assert!(man.contains(sub), "the man page lists {sub}");
+        assert!(
+            bash.contains(sub) && zsh.contains(sub),
+            "completions offer {sub}"
+        );
+    }
+    assert!(
+        man.contains("Exit codes"),
+        "the man page has the exit codes"
+    );
+    let bad = std::process::Command::new(workspace_bin("benchlink"))
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+}

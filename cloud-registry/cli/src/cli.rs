@@ -5,8 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-/// `benchlink`: lease lab test hardware from a Benchlink registry and
-/// drive it.
+/// Lease lab test hardware from a Benchlink registry and drive it.
 #[derive(Debug, Parser)]
 #[command(name = "benchlink", version, after_help = crate::exit::TABLE, after_long_help = crate::exit::TABLE)]
 pub struct Cli {

@@ -33,21 +33,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// Write `bytes` to stdout; a reader that stopped early (`| head`) is
+/// not an error.
+fn print_all(bytes: &[u8]) -> Result<(), Failure> {
+    use std::io::Write;
+    match std::io::stdout().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::new(benchlink::exit::API, format!("stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn execute(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "benchlink",
-                &mut std::io::stdout(),
-            );
-            return Ok(());
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "benchlink", &mut buf);
+            return print_all(&buf);
         }
         Command::Man => {
-            return clap_mangen::Man::new(Cli::command())
-                .render(&mut std::io::stdout())
-                .map_err(|e| Failure::new(benchlink::exit::API, format!("man page: {e}")));
+            let mut buf = Vec::new();
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut buf)
+                .map_err(|e| Failure::new(benchlink::exit::API, format!("man page: {e}")))?;
+            return print_all(&buf);
         }
         _ => {}
     }
