@@ -472,3 +472,58 @@ fn completions_and_the_man_page_come_from_the_same_definitions() {
         "an unknown shell is a usage error"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_after_the_registry_restarts_without_gap_or_repeat() {
+    let _one = ONE_LAB_AT_A_TIME.lock().await;
+    let mut lab = Lab::start(LabOptions::default()).await.expect("lab");
+    let cfg = tempfile::tempdir().unwrap();
+    let c = cfg.path();
+    let mut watch = command(&lab, &lab.admin_token, c)
+        .args([
+            "--json",
+            "watch",
+            "--after",
+            "0",
+            "--types",
+            "lease_granted",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn watch");
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut seen: Vec<Value> = Vec::new();
+    let before = ok(&lab, &lab.hw_token, c, &["--json", "lease", caps::CAMERA]).await;
+    while !seen.iter().any(|e| e["lease_id"] == before["lease_id"]) {
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .expect("the first grant in time")
+            .unwrap()
+            .expect("watch still running");
+        seen.push(serde_json::from_str(&line).unwrap());
+    }
+
+    // The connection drops with the registry; watch keeps retrying.
+    lab.stop_registry();
+    lab.start_registry().expect("registry back");
+    lab.wait_registered(Duration::from_secs(30))
+        .await
+        .expect("bench back");
+    let after = ok(&lab, &lab.hw_token, c, &["--json", "lease", caps::PSU]).await;
+    while !seen.iter().any(|e| e["lease_id"] == after["lease_id"]) {
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .expect("the grant after the restart in time")
+            .unwrap()
+            .expect("watch still running");
+        seen.push(serde_json::from_str(&line).unwrap());
+    }
+    let ids: Vec<u64> = seen.iter().filter_map(|e| e["event_id"].as_u64()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "no event twice, in order: {ids:?}");
+    let _ = watch.kill().await;
+}
