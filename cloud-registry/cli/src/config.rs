@@ -129,3 +129,59 @@ impl Given {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_token_file_others_may_read_is_refused_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("token");
+        std::fs::write(&f, "secret-token\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_token_file(&f).unwrap_err();
+        assert_eq!(e.code, 2);
+        assert!(e.message.contains("chmod 600"), "{}", e.message);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_token_file(&f).unwrap(), "secret-token");
+
+        let cfg = dir.path().join("config.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "url = \"http://file:1/\"\ntoken_file = {:?}\n",
+                f.display().to_string()
+            ),
+        )
+        .unwrap();
+        let from_file = Given {
+            config: Some(cfg.clone()),
+            ..Given::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(from_file.url, "http://file:1");
+        assert_eq!(from_file.token, "secret-token");
+        let flags = Given {
+            url: Some("http://flag:2".into()),
+            token: Some("flag-token".into()),
+            config: Some(cfg),
+            ..Given::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            (flags.url.as_str(), flags.token.as_str()),
+            ("http://flag:2", "flag-token")
+        );
+        let missing = Given {
+            config: Some(dir.path().join("nope.toml")),
+            ..Given::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert_eq!(missing.code, 2);
+    }
+}

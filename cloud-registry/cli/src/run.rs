@@ -926,3 +926,41 @@ async fn audit(ctx: &Ctx, a: AuditCommand) -> Outcome {
 pub fn file_sha256(path: &Path) -> std::io::Result<String> {
     Ok(sha256_hex(&std::fs::read(path)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_json_when_they_parse_and_strings_otherwise() {
+        let p = parse_params(&[
+            "voltage_v=5.0".into(),
+            "wait=false".into(),
+            "text=help me".into(),
+            "quoted=\"5\"".into(),
+            "obj={\"a\":1}".into(),
+            "eq=a=b".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            p,
+            json!({"voltage_v": 5.0, "wait": false, "text": "help me", "quoted": "5",
+                   "obj": {"a": 1}, "eq": "a=b"})
+        );
+        assert_eq!(parse_params(&["novalue".into()]).unwrap_err().code, 2);
+        assert_eq!(parse_params(&["=x".into()]).unwrap_err().code, 2);
+    }
+
+    #[test]
+    fn selectors_are_a_type_and_optional_tags() {
+        assert_eq!(parse_selector("camera").unwrap(), ("camera".into(), vec![]));
+        assert_eq!(
+            parse_selector("camera:front,sim").unwrap(),
+            (
+                "camera".into(),
+                vec!["front".to_string(), "sim".to_string()]
+            )
+        );
+        assert_eq!(parse_selector(":front").unwrap_err().code, 2);
+    }
+}
