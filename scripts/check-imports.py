@@ -32,6 +32,9 @@ LAYERS = {
     "registry-agents": {"shared-protocol", "registry-core"},
     "cloud-registry": {"shared-protocol", "registry-core", "registry-agents"},
     "edge-agent": {"shared-protocol"},
+    # The client CLI speaks HTTP only; it may use the wire types, never
+    # the registry's crates.
+    "benchlink": {"shared-protocol"},
 }
 # Crates on top (end-to-end tests, test kits) may use any crate below them,
 # but nothing may depend on them except through dev-dependencies.
