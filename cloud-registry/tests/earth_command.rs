@@ -715,3 +715,72 @@ async fn a_speech_command_without_a_known_transcription_is_refused_before_any_ru
     let (_, runs) = h.get(Role::Viewer, "/runs").await;
     assert!(runs["runs"].as_array().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn opening_the_cables_layer_only_turns_it_on() {
+    let h = Harness::start(AgentsConfig::default()).await;
+    for text in ["打开海缆图层", "显示海缆图层", "show the cables layer"] {
+        let resp = h.command(text).await;
+        assert_eq!(
+            resp["actions"],
+            json!([{"type": "show_layer", "layer": "cables", "enabled": true}]),
+            "{text}: {resp}"
+        );
+        assert!(highlighted(&resp).is_empty(), "{text}");
+        assert_eq!(resp["clarification_needed"], false, "{text}");
+    }
+    // A real filter still highlights.
+    let resp = h.command("显示中国的海缆").await;
+    assert_eq!(
+        action_types(&resp),
+        ["show_layer", "highlight_entities", "open_result_panel"],
+        "{resp}"
+    );
+    let ids = highlighted(&resp);
+    assert!(!ids.is_empty() && ids.len() < 100, "{} cables", ids.len());
+}
+
+#[tokio::test]
+async fn empty_matches_name_the_source_that_lacks_the_rows() {
+    use cloud_registry::agents::earth::entities::{EarthDataConfig, EntityCatalog};
+    let dir = tempfile::tempdir().unwrap();
+    // The shipped TLE file without its Starlink sets.
+    let text =
+        std::fs::read_to_string(data_file("satellites/celestrak_active_2020-10-26.txt")).unwrap();
+    let lines: Vec<&str> = text.split("\r\n").collect();
+    let mut kept = String::new();
+    for set in lines.chunks(3) {
+        if set.len() == 3 && !set[0].starts_with("STARLINK") {
+            kept.push_str(&set.join("\r\n"));
+            kept.push_str("\r\n");
+        }
+    }
+    let tle = dir.path().join("no-starlink.txt");
+    std::fs::write(&tle, kept).unwrap();
+    let cfg = EarthDataConfig {
+        satellites_tle: vec![tle],
+        top500_csv: Some(data_file("compute_centers/top500_2025-06.csv")),
+        ..EarthDataConfig::default()
+    };
+    let catalog = std::sync::Arc::new(EntityCatalog::load(&cfg).unwrap());
+    let h = Harness::start_with_catalog(AgentsConfig::default(), catalog).await;
+
+    let resp = h.command("starlink").await;
+    assert!(highlighted(&resp).is_empty(), "{resp}");
+    let notes = missing(&resp);
+    assert!(
+        notes.contains("satellites source (CelesTrak TLE no-starlink.txt) has no rows")
+            && notes.contains("constellation = starlink"),
+        "{notes}"
+    );
+
+    // TOP500 alone has no Hong Kong rows.
+    let resp = h.command("香港的算力中心").await;
+    assert!(highlighted(&resp).is_empty(), "{resp}");
+    let notes = missing(&resp);
+    assert!(
+        notes.contains("compute_centers source (TOP500 top500_2025-06.csv) has no rows")
+            && notes.contains("HK"),
+        "{notes}"
+    );
+}

@@ -77,6 +77,11 @@ pub struct Harness {
 impl Harness {
     /// Serve the agent routes with `config` over the shipped catalog.
     pub async fn start(config: AgentsConfig) -> Harness {
+        Self::start_with_catalog(config, catalog()).await
+    }
+
+    /// Serve the agent routes with `config` over `catalog`.
+    pub async fn start_with_catalog(config: AgentsConfig, catalog: Arc<EntityCatalog>) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("registry.sqlite3"), |c| {
             auth::migrate(c)?;
@@ -94,7 +99,7 @@ impl Harness {
         ] {
             tokens.insert(role, authenticator.create_token(role, name).await.unwrap());
         }
-        let svc = Arc::new(AgentService::new(db, catalog(), config).await.unwrap());
+        let svc = Arc::new(AgentService::new(db, catalog, config).await.unwrap());
         let app = Router::new()
             .nest("/api/v1/agents", agents::router(Arc::clone(&svc)))
             .nest(

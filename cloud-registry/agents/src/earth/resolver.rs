@@ -407,8 +407,17 @@ pub struct DomainIntent {
 impl DomainIntent {
     /// True when any filter narrows the domain.
     pub fn is_narrowed(&self) -> bool {
-        !self.filters.set_fields().is_empty()
+        narrows(&self.filters)
     }
+}
+
+/// True when `f` selects part of a layer. `kind: cable` alone does not:
+/// it is what the word 海缆/cables implies, and the cables layer is what
+/// "打开海缆图层" turns on.
+fn narrows(f: &EntityFilters) -> bool {
+    f.set_fields()
+        .into_iter()
+        .any(|n| !(n == "kind" && f.kind == Some(EntityKind::Cable)))
 }
 
 /// What a command means, before any data is looked at.
@@ -1060,7 +1069,7 @@ impl Draft {
             layer: d,
             enabled: true,
         });
-        let only_layer = interp.verb == Some(Verb::Show) && f.set_fields().is_empty();
+        let only_layer = interp.verb == Some(Verb::Show) && !narrows(f);
         if only_layer {
             self.parts.push(match lang {
                 Lang::Zh => format!(

@@ -60,6 +60,18 @@ pub struct EntityCatalog {
     stats: CatalogStats,
     /// Names this load: load time (Unix ms) and a process-wide counter.
     version: String,
+    /// Per domain, the loaded sources as "kind file" (`TLE celestrak_….txt`),
+    /// named in the note of a query that matched nothing.
+    sources: HashMap<EarthDomain, Vec<String>>,
+}
+
+/// "KIND file-name" for a source label.
+fn source_label(kind: &str, path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    format!("{kind} {name}")
 }
 
 /// Counts catalog loads in this process, for [`EntityCatalog::version`].
@@ -139,6 +151,7 @@ impl EntityCatalog {
             match parsed {
                 Ok((records, warnings)) => {
                     cat.domain_notes.remove(&domain);
+                    cat.sources.insert(domain, vec![format!("GeoJSON {url}")]);
                     cat.warn(warnings);
                     cat.set_geo_domain(domain, records);
                 }
@@ -175,6 +188,13 @@ impl EntityCatalog {
                 .collect::<Vec<_>>()
                 .join(" + ");
             let (records, warnings) = satellites::parse_tle_text(&text, &label, now);
+            cat.sources.insert(
+                EarthDomain::Satellites,
+                cfg.satellites_tle
+                    .iter()
+                    .map(|p| source_label("CelesTrak TLE", p))
+                    .collect(),
+            );
             cat.warn(warnings);
             cat.satellites = records;
             cat.domain_notes.remove(&EarthDomain::Satellites);
@@ -184,13 +204,25 @@ impl EntityCatalog {
         let mut any_center = false;
         type CenterLoader =
             fn(&Path) -> Result<(Vec<ComputeCenterRecord>, Vec<String>), EntityError>;
-        let center_sources: [(&Option<std::path::PathBuf>, CenterLoader); 3] = [
-            (&cfg.top500_csv, top500::load),
-            (&cfg.epoch_gpu_clusters_csv, epoch_gpu::load),
-            (&cfg.epoch_data_centers_csv, epoch_data_centers::load),
+        let center_sources: [(&Option<std::path::PathBuf>, CenterLoader, &str); 3] = [
+            (&cfg.top500_csv, top500::load, "TOP500"),
+            (
+                &cfg.epoch_gpu_clusters_csv,
+                epoch_gpu::load,
+                "Epoch AI GPU clusters",
+            ),
+            (
+                &cfg.epoch_data_centers_csv,
+                epoch_data_centers::load,
+                "Epoch AI data centers",
+            ),
         ];
-        for (path, loader) in center_sources {
+        for (path, loader, kind) in center_sources {
             if let Some(p) = path {
+                cat.sources
+                    .entry(EarthDomain::ComputeCenters)
+                    .or_default()
+                    .push(source_label(kind, p));
                 let (records, warnings) = loader(p)?;
                 cat.warn(warnings);
                 centers.extend(records);
@@ -203,6 +235,10 @@ impl EntityCatalog {
         }
 
         if let Some(geo) = &cfg.cable_geo_json {
+            cat.sources.insert(
+                EarthDomain::Cables,
+                vec![source_label("TeleGeography", geo)],
+            );
             let (records, warnings) = cables::load(
                 geo,
                 cfg.landing_point_geo_json.as_deref(),
@@ -214,6 +250,8 @@ impl EntityCatalog {
         }
 
         if let Some(p) = &cfg.bgp_events_csv {
+            cat.sources
+                .insert(EarthDomain::Bgp, vec![source_label("BGP events", p)]);
             let (records, warnings) = bgp::load(p)?;
             cat.warn(warnings);
             cat.bgp = records;
@@ -225,6 +263,7 @@ impl EntityCatalog {
             (EarthDomain::Vessels, &cfg.vessels),
         ] {
             if let Some(GeoJsonSource::Path(p)) = src {
+                cat.sources.insert(domain, vec![source_label("GeoJSON", p)]);
                 let bytes = super::record::read_file(p)?;
                 let (records, warnings) = geojson::parse(&bytes, domain, &p.display().to_string())?;
                 cat.warn(warnings);
@@ -450,7 +489,27 @@ impl EntityCatalog {
                 q.domain.as_str()
             ));
         }
-        if total == 0 {
+        if total == 0 && !q.filters.set_fields().is_empty() {
+            if let Some(sources) = self.sources.get(&q.domain).filter(|s| !s.is_empty()) {
+                let filters = serde_json::to_value(&q.filters)
+                    .ok()
+                    .and_then(|v| v.as_object().cloned())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| match v {
+                        serde_json::Value::String(s) => format!("{k} = {s}"),
+                        other => format!("{k} = {other}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                missing.push(format!(
+                    "the {} source{} ({}) {} no rows with {filters}",
+                    q.domain.as_str(),
+                    if sources.len() > 1 { "s" } else { "" },
+                    sources.join(", "),
+                    if sources.len() > 1 { "have" } else { "has" },
+                ));
+            }
             for (field, query) in [("country", &f.country), ("region", &f.region)] {
                 if let Some(CountryQuery::Text(t)) = query {
                     missing.push(format!(
