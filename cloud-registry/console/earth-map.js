@@ -1,0 +1,342 @@
+// The Earth page's world view: a 2D map (d3-geo equirectangular projection)
+// drawn to a canvas, with the countries of Natural Earth (world-atlas
+// TopoJSON through topojson-client) and one layer per domain. It is also
+// the map context the action executor (earth-command-actions.js) runs on.
+//
+// The vendored libraries are classic scripts (/console/vendor/*.js, no
+// eval) that define `window.d3` and `window.topojson`; loadVendor() adds
+// them once. Nothing is fetched from another origin.
+
+import { HighlightState } from "./earth-command-actions.js";
+
+/** Layers in drawing order: key, domain, label, API path. */
+export const LAYERS = [
+  { key: "cables", domain: "cables", label: "Cables", path: "cables" },
+  { key: "landing_points", domain: "cables", label: "Landing points", path: "landing-points" },
+  { key: "compute_centers", domain: "compute_centers", label: "Compute centers", path: "compute-centers" },
+  { key: "bgp", domain: "bgp", label: "BGP events", path: "bgp-events" },
+  { key: "vessels", domain: "vessels", label: "Vessels", path: "vessels" },
+  { key: "news", domain: "news", label: "News", path: "news" },
+  { key: "satellites", domain: "satellites", label: "Satellites", path: "satellites" },
+];
+
+const BASE_COLORS = {
+  cables: "rgba(244,114,182,0.45)", landing_points: "#be185d", compute_centers: "#b45309",
+  bgp: "#dc2626", vessels: "#059669", news: "#7c3aed", satellites: "rgba(148,163,184,0.75)",
+};
+
+let vendorLoad = null;
+function script(src) {
+  return new Promise((resolve, reject) => {
+    const s = document.createElement("script");
+    s.src = src;
+    s.onload = resolve;
+    s.onerror = () => reject(new Error(`cannot load ${src} (the map files are installed by scripts/setup.sh)`));
+    document.head.appendChild(s);
+  });
+}
+
+/** Load d3-array, d3-geo and topojson-client once; resolves to {d3, topojson}. */
+export function loadVendor() {
+  if (!vendorLoad) {
+    vendorLoad = (async () => {
+      await script("/console/vendor/d3-array.min.js");
+      await script("/console/vendor/d3-geo.min.js");
+      await script("/console/vendor/topojson-client.min.js");
+      return { d3: window.d3, topojson: window.topojson };
+    })();
+    vendorLoad.catch(() => { vendorLoad = null; });
+  }
+  return vendorLoad;
+}
+
+function nameOf(p, id) {
+  const n = p && (p.name ?? p.title ?? p.label ?? p.object_name);
+  return n === undefined || n === null ? id : String(n);
+}
+
+/** Point of a feature: [lon, lat] of a Point, else the first coordinate. */
+function pointOf(g) {
+  if (!g) return null;
+  if (g.type === "Point") return g.coordinates;
+  if (g.type === "MultiPoint" || g.type === "LineString") return g.coordinates[0];
+  if (g.type === "MultiLineString" || g.type === "Polygon") return g.coordinates[0]?.[0];
+  return null;
+}
+
+/**
+ * The map: `new EarthMap(canvas, {d3, topojson, world})`, then
+ * `setLayerData(key, featureCollection)`. Implements the executor's map
+ * context (entities, highlights, setLayer, setFilter, focus, showResult,
+ * redraw); `onResult(panel)` and `onLayerChange(key, on)` are the page's
+ * hooks.
+ */
+export class EarthMap {
+  constructor(canvas, { d3, topojson, world }) {
+    this.canvas = canvas;
+    this.ctx = canvas.getContext("2d");
+    this.d3 = d3;
+    this.countries = topojson.feature(world, world.objects.countries);
+    this.borders = topojson.mesh(world, world.objects.countries, (a, b) => a !== b);
+    this.layers = {};
+    for (const l of LAYERS) {
+      this.layers[l.key] = { ...l, on: false, entities: [], features: [], filter: null, loaded: false, error: null };
+    }
+    this.states = {};
+    for (const l of LAYERS) this.states[l.domain] = this.states[l.domain] || new HighlightState();
+    this.view = { lon: 0, lat: 0, k: 1 };
+    this.onResult = null;
+    this.onLayerChange = null;
+    this.onHover = null;
+    this.frames = 0;
+    this.satMotion = null; // {from: [[lon,lat]], to: [[lon,lat]], t0, t1}
+    this.animating = false;
+    this.resize();
+  }
+
+  resize() {
+    const w = this.canvas.clientWidth || 960;
+    const hgt = Math.round(w / 2);
+    this.canvas.width = w;
+    this.canvas.height = hgt;
+    this.project();
+  }
+
+  project() {
+    const { d3 } = this;
+    const w = this.canvas.width, hgt = this.canvas.height;
+    const s = (w / (2 * Math.PI)) * this.view.k;
+    this.projection = d3.geoEquirectangular().scale(s).rotate([-this.view.lon, 0]).translate([w / 2, hgt / 2 + (this.view.lat * Math.PI / 180) * s]);
+    this.base = null;
+    this.cableCache = null;
+  }
+
+  // ---- the executor's map context ----------------------------------
+
+  /** Loaded entities of a domain (cables: cables then landing points). */
+  entities(domain) {
+    if (domain === "cables") {
+      const c = this.layers.cables.entities, p = this.layers.landing_points.entities;
+      if (!this._cablesAll || this._cablesAll.c !== c || this._cablesAll.p !== p) this._cablesAll = { c, p, all: c.concat(p) };
+      return this._cablesAll.all;
+    }
+    const l = this.layers[domain];
+    return l ? l.entities : [];
+  }
+
+  highlights(domain) { return this.states[domain]; }
+
+  setLayer(domain, on) {
+    const keys = domain === "cables" ? ["cables", "landing_points"] : [domain];
+    for (const k of keys) this.setLayerKey(k, on);
+  }
+
+  /** One layer by its key (the page's toggles; `landing_points` apart from `cables`). */
+  setLayerKey(key, on) {
+    const l = this.layers[key];
+    if (!l || l.on === on) return;
+    l.on = on;
+    this.cableCache = null;
+    this.onLayerChange?.(key, on);
+  }
+
+  setFilter(domain, indices) {
+    const set = indices ? new Set(indices) : null;
+    if (domain === "cables") {
+      const n = this.layers.cables.entities.length;
+      this.layers.cables.filter = set ? new Set([...set].filter((i) => i < n)) : null;
+      this.layers.landing_points.filter = set ? new Set([...set].filter((i) => i >= n).map((i) => i - n)) : null;
+      this.cableCache = null;
+    } else if (this.layers[domain]) this.layers[domain].filter = set;
+  }
+
+  focus(f) {
+    const alt = typeof f.altitude_km === "number" ? f.altitude_km : 6000;
+    this.view = { lon: f.lon, lat: f.lat, k: Math.max(1, Math.min(8, 20000 / Math.max(alt, 500))) };
+    this.project();
+  }
+
+  showResult(panel) { this.onResult?.(panel); }
+
+  redraw() { this.draw(); }
+
+  // ---- data --------------------------------------------------------
+
+  /** Keep a layer's GeoJSON FeatureCollection; entities are its features. */
+  setLayerData(key, fc) {
+    const l = this.layers[key];
+    const feats = (fc && Array.isArray(fc.features) ? fc.features : []);
+    l.features = feats;
+    l.entities = feats.map((f, i) => {
+      const p = f.properties || {};
+      const id = p.entity_id ? String(p.entity_id) : `${l.domain}:index:${i}`;
+      const pt = pointOf(f.geometry);
+      return { entity_id: id, name: nameOf(p, id), lon: pt ? pt[0] : null, lat: pt ? pt[1] : null, properties: p, layer: key };
+    });
+    l.loaded = true;
+    this.cableCache = null;
+  }
+
+  /** Satellites move: positions `from` now and `to` at `t1` (ms), interpolated per frame. */
+  setSatelliteMotion(toFc, t0, t1) {
+    const byId = new Map();
+    for (const f of toFc.features || []) {
+      const id = f.properties?.entity_id;
+      const pt = pointOf(f.geometry);
+      if (id && pt) byId.set(String(id), pt);
+    }
+    const ents = this.layers.satellites.entities;
+    this.satMotion = {
+      from: ents.map((e) => [e.lon, e.lat]),
+      to: ents.map((e) => byId.get(e.entity_id) || [e.lon, e.lat]),
+      t0, t1,
+    };
+  }
+
+  /** Satellite positions at wall time `now` (ms). */
+  satPositions(now) {
+    const ents = this.layers.satellites.entities;
+    const m = this.satMotion;
+    if (!m) return ents.map((e) => [e.lon, e.lat]);
+    const u = Math.max(0, Math.min(1, (now - m.t0) / (m.t1 - m.t0)));
+    return m.from.map((a, i) => {
+      const b = m.to[i];
+      if (a[0] === null || b[0] === null) return a;
+      let dl = b[0] - a[0];
+      if (dl > 180) dl -= 360; else if (dl < -180) dl += 360;
+      let lon = a[0] + dl * u;
+      if (lon > 180) lon -= 360; else if (lon < -180) lon += 360;
+      return [lon, a[1] + (b[1] - a[1]) * u];
+    });
+  }
+
+  // ---- drawing -----------------------------------------------------
+
+  drawBase() {
+    const { d3 } = this;
+    const c = document.createElement("canvas");
+    c.width = this.canvas.width; c.height = this.canvas.height;
+    const g = c.getContext("2d");
+    const path = d3.geoPath(this.projection, g);
+    g.fillStyle = "#0b1626"; g.fillRect(0, 0, c.width, c.height);
+    g.beginPath(); path(d3.geoGraticule10()); g.strokeStyle = "rgba(148,163,184,0.12)"; g.lineWidth = 0.5; g.stroke();
+    g.beginPath(); path(this.countries); g.fillStyle = "#1e2b3f"; g.fill();
+    g.beginPath(); path(this.borders); g.strokeStyle = "rgba(148,163,184,0.35)"; g.lineWidth = 0.5; g.stroke();
+    this.base = c;
+  }
+
+  drawCables() {
+    const { d3 } = this;
+    const c = document.createElement("canvas");
+    c.width = this.canvas.width; c.height = this.canvas.height;
+    const g = c.getContext("2d");
+    const path = d3.geoPath(this.projection, g);
+    const l = this.layers.cables;
+    const st = this.states.cables;
+    if (l.on) {
+      l.features.forEach((f, i) => {
+        if (l.filter && !l.filter.has(i)) return;
+        const s = st.stateOf(i);
+        g.beginPath(); path(f.geometry);
+        g.strokeStyle = s === "none" ? BASE_COLORS.cables : s === "ai" ? st.aiColor : "#fde047";
+        g.lineWidth = s === "none" ? 0.8 : 2;
+        g.stroke();
+      });
+    }
+    this.cableCache = { canvas: c, version: st.version };
+  }
+
+  /** Draw one frame; returns the number of markers drawn. */
+  draw(now = Date.now()) {
+    if (!this.base) this.drawBase();
+    if (!this.cableCache || this.cableCache.version !== this.states.cables.version) this.drawCables();
+    const g = this.ctx;
+    g.drawImage(this.base, 0, 0);
+    g.drawImage(this.cableCache.canvas, 0, 0);
+    let n = 0;
+    const proj = this.projection;
+    const w = this.canvas.width, hgt = this.canvas.height;
+    const hot = [];
+    const points = (key, positions) => {
+      const l = this.layers[key];
+      if (!l.on) return;
+      const st = this.states[l.domain];
+      const off = key === "landing_points" ? this.layers.cables.entities.length : 0;
+      const size = key === "satellites" ? 2 : 4;
+      g.fillStyle = BASE_COLORS[key];
+      for (let i = 0; i < l.entities.length; i++) {
+        if (l.filter && !l.filter.has(i)) continue;
+        const pos = positions ? positions[i] : [l.entities[i].lon, l.entities[i].lat];
+        if (pos[0] === null || pos[1] === null || pos[0] === undefined) continue;
+        const p = proj(pos);
+        if (!p || p[0] < -5 || p[1] < -5 || p[0] > w + 5 || p[1] > hgt + 5) continue;
+        const s = st.stateOf(i + off);
+        if (s !== "none") { hot.push([p, s, st, size]); continue; }
+        g.fillRect(p[0] - size / 2, p[1] - size / 2, size, size);
+        n++;
+      }
+    };
+    points("landing_points");
+    points("compute_centers");
+    points("bgp");
+    points("vessels");
+    points("news");
+    if (this.layers.satellites.on) points("satellites", this.satPositions(now));
+    // Highlighted, hovered and locked markers on top.
+    for (const [p, s, st, size] of hot) {
+      const r = s === "ai" ? size + 2.5 : size + 3;
+      g.beginPath(); g.arc(p[0], p[1], r + 3, 0, 2 * Math.PI);
+      g.fillStyle = s === "ai" ? hexA(st.aiColor, 0.28) : "rgba(253,224,71,0.3)"; g.fill();
+      g.beginPath(); g.arc(p[0], p[1], r, 0, 2 * Math.PI);
+      g.fillStyle = s === "ai" ? st.aiColor : "#fde047"; g.fill();
+      if (s === "locked") { g.strokeStyle = "#fff"; g.lineWidth = 1.5; g.stroke(); }
+      n++;
+    }
+    this.frames++;
+    this.drawn = { markers: n, highlighted: hot.length, at: now };
+    return n;
+  }
+
+  /** Keep drawing each animation frame while satellites are shown. */
+  startAnimation() {
+    if (this.animating) return;
+    this.animating = true;
+    const tick = () => {
+      if (!this.animating || !this.canvas.isConnected) { this.animating = false; return; }
+      if (this.layers.satellites.on) this.draw();
+      requestAnimationFrame(tick);
+    };
+    requestAnimationFrame(tick);
+  }
+
+  stopAnimation() { this.animating = false; }
+
+  /** The nearest point entity of a shown layer within 7 px of (x, y): {key, domain, index, entity}. */
+  pick(x, y) {
+    let best = null, bd = 49;
+    const now = Date.now();
+    for (const key of ["compute_centers", "landing_points", "bgp", "vessels", "news", "satellites"]) {
+      const l = this.layers[key];
+      if (!l.on) continue;
+      const pos = key === "satellites" ? this.satPositions(now) : null;
+      const off = key === "landing_points" ? this.layers.cables.entities.length : 0;
+      for (let i = 0; i < l.entities.length; i++) {
+        if (l.filter && !l.filter.has(i)) continue;
+        const pp = pos ? pos[i] : [l.entities[i].lon, l.entities[i].lat];
+        if (pp[0] === null || pp[0] === undefined) continue;
+        const p = this.projection(pp);
+        if (!p) continue;
+        const d = (p[0] - x) ** 2 + (p[1] - y) ** 2;
+        if (d < bd) { bd = d; best = { key, domain: l.domain, index: i + off, entity: l.entities[i] }; }
+      }
+    }
+    return best;
+  }
+}
+
+function hexA(hex, a) {
+  let s = String(hex || "#ffffff").slice(1);
+  if (s.length === 3) s = s.split("").map((c) => c + c).join("");
+  const n = parseInt(s, 16);
+  return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
+}
