@@ -21,6 +21,7 @@ packages=(
   curl             # README "A first look by hand", docs/http-api.md walk-through
   jq               # the same
   chromium         # tests: the console's browser tests (tests/browser)
+  fonts-wqy-microhei # a CJK font, so the Earth page's Chinese text shows in chromium's screenshots
 )
 
 missing=()

@@ -20,6 +20,8 @@ export const LAYERS = [
   { key: "satellites", domain: "satellites", label: "Satellites", path: "satellites" },
 ];
 
+const RAD = Math.PI / 180;
+
 const BASE_COLORS = {
   cables: "rgba(244,114,182,0.45)", landing_points: "#be185d", compute_centers: "#b45309",
   bgp: "#dc2626", vessels: "#059669", news: "#7c3aed", satellites: "rgba(148,163,184,0.75)",
@@ -106,7 +108,10 @@ export class EarthMap {
     const { d3 } = this;
     const w = this.canvas.width, hgt = this.canvas.height;
     const s = (w / (2 * Math.PI)) * this.view.k;
-    this.projection = d3.geoEquirectangular().scale(s).rotate([-this.view.lon, 0]).translate([w / 2, hgt / 2 + (this.view.lat * Math.PI / 180) * s]);
+    this.s = s;
+    this.tx = w / 2;
+    this.ty = hgt / 2 + this.view.lat * RAD * s;
+    this.projection = d3.geoEquirectangular().scale(s).rotate([-this.view.lon, 0]).translate([this.tx, this.ty]);
     this.base = null;
     this.cableCache = null;
   }
@@ -186,28 +191,45 @@ export class EarthMap {
       if (id && pt) byId.set(String(id), pt);
     }
     const ents = this.layers.satellites.entities;
-    this.satMotion = {
-      from: ents.map((e) => [e.lon, e.lat]),
-      to: ents.map((e) => byId.get(e.entity_id) || [e.lon, e.lat]),
-      t0, t1,
-    };
+    const n = ents.length;
+    const from = new Float64Array(2 * n), delta = new Float64Array(2 * n);
+    ents.forEach((e, i) => {
+      const b = byId.get(e.entity_id) || [e.lon, e.lat];
+      from[2 * i] = e.lon ?? NaN; from[2 * i + 1] = e.lat ?? NaN;
+      let dl = (b[0] ?? e.lon) - e.lon;
+      if (dl > 180) dl -= 360; else if (dl < -180) dl += 360;
+      delta[2 * i] = dl; delta[2 * i + 1] = (b[1] ?? e.lat) - e.lat;
+    });
+    this.satMotion = { from, delta, t0, t1 };
   }
 
-  /** Satellite positions at wall time `now` (ms). */
+  /** Satellite positions at wall time `now` (ms): a Float64Array of lon, lat pairs. */
   satPositions(now) {
     const ents = this.layers.satellites.entities;
     const m = this.satMotion;
-    if (!m) return ents.map((e) => [e.lon, e.lat]);
+    const n = ents.length;
+    if (!this._satPos || this._satPos.length !== 2 * n) this._satPos = new Float64Array(2 * n);
+    const out = this._satPos;
+    if (!m || m.from.length !== 2 * n) {
+      for (let i = 0; i < n; i++) { out[2 * i] = ents[i].lon ?? NaN; out[2 * i + 1] = ents[i].lat ?? NaN; }
+      return out;
+    }
     const u = Math.max(0, Math.min(1, (now - m.t0) / (m.t1 - m.t0)));
-    return m.from.map((a, i) => {
-      const b = m.to[i];
-      if (a[0] === null || b[0] === null) return a;
-      let dl = b[0] - a[0];
-      if (dl > 180) dl -= 360; else if (dl < -180) dl += 360;
-      let lon = a[0] + dl * u;
+    for (let i = 0; i < 2 * n; i += 2) {
+      let lon = m.from[i] + m.delta[i] * u;
       if (lon > 180) lon -= 360; else if (lon < -180) lon += 360;
-      return [lon, a[1] + (b[1] - a[1]) * u];
-    });
+      out[i] = lon;
+      out[i + 1] = m.from[i + 1] + m.delta[i + 1] * u;
+    }
+    return out;
+  }
+
+  /** Screen position of (lon, lat) in the equirectangular view, without allocating: sets this._x, this._y. */
+  xy(lon, lat) {
+    let l = lon - this.view.lon;
+    if (l > 180) l -= 360; else if (l < -180) l += 360;
+    this._x = this.tx + this.s * l * RAD;
+    this._y = this.ty - this.s * lat * RAD;
   }
 
   // ---- drawing -----------------------------------------------------
@@ -254,7 +276,6 @@ export class EarthMap {
     g.drawImage(this.base, 0, 0);
     g.drawImage(this.cableCache.canvas, 0, 0);
     let n = 0;
-    const proj = this.projection;
     const w = this.canvas.width, hgt = this.canvas.height;
     const hot = [];
     const points = (key, positions) => {
@@ -263,18 +284,27 @@ export class EarthMap {
       const st = this.states[l.domain];
       const off = key === "landing_points" ? this.layers.cables.entities.length : 0;
       const size = key === "satellites" ? 2 : 4;
+      const half = size / 2;
+      const ents = l.entities;
+      const plain = st.ai.size === 0 && st.locked.size === 0 && st.hover === null;
       g.fillStyle = BASE_COLORS[key];
-      for (let i = 0; i < l.entities.length; i++) {
+      g.beginPath();
+      for (let i = 0; i < ents.length; i++) {
         if (l.filter && !l.filter.has(i)) continue;
-        const pos = positions ? positions[i] : [l.entities[i].lon, l.entities[i].lat];
-        if (pos[0] === null || pos[1] === null || pos[0] === undefined) continue;
-        const p = proj(pos);
-        if (!p || p[0] < -5 || p[1] < -5 || p[0] > w + 5 || p[1] > hgt + 5) continue;
-        const s = st.stateOf(i + off);
-        if (s !== "none") { hot.push([p, s, st, size]); continue; }
-        g.fillRect(p[0] - size / 2, p[1] - size / 2, size, size);
+        const lon = positions ? positions[2 * i] : ents[i].lon;
+        const lat = positions ? positions[2 * i + 1] : ents[i].lat;
+        if (lon === null || lat === null || lon === undefined || Number.isNaN(lon)) continue;
+        this.xy(lon, lat);
+        const x = this._x, y = this._y;
+        if (x < -5 || y < -5 || x > w + 5 || y > hgt + 5) continue;
+        if (!plain) {
+          const s = st.stateOf(i + off);
+          if (s !== "none") { hot.push([x, y, s, st, size]); continue; }
+        }
+        g.rect(x - half, y - half, size, size);
         n++;
       }
+      g.fill();
     };
     points("landing_points");
     points("compute_centers");
@@ -283,14 +313,28 @@ export class EarthMap {
     points("news");
     if (this.layers.satellites.on) points("satellites", this.satPositions(now));
     // Highlighted, hovered and locked markers on top.
-    for (const [p, s, st, size] of hot) {
-      const r = s === "ai" ? size + 2.5 : size + 3;
-      g.beginPath(); g.arc(p[0], p[1], r + 3, 0, 2 * Math.PI);
-      g.fillStyle = s === "ai" ? hexA(st.aiColor, 0.28) : "rgba(253,224,71,0.3)"; g.fill();
-      g.beginPath(); g.arc(p[0], p[1], r, 0, 2 * Math.PI);
-      g.fillStyle = s === "ai" ? st.aiColor : "#fde047"; g.fill();
-      if (s === "locked") { g.strokeStyle = "#fff"; g.lineWidth = 1.5; g.stroke(); }
-      n++;
+    // Batched by state and colour: one path for the halos, one for the dots.
+    const groups = new Map();
+    for (const m of hot) {
+      const key = m[2] === "ai" ? `ai${m[3].aiColor}` : m[2];
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key).push(m);
+    }
+    for (const list of groups.values()) {
+      const [, , s0, st0] = list[0];
+      const ai = s0 === "ai";
+      for (const pass of [0, 1]) {
+        g.beginPath();
+        for (const [x, y, , , size] of list) {
+          const r = (ai ? size + 1.5 : size + 3) + (pass === 0 ? 3 : 0);
+          g.moveTo(x + r, y);
+          g.arc(x, y, r, 0, 2 * Math.PI);
+        }
+        g.fillStyle = pass === 0 ? (ai ? hexA(st0.aiColor, 0.28) : "rgba(253,224,71,0.3)") : (ai ? st0.aiColor : "#fde047");
+        g.fill();
+        if (pass === 1 && s0 === "locked") { g.strokeStyle = "#fff"; g.lineWidth = 1.5; g.stroke(); }
+      }
+      n += list.length;
     }
     this.frames++;
     this.drawn = { markers: n, highlighted: hot.length, at: now };
@@ -322,11 +366,11 @@ export class EarthMap {
       const off = key === "landing_points" ? this.layers.cables.entities.length : 0;
       for (let i = 0; i < l.entities.length; i++) {
         if (l.filter && !l.filter.has(i)) continue;
-        const pp = pos ? pos[i] : [l.entities[i].lon, l.entities[i].lat];
-        if (pp[0] === null || pp[0] === undefined) continue;
-        const p = this.projection(pp);
-        if (!p) continue;
-        const d = (p[0] - x) ** 2 + (p[1] - y) ** 2;
+        const lon = pos ? pos[2 * i] : l.entities[i].lon;
+        const lat = pos ? pos[2 * i + 1] : l.entities[i].lat;
+        if (lon === null || lon === undefined || Number.isNaN(lon)) continue;
+        this.xy(lon, lat);
+        const d = (this._x - x) ** 2 + (this._y - y) ** 2;
         if (d < bd) { bd = d; best = { key, domain: l.domain, index: i + off, entity: l.entities[i] }; }
       }
     }

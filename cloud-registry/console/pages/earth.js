@@ -75,7 +75,7 @@ export default {
     const hint = h("p", { class: "earth-hint", id: "earth-hint" });
     const aiBtn = h("button", { type: "button", id: "earth-ai", class: "earth-ai" }, "使用 AI");
     const searchBtn = h("button", { type: "button", id: "earth-search" }, "搜索");
-    const micBtn = h("button", { type: "button", id: "earth-mic", class: "earth-mic", title: "录一条语音指令" }, "🎤 语音");
+    const micBtn = h("button", { type: "button", id: "earth-mic", class: "earth-mic", title: "录一条语音指令" }, "语音");
     const voiceMsg = h("p", { class: "earth-voice-msg", id: "earth-voice-msg", role: "alert" });
     const wakeInput = h("input", { type: "text", id: "wake-word", value: wakeWord(), maxlength: 20, spellcheck: "false" });
     const wakeToggle = h("input", { type: "checkbox", id: "wake-enable" });
@@ -304,7 +304,7 @@ export default {
         for (const t of stream.getTracks()) t.stop();
         recording = null;
         micBtn.classList.remove("recording");
-        micBtn.textContent = "🎤 语音";
+        micBtn.textContent = "语音";
         if (disposed) return;
         const blob = new Blob(chunks, { type: rec.mimeType || "audio/webm" });
         await transcribeAndRun(blob);
