@@ -43,7 +43,10 @@ const VENDORED: &[(&str, &str)] = &[
         "vendor/topojson-client.min.js",
         "topojson-client/dist/topojson-client.min.js",
     ),
-    ("vendor/countries-110m.json", "world-atlas/countries-110m.json"),
+    (
+        "vendor/countries-110m.json",
+        "world-atlas/countries-110m.json",
+    ),
 ];
 
 fn main() {

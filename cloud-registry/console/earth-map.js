@@ -76,7 +76,7 @@ function pointOf(g) {
 export class EarthMap {
   constructor(canvas, { d3, topojson, world }) {
     this.canvas = canvas;
-    this.ctx = canvas.getContext("2d");
+    this.ctx = canvas.getContext("2d", { alpha: false });
     this.d3 = d3;
     this.countries = topojson.feature(world, world.objects.countries);
     this.borders = topojson.mesh(world, world.objects.countries, (a, b) => a !== b);
@@ -271,10 +271,12 @@ export class EarthMap {
   /** Draw one frame; returns the number of markers drawn. */
   draw(now = Date.now()) {
     if (!this.base) this.drawBase();
-    if (!this.cableCache || this.cableCache.version !== this.states.cables.version) this.drawCables();
     const g = this.ctx;
     g.drawImage(this.base, 0, 0);
-    g.drawImage(this.cableCache.canvas, 0, 0);
+    if (this.layers.cables.on && this.layers.cables.features.length) {
+      if (!this.cableCache || this.cableCache.version !== this.states.cables.version) this.drawCables();
+      g.drawImage(this.cableCache.canvas, 0, 0);
+    }
     let n = 0;
     const w = this.canvas.width, hgt = this.canvas.height;
     const hot = [];

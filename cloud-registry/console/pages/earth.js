@@ -164,7 +164,9 @@ export default {
         map.setLayer("compute_centers", true);
         map.setLayer("cables", true);
         drawToggles();
-        const errs = LAYERS.filter((l) => map.layers[l.key].error).map((l) => `${l.label}: ${map.layers[l.key].error}`);
+        // Vessels and news are optional sources: without rows they are simply not offered.
+        const optional = (l) => l.key === "vessels" || l.key === "news";
+        const errs = LAYERS.filter((l) => map.layers[l.key].error && !optional(l)).map((l) => `${l.label}: ${map.layers[l.key].error}`);
         status.textContent = LAYERS.filter((l) => counts[l.key] !== undefined).map((l) => `${l.label} ${counts[l.key]}`).join(" · ") +
           (errs.length ? ` — not loaded: ${errs.join("; ")}` : "");
         root.dataset.earthReady = "true";
