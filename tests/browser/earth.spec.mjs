@@ -94,8 +94,16 @@ run("earth", async (t) => {
     const hl = json.actions.find((a) => a.type === "highlight_entities");
     check(hl && hl.domain === "compute_centers" && hl.entity_ids.length > 0, `plan: ${JSON.stringify(json.actions)}`);
     check(await page.isChecked("#layer-compute_centers"), "the compute-center layer is on");
+    // Exactly the returned ids the layer has (a record without a position
+    // is not on the map; the executor names those in a note).
+    const onMap = new Set(await page.evaluate(() => window.__earthMap.entities("compute_centers").map((e) => e.entity_id)));
+    const want = [...hl.entity_ids].filter((id) => onMap.has(id)).sort();
     const got = await highlightedIds(page, "compute_centers");
-    check(JSON.stringify(got) === JSON.stringify([...hl.entity_ids].sort()), `highlighted ${got.length} of ${hl.entity_ids.length}`);
+    check(got.length > 0 && JSON.stringify(got) === JSON.stringify(want), `highlighted ${got.length}, want ${want.length} of ${hl.entity_ids.length}`);
+    if (want.length < hl.entity_ids.length) {
+      check((await page.textContent("#exec-notes")).includes(`${hl.entity_ids.length - want.length} compute_centers id(s) not on the map`), "the skipped ids are noted");
+    }
+    check((await page.textContent("#ai-count")).includes(`已高亮 ${want.length} 个对象`), "the panel count");
     check((await highlightedIds(page, "satellites")).length === 0, "the previous command's highlight is cleared");
     check(json.missing_data.length > 0, "the API gives a missing_data note");
     const notes = await page.textContent("#missing-data");
