@@ -192,13 +192,16 @@ export class EarthMap {
     }
     const ents = this.layers.satellites.entities;
     const n = ents.length;
+    // From where they are drawn now (the end of the previous step, if any).
+    const now = Float64Array.from(this.satPositions(t0));
     const from = new Float64Array(2 * n), delta = new Float64Array(2 * n);
     ents.forEach((e, i) => {
-      const b = byId.get(e.entity_id) || [e.lon, e.lat];
-      from[2 * i] = e.lon ?? NaN; from[2 * i + 1] = e.lat ?? NaN;
-      let dl = (b[0] ?? e.lon) - e.lon;
+      const a0 = now[2 * i], a1 = now[2 * i + 1];
+      const b = byId.get(e.entity_id) || [a0, a1];
+      from[2 * i] = a0; from[2 * i + 1] = a1;
+      let dl = b[0] - a0;
       if (dl > 180) dl -= 360; else if (dl < -180) dl += 360;
-      delta[2 * i] = dl; delta[2 * i + 1] = (b[1] ?? e.lat) - e.lat;
+      delta[2 * i] = dl; delta[2 * i + 1] = b[1] - a1;
     });
     this.satMotion = { from, delta, t0, t1 };
   }

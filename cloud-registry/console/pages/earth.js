@@ -68,6 +68,7 @@ export default {
   title: "Earth",
   render(root) {
     const status = h("p", { class: "earth-status", id: "earth-status", role: "status" });
+    const clock = h("span", { class: "muted earth-clock", id: "earth-clock" });
     const canvas = h("canvas", { id: "earth-canvas", class: "earth-canvas", width: 960, height: 480 });
     const tip = h("div", { class: "earth-tip", id: "earth-tip", hidden: true });
     const toggles = h("div", { class: "earth-layers", id: "earth-layers" });
@@ -88,7 +89,7 @@ export default {
     replace(root,
       h("div", { class: "earth-page" },
         h("div", { class: "earth-main" },
-          h("div", { class: "toolbar" }, h("h2", null, "Earth"), toggles),
+          h("div", { class: "toolbar" }, h("h2", null, "Earth"), toggles, clock),
           h("div", { class: "earth-stage" }, canvas, tip),
           status, attribution),
         h("aside", { class: "earth-panel card" },
@@ -130,13 +131,36 @@ export default {
         map.setLayerData(l.key, fc);
         counts[l.key] = map.layers[l.key].entities.length;
         if (l.key === "satellites") {
-          const t0 = Date.now();
-          const ahead = await api.get(`visualization/geo/${l.path}`, { at: new Date(t0 + SAT_STEP_MS).toISOString() });
-          map.setSatelliteMotion(ahead, t0, t0 + SAT_STEP_MS / SAT_SPEED);
+          mapTime = Date.now();
+          await stepSatellites();
         }
       } catch (e) {
         map.layers[l.key].error = e.message;
       }
+    }
+
+    // Satellites: positions one step (a minute of map time) ahead, drawn
+    // moving there over SAT_STEP_MS / SAT_SPEED, then the next step.
+    let mapTime = 0;
+    let stepTimer = null;
+    async function stepSatellites() {
+      if (disposed || !map) return;
+      const next = mapTime + SAT_STEP_MS;
+      try {
+        const ahead = await api.get("visualization/geo/satellites", { at: new Date(next).toISOString() });
+        if (disposed) return;
+        const t0 = Date.now();
+        map.setSatelliteMotion(ahead, t0, t0 + SAT_STEP_MS / SAT_SPEED);
+        mapTime = next;
+        clock.textContent = `satellites at ${new Date(next).toISOString().slice(0, 19).replace("T", " ")} UTC (×${SAT_SPEED})`;
+      } catch (_) { /* keep the last positions; try again next step */ }
+      const wait = () => {
+        stepTimer = setTimeout(() => {
+          if (disposed) return;
+          if (map.layers.satellites.on) stepSatellites(); else wait();
+        }, SAT_STEP_MS / SAT_SPEED);
+      };
+      wait();
     }
 
     (async () => {
@@ -405,6 +429,7 @@ export default {
       stopWake();
       if (recording) recording.stop();
       if (map) map.stopAnimation();
+      clearTimeout(stepTimer);
       delete window.__earthMap;
     };
   },
