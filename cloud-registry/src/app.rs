@@ -576,7 +576,11 @@ impl Registry {
             .merge(health)
             .merge(crate::console::router())
             .merge(sessions::api::router(sessions.clone()))
-            .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())));
+            .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())))
+            .merge(Router::new().nest(
+                "/api/v1/visualization/geo",
+                agents::geo_router(agents.clone()),
+            ));
         let app = build_router(routes, auth.clone(), config.http.body_limit_bytes);
         let limits = http_limits(&config);
         let http = tokio::spawn(crate::http_server::serve(

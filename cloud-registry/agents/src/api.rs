@@ -16,6 +16,10 @@
 //! | POST | `/speech/transcriptions` | multipart `file`, `language`, `provider`, `source` → `SpeechTranscriptionResponse` |
 //! | GET | `/prompts` | `{"prompts": [PromptEntry]}` |
 //! | GET | `/tools` | `{"tools": [ToolDescriptor]}` |
+//!
+//! [`geo_router`] serves the map layers under `/api/v1/visualization/geo`:
+//! `GET /{layer}?at=` → GeoJSON FeatureCollection (docs/earth-command.md,
+//! "Layers").
 
 use std::sync::Arc;
 
@@ -39,6 +43,8 @@ use shared_protocol::earth::{EarthCommandRequest, EarthCommandResponse};
 use shared_protocol::speech::SpeechTranscriptionResponse;
 use shared_protocol::Validate;
 
+use crate::earth::entities::Layer;
+use crate::earth::geo::{layer_time, LayerCache};
 use crate::error::AgentError;
 use crate::policy::ApplyRefusal;
 use crate::prompts::PromptEntry;
@@ -74,6 +80,17 @@ pub fn router(svc: Arc<AgentService>) -> Router {
         )
         .route("/prompts", get(list_prompts))
         .route("/tools", get(list_tools))
+        .with_state(svc)
+}
+
+/// The map layer routes, relative to `/api/v1/visualization/geo`:
+/// `GET /{layer}` for every [`Layer`] (`satellites`, `compute-centers`,
+/// `cables`, `landing-points`, `bgp-events`, `vessels`, `news`). Same
+/// roles as the Earth command; needs the same `Extension(Arc<Authenticator>)`
+/// layer as [`router`].
+pub fn geo_router(svc: Arc<AgentService>) -> Router {
+    Router::new()
+        .route("/{layer}", get(geo_layer))
         .with_state(svc)
 }
 
@@ -347,6 +364,90 @@ async fn earth_stats(
 ) -> ApiResult<Json<Value>> {
     principal.require(&READERS)?;
     Ok(Json(json!(svc.catalog().stats())))
+}
+
+/// `GET /visualization/geo/{layer}` query.
+#[derive(Debug, Default, Deserialize)]
+pub struct LayerQuery {
+    /// RFC 3339 time the satellites are positioned at; default now.
+    pub at: Option<String>,
+}
+
+/// Parses `?at=`: RFC 3339 (a `+` offset that arrived as a space is
+/// accepted). Errors: 400 `invalid_query` naming `at`.
+fn parse_at(raw: &str) -> ApiResult<chrono::DateTime<Utc>> {
+    let t = raw.trim().replace(' ', "+");
+    chrono::DateTime::parse_from_rfc3339(&t)
+        .map(|d| d.with_timezone(&Utc))
+        .map_err(|e| {
+            ApiError::invalid_query(
+                "at",
+                format!(
+                    "expected an RFC 3339 time such as 2026-12-02T05:00:00Z, got `{raw}` ({e})"
+                ),
+            )
+        })
+}
+
+/// One map layer as GeoJSON (`application/geo+json`) with an ETag.
+/// `If-None-Match` with the current ETag answers 304 without a body.
+/// `Cache-Control`: `private, max-age=1` for satellites at the current time,
+/// `private, no-cache` (revalidate with the ETag) otherwise. Errors: 404 for
+/// an unknown layer, 400 for a bad `at`, 403 for providers.
+async fn geo_layer(
+    State(svc): State<Arc<AgentService>>,
+    principal: Principal,
+    Path(layer): Path<String>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<LayerQuery>,
+) -> ApiResult<axum::response::Response> {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+
+    principal.require(&READERS)?;
+    let Some(layer) = Layer::from_path(&layer) else {
+        let known: Vec<&str> = Layer::ALL.iter().map(|l| l.as_str()).collect();
+        return Err(ApiError::not_found("layer", &layer)
+            .with_details(json!({"layer": layer, "layers": known})));
+    };
+    let explicit = q.at.as_deref().map(parse_at).transpose()?;
+    let at = layer_time(explicit.unwrap_or_else(Utc::now));
+    let catalog = svc.catalog();
+    let cache_control = if layer.is_timed() && explicit.is_none() {
+        "private, max-age=1"
+    } else {
+        "private, no-cache"
+    };
+    let etag = LayerCache::etag(&catalog, layer, at);
+    let matches = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            let t = t.trim();
+            t == "*" || t.trim_start_matches("W/") == etag
+        });
+    if matches {
+        return Ok((
+            StatusCode::NOT_MODIFIED,
+            [
+                (header::ETAG, etag),
+                (header::CACHE_CONTROL, cache_control.to_string()),
+            ],
+        )
+            .into_response());
+    }
+    let built = svc.layers().get(catalog, layer, at).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/geo+json".to_string()),
+            (header::ETAG, built.etag),
+            (header::CACHE_CONTROL, cache_control.to_string()),
+        ],
+        built.body,
+    )
+        .into_response())
 }
 
 async fn list_prompts(

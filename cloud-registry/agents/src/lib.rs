@@ -39,7 +39,7 @@ pub mod store;
 pub mod tools;
 pub mod websearch;
 
-pub use api::router;
+pub use api::{geo_router, router};
 pub use config::AgentsConfig;
 pub use error::AgentError;
 pub use service::AgentService;

@@ -28,7 +28,7 @@ use shared_protocol::api::Role;
 use tokio::sync::watch;
 
 use crate::config::AgentsConfig;
-use crate::earth::entities::EntityCatalog;
+use crate::earth::geo::SharedCatalog;
 use crate::error::AgentError;
 use crate::model::{message, ChatReply, ModelError, ModelGateway};
 use crate::policy::ApplyMode;
@@ -206,7 +206,7 @@ pub(crate) struct LoopResult {
 /// [`AgentService`]: crate::service::AgentService
 pub(crate) struct Runtime {
     pub store: Store,
-    pub catalog: Arc<EntityCatalog>,
+    pub catalog: Arc<SharedCatalog>,
     pub config: AgentsConfig,
     pub tools: ToolRegistry,
     pub model: ModelGateway,
@@ -224,7 +224,7 @@ impl Runtime {
         mode: ToolMode,
     ) -> ToolContext {
         ToolContext {
-            catalog: Arc::clone(&self.catalog),
+            catalog: self.catalog.current(),
             store: self.store.clone(),
             web: Arc::clone(&self.web),
             prompts: Arc::clone(&self.prompts),

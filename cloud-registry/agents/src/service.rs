@@ -17,6 +17,7 @@ use shared_protocol::earth::{EarthCommandRequest, EarthCommandResponse};
 use crate::config::AgentsConfig;
 use crate::earth;
 use crate::earth::entities::EntityCatalog;
+use crate::earth::geo::{LayerCache, SharedCatalog};
 use crate::error::AgentError;
 use crate::model::ModelGateway;
 use crate::policy::{self, ApplyRefusal};
@@ -33,6 +34,7 @@ use crate::websearch::WebSearch;
 pub struct AgentService {
     rt: Runtime,
     speech: SpeechGateway,
+    layers: LayerCache,
 }
 
 impl std::fmt::Debug for AgentService {
@@ -82,13 +84,14 @@ impl AgentService {
         }
         Ok(AgentService {
             speech: SpeechGateway::new(&config.speech),
+            layers: LayerCache::default(),
             rt: Runtime {
                 model: ModelGateway::new(&config.model),
                 web: Arc::new(WebSearch::new(&config.web_search)),
                 prompts: Arc::new(prompts),
                 tools,
                 store,
-                catalog,
+                catalog: Arc::new(SharedCatalog::new(catalog)),
                 config,
                 active: Arc::new(ActiveRuns::default()),
             },
@@ -100,9 +103,15 @@ impl AgentService {
         &self.rt.store
     }
 
-    /// The Earth entity catalog.
-    pub fn catalog(&self) -> &Arc<EntityCatalog> {
-        &self.rt.catalog
+    /// The Earth entity catalog in force now (a snapshot: a later reload
+    /// does not change it).
+    pub fn catalog(&self) -> Arc<EntityCatalog> {
+        self.rt.catalog.current()
+    }
+
+    /// The serialized map layers (docs/earth-command.md, "Layers").
+    pub fn layers(&self) -> &LayerCache {
+        &self.layers
     }
 
     /// The prompt registry.

@@ -66,6 +66,8 @@ pub fn tle_norad_ids(needle: &str) -> Vec<String> {
 pub struct Harness {
     /// `http://127.0.0.1:PORT/api/v1/agents`
     pub base: String,
+    /// `http://127.0.0.1:PORT/api/v1/visualization/geo`
+    pub geo_base: String,
     pub http: reqwest::Client,
     pub tokens: HashMap<Role, String>,
     pub svc: Arc<AgentService>,
@@ -95,6 +97,10 @@ impl Harness {
         let svc = Arc::new(AgentService::new(db, catalog(), config).await.unwrap());
         let app = Router::new()
             .nest("/api/v1/agents", agents::router(Arc::clone(&svc)))
+            .nest(
+                "/api/v1/visualization/geo",
+                agents::geo_router(Arc::clone(&svc)),
+            )
             .layer(Extension(authenticator));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -103,6 +109,7 @@ impl Harness {
         });
         Harness {
             base: format!("http://{addr}/api/v1/agents"),
+            geo_base: format!("http://{addr}/api/v1/visualization/geo"),
             http: reqwest::Client::new(),
             tokens,
             svc,
@@ -155,6 +162,25 @@ impl Harness {
             .await
             .unwrap();
         Self::decode(resp).await
+    }
+
+    /// `GET /api/v1/visualization/geo/{layer_and_query}` as `role`: status,
+    /// headers and the parsed body.
+    pub async fn geo(
+        &self,
+        role: Role,
+        layer_and_query: &str,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let resp = self
+            .http
+            .get(format!("{}/{layer_and_query}", self.geo_base))
+            .bearer_auth(&self.tokens[&role])
+            .send()
+            .await
+            .unwrap();
+        let headers = resp.headers().clone();
+        let (status, body) = Self::decode(resp).await;
+        (status, headers, body)
     }
 
     /// POST a multipart form as `role`.

@@ -299,7 +299,7 @@ impl EarthCommand<'_> {
     ) -> Result<(EntityQuery, EntityQueryResult), AgentError> {
         h.tool_steps += 1;
         let started = Utc::now();
-        let catalog = std::sync::Arc::clone(&self.rt.catalog);
+        let catalog = self.rt.catalog.current();
         let q2 = q.clone();
         let r = tokio::task::spawn_blocking(move || catalog.find(&q2))
             .await
@@ -430,7 +430,7 @@ impl EarthCommand<'_> {
             Lang::Zh => "地球指令结果",
             Lang::En => "Earth command results",
         };
-        let catalog = std::sync::Arc::clone(&self.rt.catalog);
+        let catalog = self.rt.catalog.current();
         let resolver_matched = std::mem::take(&mut plan.matched_entities);
         let actions = std::mem::take(&mut plan.actions);
         let (validated, matched) = tokio::task::spawn_blocking(move || {

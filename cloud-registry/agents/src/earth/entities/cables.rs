@@ -41,6 +41,10 @@ pub(crate) struct CableRecord {
     /// Lowercase names the `landing_point` filter searches: the cable's
     /// inferred landing points, or the landing point's own name.
     pub landing_names_lc: Vec<String>,
+    /// Cables: the route as line strings of `[lon, lat]` degrees, from every
+    /// feature with the cable's id (empty for a cable only `cable-all.json`
+    /// lists, and for landing points).
+    pub lines: Vec<Vec<[f64; 2]>>,
 }
 
 #[derive(Deserialize)]
@@ -231,6 +235,7 @@ pub(crate) fn load(
             kind: EntityKind::LandingPoint,
             landing_places: vec![],
             landing_names_lc: vec![own_name],
+            lines: vec![],
         });
     }
     let grid = Grid::new(&lp_pos);
@@ -242,6 +247,7 @@ pub(crate) fn load(
         label: Option<(f64, f64)>,
         features: usize,
         landings: BTreeSet<usize>,
+        lines: Vec<Vec<[f64; 2]>>,
     }
     let mut order: Vec<String> = Vec::new();
     let mut cables: HashMap<String, Acc> = HashMap::new();
@@ -259,6 +265,7 @@ pub(crate) fn load(
                 label: None,
                 features: 0,
                 landings: BTreeSet::new(),
+                lines: Vec::new(),
             }
         });
         acc.features += 1;
@@ -286,6 +293,20 @@ pub(crate) fn load(
                     acc.landings.insert(lp_index_of_pos[i]);
                 }
             }
+            let points: Vec<[f64; 2]> = line
+                .iter()
+                .filter(|c| {
+                    c.len() >= 2
+                        && c[0].is_finite()
+                        && c[1].is_finite()
+                        && c[0].abs() <= 180.0
+                        && c[1].abs() <= 90.0
+                })
+                .map(|c| [c[0], c[1]])
+                .collect();
+            if points.len() >= 2 {
+                acc.lines.push(points);
+            }
         }
     }
     for entry in cable_list {
@@ -299,6 +320,7 @@ pub(crate) fn load(
                     label: None,
                     features: 0,
                     landings: BTreeSet::new(),
+                    lines: Vec::new(),
                 },
             );
         }
@@ -355,6 +377,7 @@ pub(crate) fn load(
             kind: EntityKind::Cable,
             landing_places: places,
             landing_names_lc: landing_names,
+            lines: acc.lines,
         });
     }
     for (lp, ids) in lps.iter_mut().zip(lp_cables) {

@@ -47,18 +47,23 @@ pub struct CatalogStats {
 /// at once (`&self` only); reload by building a new catalog and swapping it.
 #[derive(Debug, Default)]
 pub struct EntityCatalog {
-    satellites: Vec<SatelliteRecord>,
-    compute_centers: Vec<ComputeCenterRecord>,
-    bgp: Vec<BgpEvent>,
-    news: Vec<GeoFeatureRecord>,
-    vessels: Vec<GeoFeatureRecord>,
-    cables: Vec<CableRecord>,
+    pub(super) satellites: Vec<SatelliteRecord>,
+    pub(super) compute_centers: Vec<ComputeCenterRecord>,
+    pub(super) bgp: Vec<BgpEvent>,
+    pub(super) news: Vec<GeoFeatureRecord>,
+    pub(super) vessels: Vec<GeoFeatureRecord>,
+    pub(super) cables: Vec<CableRecord>,
     /// Notes every query of a domain carries (no source, failed fetch).
-    domain_notes: HashMap<EarthDomain, Vec<String>>,
+    pub(super) domain_notes: HashMap<EarthDomain, Vec<String>>,
     /// entity id → (domain, position in that domain's vector).
     index: HashMap<String, (EarthDomain, usize)>,
     stats: CatalogStats,
+    /// Names this load: load time (Unix ms) and a process-wide counter.
+    version: String,
 }
+
+/// Counts catalog loads in this process, for [`EntityCatalog::version`].
+static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn by_name(a: &Common, b: &Common) -> std::cmp::Ordering {
     a.name_lc.cmp(&b.name_lc).then_with(|| a.id.cmp(&b.id))
@@ -322,6 +327,15 @@ impl EntityCatalog {
         self.stats.unconfigured = unconfigured;
         self.stats.tle_epoch_range = range.map(|(lo, hi)| (lo.and_utc(), hi.and_utc()));
         self.stats.load_ms = started.elapsed().as_millis() as u64;
+        let n = LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        self.version = format!("{}-{n}", Utc::now().timestamp_millis());
+    }
+
+    /// A short text that differs between any two loads (also across
+    /// restarts): `{unix_ms}-{n}`. Layer ETags are built from it. Empty for
+    /// an [`EntityCatalog::default`] that was never loaded.
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// Load figures.

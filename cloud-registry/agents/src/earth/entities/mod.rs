@@ -16,6 +16,8 @@
 //! - `bgp`: BGP hijack events CSV
 //! - `geojson`: news and vessels from a FeatureCollection file or URL
 //!
+//! `layers` draws each domain as a GeoJSON FeatureCollection for the map.
+//!
 //! Country matching (mainland China versus Hong Kong, Macau, Taiwan) lives in
 //! `region`.
 
@@ -28,6 +30,7 @@ mod epoch_data_centers;
 mod epoch_gpu;
 mod filter;
 mod geojson;
+mod layers;
 mod orbit;
 mod prefix;
 mod query;
@@ -41,6 +44,7 @@ use std::path::PathBuf;
 pub use catalog::{no_source_note, CatalogStats, EntityCatalog, STALE_TLE_DAYS};
 pub use config::{EarthDataConfig, GeoJsonSource, DEFAULT_HTTP_TIMEOUT_MS, SHIPPED_DATA_DIR};
 pub use geojson::MAX_GEOJSON_BYTES;
+pub use layers::Layer;
 pub use query::{
     Constellation, EntityFilters, EntityKind, EntityQuery, EntityQueryResult, LocationPrecision,
     OrbitalClass, Severity, SiteType, DEFAULT_LIMIT, MAX_LIMIT,
