@@ -114,6 +114,7 @@ export class EarthMap {
     this.projection = d3.geoEquirectangular().scale(s).rotate([-this.view.lon, 0]).translate([this.tx, this.ty]);
     this.base = null;
     this.cableCache = null;
+    this.still = null;
   }
 
   // ---- the executor's map context ----------------------------------
@@ -146,6 +147,7 @@ export class EarthMap {
   }
 
   setFilter(domain, indices) {
+    this.filterVersion = (this.filterVersion || 0) + 1;
     const set = indices ? new Set(indices) : null;
     if (domain === "cables") {
       const n = this.layers.cables.entities.length;
@@ -271,15 +273,43 @@ export class EarthMap {
     this.cableCache = { canvas: c, version: st.version };
   }
 
-  /** Draw one frame; returns the number of markers drawn. */
+  /** What the still part of the map depends on (all but the satellites). */
+  stillKey() {
+    const parts = [this.view.lon, this.view.lat, this.view.k, this.canvas.width, this.filterVersion || 0];
+    for (const l of LAYERS) if (l.key !== "satellites") parts.push(l.on ? l.entities.length : -1);
+    for (const d of ["cables", "compute_centers", "bgp", "vessels", "news"]) parts.push(this.states[d].version);
+    return parts.join("|");
+  }
+
+  /** Draw one frame; returns the number of markers drawn. The map, the
+   *  cables and every layer but the satellites are drawn once into a
+   *  still canvas (again only when they change); a frame is that canvas
+   *  and the satellites. */
   draw(now = Date.now()) {
     if (!this.base) this.drawBase();
-    const g = this.ctx;
-    g.drawImage(this.base, 0, 0);
-    if (this.layers.cables.on && this.layers.cables.features.length) {
-      if (!this.cableCache || this.cableCache.version !== this.states.cables.version) this.drawCables();
-      g.drawImage(this.cableCache.canvas, 0, 0);
+    const key = this.stillKey();
+    if (!this.still || this.still.key !== key) {
+      const c = this.still?.canvas || document.createElement("canvas");
+      c.width = this.canvas.width; c.height = this.canvas.height;
+      const sg = c.getContext("2d", { alpha: false });
+      sg.drawImage(this.base, 0, 0);
+      if (this.layers.cables.on && this.layers.cables.features.length) {
+        if (!this.cableCache || this.cableCache.version !== this.states.cables.version) this.drawCables();
+        sg.drawImage(this.cableCache.canvas, 0, 0);
+      }
+      const n = this.paint(sg, ["landing_points", "compute_centers", "bgp", "vessels", "news"], now);
+      this.still = { canvas: c, key, markers: n.markers, highlighted: n.highlighted };
     }
+    const g = this.ctx;
+    g.drawImage(this.still.canvas, 0, 0);
+    const sat = this.layers.satellites.on ? this.paint(g, ["satellites"], now) : { markers: 0, highlighted: 0 };
+    this.frames++;
+    this.drawn = { markers: this.still.markers + sat.markers, highlighted: this.still.highlighted + sat.highlighted, at: now };
+    return this.drawn.markers;
+  }
+
+  /** Paint the point layers `keys` on `g`: {markers, highlighted}. */
+  paint(g, keys, now) {
     let n = 0;
     const w = this.canvas.width, hgt = this.canvas.height;
     const hot = [];
@@ -311,12 +341,7 @@ export class EarthMap {
       }
       g.fill();
     };
-    points("landing_points");
-    points("compute_centers");
-    points("bgp");
-    points("vessels");
-    points("news");
-    if (this.layers.satellites.on) points("satellites", this.satPositions(now));
+    for (const k of keys) points(k, k === "satellites" ? this.satPositions(now) : null);
     // Highlighted, hovered and locked markers on top.
     // Batched by state and colour: one path for the halos, one for the dots.
     const groups = new Map();
@@ -341,9 +366,7 @@ export class EarthMap {
       }
       n += list.length;
     }
-    this.frames++;
-    this.drawn = { markers: n, highlighted: hot.length, at: now };
-    return n;
+    return { markers: n, highlighted: hot.length };
   }
 
   /** Keep drawing each animation frame while satellites are shown. */
