@@ -21,6 +21,7 @@ packages=(
   curl             # README "A first look by hand", docs/http-api.md walk-through
   jq               # the same
   chromium         # tests: the console's browser tests (tests/browser)
+  fonts-wqy-microhei # a CJK font, so the Earth page's Chinese text shows in chromium's screenshots
 )
 
 missing=()
@@ -41,6 +42,15 @@ if ((${#missing[@]})); then
   if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The console's Earth page: d3-geo, topojson-client and world-atlas' Natural
+# Earth map, pinned by the lockfile; cloud-registry/build.rs embeds the few
+# files it needs, so nothing is fetched when the page runs.
+vendor_dir="$(dirname "$0")/../cloud-registry/console-vendor"
+if [ ! -f "$vendor_dir/node_modules/.package-lock.json" ] || [ "$vendor_dir/package-lock.json" -nt "$vendor_dir/node_modules/.package-lock.json" ]; then
+  echo "setup: npm ci in cloud-registry/console-vendor" >&2
+  (cd "$vendor_dir" && npm ci --no-audit --no-fund --silent)
 fi
 
 # The console's browser tests: playwright-core, pinned by the lockfile.

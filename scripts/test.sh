@@ -13,6 +13,8 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null; then
   fi
 fi
 cargo build --workspace --bins
+# The console's JavaScript unit tests (the Earth command's action executor).
+node --test tests/browser/unit/
 # With arguments (e.g. `-p edge-agent`, a test name), they replace the
 # default selection of every crate and target.
 if (($#)); then

@@ -14,10 +14,12 @@ import audits, { detail as audit } from "./pages/audits.js";
 import runs, { detail as run } from "./pages/runs.js";
 import proposals from "./pages/proposals.js";
 import live from "./pages/live.js";
+import earth from "./pages/earth.js";
 
 /** Every page, in navigation order; pages without `nav: false` are in the bar. */
 export const PAGES = [
   lab,
+  earth,
   lease,
   eventsPage,
   sessions, session,

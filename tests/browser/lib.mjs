@@ -32,8 +32,9 @@ export function chromiumPath() {
   return p;
 }
 
-/** A fresh headless chromium with its own profile directory. */
-export async function launch() {
+/** A fresh headless chromium with its own profile directory; `extraArgs`
+ *  are more command-line flags (e.g. chromium's fake media capture). */
+export async function launch(extraArgs = []) {
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), "benchlink-chromium-"));
   const context = await chromium.launchPersistentContext(profile, {
     executablePath: chromiumPath(),
@@ -42,6 +43,7 @@ export async function launch() {
     args: [
       "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      ...extraArgs,
     ],
   });
   return {
@@ -120,14 +122,15 @@ export async function http(method, p, token, body) {
 }
 
 /**
- * Run a spec's steps: `body(t)` gets `{context, step(name, fn)}`; prints
+ * Run a spec's steps (`opts.args`: extra chromium flags): `body(t)` gets
+ * `{context, step(name, fn)}`; prints
  * each step, exits 0 when all pass and 1 at the first failure.
  */
-export async function run(name, body) {
+export async function run(name, body, opts = {}) {
   let browser = null;
   let current = "launch";
   try {
-    browser = await launch();
+    browser = await launch(opts.args || []);
     const t = {
       context: browser.context,
       async step(label, fn) {

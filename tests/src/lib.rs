@@ -3,6 +3,7 @@
 //! processes, wait for their ready lines, and make sure none outlives the
 //! test (children are killed on drop, also when a test panics).
 
+pub mod asr;
 pub mod bench;
 pub mod browser;
 pub mod client;
