@@ -276,5 +276,23 @@ export class EventStream {
   }
 }
 
+/**
+ * `fn(key)` run at most once at a time per key: a call while one runs
+ * makes it run once more afterwards (the latest state wins, nothing is
+ * fetched twice in parallel).
+ */
+export function coalesced(fn) {
+  const busy = new Map(); // key -> true when another run is due
+  const go = async (key) => {
+    if (busy.has(key)) { busy.set(key, true); return; }
+    busy.set(key, false);
+    try { await fn(key); } catch (e) { console.error(e); }
+    const again = busy.get(key);
+    busy.delete(key);
+    if (again) go(key);
+  };
+  return go;
+}
+
 /** The app's one live stream of every event (started after sign-in). */
 export const events = new EventStream({});

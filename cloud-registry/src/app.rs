@@ -420,7 +420,13 @@ impl Registry {
         let catalog = Arc::new(EntityCatalog::load_with_remote(&earth).await?);
         let stats = catalog.stats();
         tracing::info!(load_ms = stats.load_ms, counts = ?stats.counts, "Earth entity data loaded");
-        let agents = Arc::new(AgentService::new(db.clone(), catalog, config.agents.clone()).await?);
+        let agents = Arc::new(
+            AgentService::new(db.clone(), catalog, config.agents.clone())
+                .await?
+                .with_events(Arc::new(events::agent_sink::AgentEventLog::start(
+                    bus.clone(),
+                ))),
+        );
         // Before MQTT starts, so no session update is missed.
         providers.add_hooks(sessions.clone());
         // The embedded broker starts with us: nobody can be connected yet,

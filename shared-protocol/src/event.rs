@@ -9,7 +9,8 @@ use crate::Timestamp;
 wire_enum! {
     /// Event types: the fifteen of seed 001 §7, `session_late_report`
     /// (a fence violation, docs/architecture.md "Fencing"), then the
-    /// audit-task events (seed 001 §8) that share the stream.
+    /// audit-task events (seed 001 §8) that share the stream, then the
+    /// agent runtime's run and proposal events.
     pub enum EventType {
         ProviderRegistered = "provider_registered",
         CapabilityRegistered = "capability_registered",
@@ -33,10 +34,31 @@ wire_enum! {
         AuditTaskClaimed = "audit_task_claimed",
         AuditTaskReleased = "audit_task_released",
         AuditTaskCompleted = "audit_task_completed",
+        /// An agent run was created; `data` is `{run_id, run_type, status,
+        /// title, created_by}`.
+        AgentRunCreated = "agent_run_created",
+        /// A run's status changed or a step was added or ended; `data` as
+        /// for `agent_run_created`, plus `step` when a step changed.
+        AgentRunUpdated = "agent_run_updated",
+        /// A proposal was recorded; `data` is `{proposal_id, run_id,
+        /// proposal_type, status, risk_level}`. Admins only.
+        AgentProposalCreated = "agent_proposal_created",
+        /// A proposal was applied, rejected, failed, or an apply was
+        /// refused; `data` as for `agent_proposal_created`. Admins only.
+        AgentProposalUpdated = "agent_proposal_updated",
     }
 }
 
 impl EventType {
+    /// True for the events only admins may read (proposals are admin-only
+    /// in the API, so their events are too).
+    pub fn admin_only(self) -> bool {
+        matches!(
+            self,
+            EventType::AgentProposalCreated | EventType::AgentProposalUpdated
+        )
+    }
+
     /// The fifteen types seed 001 §7 lists.
     pub const SEED_SECTION_7: [EventType; 15] = [
         EventType::ProviderRegistered,

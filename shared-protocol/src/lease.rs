@@ -293,6 +293,12 @@ pub struct CapabilityLease {
     /// bench carry it as their fence (docs/architecture.md "Fencing").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
+    /// The selector a lease asked for by `capability_selector` was
+    /// requested with; absent for a lease asked for by id or by a group
+    /// requirement. While such a lease waits (`capability_id: ""`) it says
+    /// which capabilities could take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_selector: Option<CapabilitySelector>,
 }
 
 /// Answer to a group request: every lease of the group, all in the same

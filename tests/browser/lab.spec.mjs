@@ -27,6 +27,13 @@ function lease(capabilityId, holder, extra = {}) {
   }, extra);
 }
 
+/** Seconds in an age such as "850 ms", "12 s ago", "4 min 05 s". */
+function secs(text) {
+  const m = /(?:(\d+) min )?(\d+) (s|ms)/.exec(text || "");
+  if (!m) throw new Error(`not an age: ${text}`);
+  return (Number(m[1] || 0) * 60) + (m[3] === "ms" ? 0 : Number(m[2]));
+}
+
 const capRow = (id) => `#providers tr.cap[data-capability-id="${id}"]`;
 
 await run("lab", async (t) => {
@@ -92,6 +99,40 @@ await run("lab", async (t) => {
     check(txt.includes("audit:hw-auditor-01") && txt.includes("p30") && txt.includes("waiting"), `queue cell: ${txt}`);
     await page.waitForTimeout(1200);
     await screenshot(page, "lab");
+  });
+
+  await t.step("a request queued by selector waits in the queue of the capabilities it could take", async () => {
+    const r = await http("POST", "/api/v1/capability-leases/request", HW, {
+      capability_selector: { capability_type: "camera" },
+      holder_type: "audit_agent", holder_ref: "audit:hw-auditor-01", project_id: "console-test",
+      purpose: "any camera", priority: 35, requested_duration_seconds: 60, queue_timeout_seconds: 120,
+    });
+    check(r.status === 202 && r.json.capability_id === "", `selector request: ${r.status} ${JSON.stringify(r.json)}`);
+    const q = `${capRow(CAMERA)} .queued.by-selector[data-lease-id="${r.json.lease_id}"]`;
+    await page.waitForSelector(q, { timeout: 1000 });
+    const txt = await page.textContent(q);
+    check(txt.includes("audit:hw-auditor-01") && txt.includes("p35") && txt.includes("waiting") && txt.includes("by selector: camera (any of 1)"), `selector queue cell: ${txt}`);
+    // Queue order: p35 by selector before the p30 request by id.
+    const order = await page.$$eval(`${capRow(CAMERA)} .queue .queued`, (l) => l.map((x) => x.dataset.leaseId));
+    check(order[0] === r.json.lease_id, `queue order: ${order}`);
+    check(await page.$$(`${capRow(MIC)} .queued[data-lease-id="${r.json.lease_id}"]`).then((x) => x.length) === 0, "listed under a capability it cannot take");
+    const age1 = await page.textContent(`${q} .age`);
+    await page.waitForTimeout(2100);
+    const age2 = await page.textContent(`${q} .age`);
+    check(secs(age2) > secs(age1), `waiting age does not tick: ${age1}, then ${age2}`);
+    await screenshot(page, "lab-selector-queue");
+    // Gone once withdrawn.
+    const rel = await http("POST", `/api/v1/capability-leases/${r.json.lease_id}/release`, HW, { reason: "no longer needed" });
+    check(rel.status === 200, `withdraw: ${rel.status} ${JSON.stringify(rel.json)}`);
+    await page.waitForSelector(q, { state: "detached", timeout: 2000 });
+  });
+
+  await t.step("the last heartbeat's age ticks while the page is open", async () => {
+    const sel = `section.provider[data-provider-id="${PROVIDER}"] .heartbeat-age`;
+    const a = secs(await page.textContent(sel));
+    await page.waitForTimeout(2200);
+    const b = secs(await page.textContent(sel));
+    check(b > a, `heartbeat age ${a} s, then ${b} s`);
   });
 
   await t.step("markup in display_name, holder_ref and purpose renders as text", async () => {

@@ -3,16 +3,26 @@
 // markup in titles and rationales shown as text, and the proposal policy:
 // a super_admin applies a low-risk proposal at once, a normal admin is
 // asked to confirm first, a secret-field proposal is shown rejected with
-// its reason and cannot be applied; a viewer gets no buttons.
+// its reason and cannot be applied; a viewer gets no buttons. Live, with
+// no reload: an Earth command posted through the API appears in the list
+// within 1 s and its detail turns completed when the (delayed) model
+// answers; proposals applied or rejected by another admin change their
+// cards.
 //
 // Env: BENCHLINK_URL, BENCHLINK_TOKEN (super_admin), ADMIN_TOKEN (admin),
 // VIEWER_TOKEN,
 // EARTH_RUN, EARTH_TEXT, MARKUP_RUN, PROPOSAL_RUN, MARKUP, PROPOSAL_AUTO,
-// PROPOSAL_CONFIRM, PROPOSAL_SECRET.
+// PROPOSAL_CONFIRM, PROPOSAL_SECRET, PROPOSAL_REJECT (pending, rejected
+// here through the API), LIVE_EARTH_TEXT (a command the model answers
+// after a few seconds).
 
 import { run, openPage, signIn, screenshot, check, checkClean, env, http, BASE } from "./lib.mjs";
 
 const card = (id) => `section.proposal[data-proposal-id="${id}"]`;
+
+/** Mark the document; `unreloaded` is true while the mark is still there. */
+const mark = (page) => page.evaluate(() => { window.__notReloaded = true; });
+const unreloaded = (page) => page.evaluate(() => window.__notReloaded === true);
 
 run("runs", async (t) => {
   const markup = env("MARKUP");
@@ -28,6 +38,35 @@ run("runs", async (t) => {
     const title = await page.textContent(`tr[data-run-id="${env("MARKUP_RUN")}"] .run-title`);
     check(title.includes(markup), `title as text: ${title}`);
     await screenshot(page, "runs");
+  });
+
+  await t.step("an Earth command posted through the API appears within 1 s, then completes, with no reload", async () => {
+    await page.waitForFunction(() => document.querySelector("#stream-status")?.textContent.includes("live"), null, { timeout: 5_000 });
+    await mark(page);
+    const known = new Set(await page.$$eval("tr[data-run-id]", (l) => l.map((x) => x.dataset.runId)));
+    const t0 = Date.now();
+    // The model answers it after a few seconds: the answer comes later.
+    const answer = http("POST", "/api/v1/agents/earth/command", env("BENCHLINK_TOKEN"), { input_text: env("LIVE_EARTH_TEXT"), source: "text" });
+    const runId = await page.waitForFunction((k) => [...document.querySelectorAll("tr[data-run-id]")].map((x) => x.dataset.runId).find((id) => !k.includes(id)), [...known], { timeout: 1_000 }).then((h) => h.jsonValue());
+    const ms = Date.now() - t0;
+    const row = `tr[data-run-id="${runId}"]`;
+    const txt = await page.textContent(row);
+    check(txt.includes("earth_command") && txt.includes(env("LIVE_EARTH_TEXT")), `new row: ${txt}`);
+    check(await page.getAttribute(row, "data-status") === "running", `status while the model thinks: ${await page.getAttribute(row, "data-status")}`);
+    console.log(`     new run listed ${ms} ms after the request`);
+    await page.click(`${row} a`);
+    await page.waitForSelector('#run-id', { timeout: 3_000 });
+    check(await page.textContent("#run-id") === runId, "the detail is the new run's");
+    check(await page.getAttribute("#run-detail", "data-status") === "running", "the detail says running");
+    await screenshot(page, "run-live-running");
+    await page.waitForSelector('#run-detail[data-status="completed"]', { timeout: 15_000 });
+    const done = await answer;
+    check(done.status === 200 && done.json.run_id === runId, `the command's answer: ${done.status} ${JSON.stringify(done.json).slice(0, 200)}`);
+    check(await page.$$eval(".llm-steps li", (l) => l.length) > 0, "the LLM step is listed once it ran");
+    check((await page.textContent(".run-timeline")).includes("completed"), "the timeline ends completed");
+    await page.click('a[href="#/runs"]');
+    await page.waitForSelector(`${row}[data-status="completed"]`, { timeout: 3_000 });
+    check(await unreloaded(page), "the page was reloaded");
   });
 
   await t.step("an Earth command run shows its text, steps, entities and plan", async () => {
@@ -81,6 +120,20 @@ run("runs", async (t) => {
     await screenshot(page, "proposals");
   });
 
+  await t.step("a proposal rejected by another admin through the API changes its card without reload", async () => {
+    const r = card(env("PROPOSAL_REJECT"));
+    await page.waitForSelector(`${r}[data-status="pending"] button.reject`, { timeout: 5_000 });
+    await mark(page);
+    const t0 = Date.now();
+    const out = await http("POST", `/api/v1/agents/proposals/${env("PROPOSAL_REJECT")}/reject`, env("ADMIN_TOKEN"), { reason: "not this quarter" });
+    check(out.status === 200, `reject: ${out.status} ${JSON.stringify(out.json)}`);
+    await page.waitForSelector(`${r}[data-status="rejected"]`, { timeout: 2_000 });
+    console.log(`     rejected card shown ${Date.now() - t0} ms after the API call`);
+    check((await page.textContent(`${r} .rejection`)).includes("not this quarter"), "the reason is shown");
+    check(await page.$$(`${r} button.apply`).then((b) => b.length) === 0, "no Apply after the rejection");
+    check(await unreloaded(page), "the page was reloaded");
+  });
+
   await t.step("super_admin applies a low-risk proposal without a confirmation", async () => {
     const a = card(env("PROPOSAL_AUTO"));
     await page.click(`${a} button.apply`);
@@ -106,6 +159,10 @@ run("runs", async (t) => {
     const after = await http("GET", "/api/v1/agents/proposals", env("ADMIN_TOKEN"));
     const p = after.json.proposals.find((x) => String(x.id) === env("PROPOSAL_CONFIRM"));
     check(p.status === "applied" && p.policy_result.applied_mode === "manual", `server: ${JSON.stringify(p.policy_result)}`);
+    // The super_admin's page, open all along, follows the other admin's apply.
+    await page.waitForSelector(`${b}[data-status="applied"]`, { timeout: 2_000 });
+    check((await page.textContent(b)).includes("ada-admin"), "the applier is named on the other admin's page");
+    check(await unreloaded(page), "the super_admin's page was reloaded");
   });
 
   const viewer = await openPage(t.context);

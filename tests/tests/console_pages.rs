@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use benchlink_e2e::bench::{caps, Lab, LabOptions, DUT_BANNER, HW_AGENT};
 use benchlink_e2e::browser::{self, run_spec};
-use benchlink_e2e::client::Agent;
+use benchlink_e2e::client::{follow_events, Agent};
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,17 +26,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const MARKUP: &str = "<img src=x onerror=alert(1)> javascript:alert(1)";
 
 /// A scripted OpenAI-compatible chat-completions server: each request gets
-/// the next queued message content (then a final answer), over HTTP/1.1.
+/// the next queued message content (then a final answer), over HTTP/1.1,
+/// after the delay queued with it.
 struct FakeModel {
     url: String,
-    queue: Arc<Mutex<VecDeque<String>>>,
+    queue: Arc<Mutex<VecDeque<(Duration, String)>>>,
 }
 
 impl FakeModel {
     async fn start() -> FakeModel {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/v1", listener.local_addr().unwrap());
-        let queue: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let queue: Arc<Mutex<VecDeque<(Duration, String)>>> = Arc::default();
         let q = queue.clone();
         tokio::spawn(async move {
             while let Ok((mut sock, _)) = listener.accept().await {
@@ -66,9 +68,12 @@ impl FakeModel {
                             }
                         }
                     }
-                    let content = q.lock().unwrap().pop_front().unwrap_or_else(|| {
-                        json!({"type": "final", "summary": "done", "result": {}}).to_string()
+                    let next = q.lock().unwrap().pop_front();
+                    let (delay, content) = next.unwrap_or_else(|| {
+                        let done = json!({"type": "final", "summary": "done", "result": {}});
+                        (Duration::ZERO, done.to_string())
                     });
+                    tokio::time::sleep(delay).await;
                     let body = json!({
                         "id": "chatcmpl-1", "object": "chat.completion", "model": "fake-chat-1",
                         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
@@ -87,7 +92,15 @@ impl FakeModel {
     }
 
     fn then(&self, content: Value) {
-        self.queue.lock().unwrap().push_back(content.to_string());
+        self.then_after(Duration::ZERO, content);
+    }
+
+    /// Answer the next request with `content`, `delay` after it arrived.
+    fn then_after(&self, delay: Duration, content: Value) {
+        self.queue
+            .lock()
+            .unwrap()
+            .push_back((delay, content.to_string()));
     }
 }
 
@@ -288,7 +301,11 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
     model.then(call(json!({"proposal_type": "datasource_config", "target": {"datasource_id": "celestrak_active"},
         "changes": {"endpoint": "https://celestrak.org/NORAD/elements/active.txt", "api_key": "sk-live-123"},
         "rationale": "use the live feed"})));
-    model.then(json!({"type": "final", "summary": "three proposals", "result": {}}));
+    model.then(call(
+        json!({"proposal_type": "ai_prompt", "target": {"prompt_key": "agents.roles.platform_ops"},
+        "changes": {"text": "Role: platform operations, terse."}, "rationale": "fewer words"}),
+    ));
+    model.then(json!({"type": "final", "summary": "four proposals", "result": {}}));
     let created = post_ok(
         &root,
         "/api/v1/agents/runs",
@@ -315,9 +332,10 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
     })
     .await?;
     let props = detail["proposals"].as_array().cloned().unwrap_or_default();
-    assert_eq!(props.len(), 3, "{detail}");
+    assert_eq!(props.len(), 4, "{detail}");
     let pid = |i: usize| props[i]["id"].as_i64().unwrap().to_string();
     assert_eq!(props[2]["status"], "rejected", "{}", props[2]);
+    assert_eq!(props[3]["status"], "pending", "{}", props[3]);
 
     // A normal admin.
     let ada = post_ok(
@@ -334,6 +352,43 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
         StatusCode::CREATED,
     )
     .await?;
+    // Proposals are admin-only: a viewer's event stream carries the runs'
+    // events but none of the proposals'; an admin's carries both.
+    let viewer = Agent::new(&base, "vic-viewer", &str_at(&vic, "token"));
+    let (viewer_log, viewer_follow) = follow_events(&viewer, |_| {});
+    let (admin_log, admin_follow) = follow_events(&root, |_| {});
+    let proposal_ids: Vec<i64> = props.iter().filter_map(|p| p["id"].as_i64()).collect();
+    let mut last_proposal_event = 0;
+    for id in &proposal_ids {
+        let ev = admin_log
+            .wait_for("agent_proposal_created", Duration::from_secs(10), |e| {
+                e["event_type"] == "agent_proposal_created" && e["data"]["proposal_id"] == *id
+            })
+            .await?;
+        assert_eq!(ev["data"]["run_id"], prop_run.as_str(), "{ev}");
+        last_proposal_event = last_proposal_event.max(ev["event_id"].as_u64().unwrap());
+    }
+    // The run's last update comes after its proposals: once the viewer has
+    // it, its stream has gone past every proposal event.
+    viewer_log
+        .wait_for("the proposal run's events", Duration::from_secs(10), |e| {
+            e["event_type"] == "agent_run_updated"
+                && e["data"]["run_id"] == prop_run.as_str()
+                && e["event_id"].as_u64() > Some(last_proposal_event)
+        })
+        .await?;
+    assert_viewer_has_no_proposal_events(&viewer_log);
+    // Asking for them by type gives nothing either.
+    let (status, typed) = sse_for(
+        &base,
+        &str_at(&vic, "token"),
+        "?after=0&types=agent_proposal_created,agent_proposal_updated,agent_run_created",
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK);
+    assert!(typed.contains("event: agent_run_created"), "{typed}");
+    assert!(!typed.contains("agent_proposal"), "{typed}");
+
     // The console lease again for the live check (it outlived the restart).
     hw.renew(&console).await?;
 
@@ -370,6 +425,12 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
             ("IMAGE_SESSION", image_s),
         ]),
     );
+    // The Earth command the runs spec posts: the model answers it after
+    // 4 s, so the spec sees the run running, then completed.
+    model.then_after(
+        Duration::from_secs(4),
+        json!({"type": "final", "summary": "BeiDou highlighted", "result": {}}),
+    );
     run_spec(
         "runs.spec.mjs",
         &with(vec![
@@ -382,7 +443,72 @@ async fn evidence_audit_run_and_proposal_pages_show_what_the_api_holds() -> Resu
             ("PROPOSAL_AUTO", pid(0)),
             ("PROPOSAL_CONFIRM", pid(1)),
             ("PROPOSAL_SECRET", pid(2)),
+            ("PROPOSAL_REJECT", pid(3)),
+            (
+                "LIVE_EARTH_TEXT",
+                "highlight all GPS satellites".to_string(),
+            ),
         ]),
     );
+    // The applies and the rejection reached the admin's stream, not the
+    // viewer's: once the viewer has a run created after them, its stream
+    // has gone past them all.
+    for i in [0, 1, 3] {
+        let id = props[i]["id"].as_i64().unwrap();
+        admin_log
+            .wait_for("agent_proposal_updated", Duration::from_secs(5), |e| {
+                e["event_type"] == "agent_proposal_updated" && e["data"]["proposal_id"] == id
+            })
+            .await?;
+    }
+    let after = post_ok(
+        &root,
+        "/api/v1/agents/earth/command",
+        json!({"input_text": earth_text, "source": "text"}),
+        StatusCode::OK,
+    )
+    .await?;
+    let after_run = str_at(&after, "run_id");
+    viewer_log
+        .wait_for("the last Earth command", Duration::from_secs(5), |e| {
+            e["event_type"] == "agent_run_created" && e["data"]["run_id"] == after_run.as_str()
+        })
+        .await?;
+    assert_viewer_has_no_proposal_events(&viewer_log);
+    viewer_follow.abort();
+    admin_follow.abort();
     Ok(())
+}
+
+fn assert_viewer_has_no_proposal_events(log: &benchlink_e2e::client::EventLog) {
+    let leaked: Vec<Value> = log
+        .all()
+        .into_iter()
+        .filter(|e| {
+            e["event_type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("agent_proposal_"))
+        })
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "a viewer got proposal events: {leaked:?}"
+    );
+}
+
+/// The event stream's body as `token` reads it with `query` for 1.5 s.
+async fn sse_for(base: &str, token: &str, query: &str) -> Result<(StatusCode, String)> {
+    let resp = reqwest::Client::new()
+        .get(format!("{base}/api/v1/capability-events/stream{query}"))
+        .bearer_auth(token)
+        .send()
+        .await?;
+    let status = resp.status();
+    let mut body = String::new();
+    let mut stream = resp.bytes_stream();
+    let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while let Ok(Some(chunk)) = tokio::time::timeout_at(until, stream.next()).await {
+        body.push_str(&String::from_utf8_lossy(&chunk?));
+    }
+    Ok((status, body))
 }

@@ -21,12 +21,15 @@
 //! - [`tools`] (registry), [`proposals`] (create/apply), [`policy`]
 //!   (rules), [`model`] (chat gateway), [`protocol`] (JSON tool calls),
 //!   [`prompts`], [`speech`] (ASR gateway), [`websearch`];
-//! - [`store`] (tables), [`config`] (`[agents]`), [`error`].
+//! - [`store`] (tables; hands each committed change to an
+//!   [`events::AgentEventSink`]), [`events`], [`config`] (`[agents]`),
+//!   [`error`].
 
 pub mod api;
 pub mod config;
 pub mod earth;
 pub mod error;
+pub mod events;
 pub mod model;
 pub mod policy;
 pub mod prompts;

@@ -19,6 +19,7 @@ use crate::earth;
 use crate::earth::entities::EntityCatalog;
 use crate::earth::geo::{LayerCache, SharedCatalog};
 use crate::error::AgentError;
+use crate::events::{AgentEvent, AgentEventSink};
 use crate::model::ModelGateway;
 use crate::policy::{self, ApplyRefusal};
 use crate::prompts::PromptRegistry;
@@ -98,6 +99,13 @@ impl AgentService {
         })
     }
 
+    /// The same service handing every run and proposal change to `sink`
+    /// (the registry's event log). Call before the first run.
+    pub fn with_events(mut self, sink: Arc<dyn AgentEventSink>) -> AgentService {
+        self.rt.store = self.rt.store.clone().with_events(sink);
+        self
+    }
+
     /// The agent tables.
     pub fn store(&self) -> &Store {
         &self.rt.store
@@ -175,6 +183,10 @@ impl AgentService {
                         proposals::record_refusal_sync(conn, id, &name, role, &reason)
                     })
                     .await??;
+                self.rt
+                    .store
+                    .publish_proposal(id, false, &principal.name)
+                    .await;
                 return Err(refusal.into());
             }
         };
@@ -201,7 +213,12 @@ impl AgentService {
             .write(move |conn| proposals::reject_sync(conn, id, &by, &reason))
             .await?
         {
-            Ok(p) => Ok(p),
+            Ok(p) => {
+                self.rt
+                    .store
+                    .publish(AgentEvent::proposal(&p, false, &principal.name));
+                Ok(p)
+            }
             Err(proposals::ApplyError::NotFound(id)) => Err(AgentError::NotFound {
                 kind: "proposal",
                 id: id.to_string(),

@@ -21,6 +21,8 @@ use shared_protocol::Timestamp;
 
 use registry_core::db::{Db, DbError};
 
+use crate::events::{AgentEvent, AgentEventSink, NoEvents};
+
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -802,16 +804,46 @@ pub fn put_setting_sync(
     Ok(())
 }
 
-/// Handle to the agent tables. Cheap to clone.
+/// Handle to the agent tables. Cheap to clone. Each run or proposal
+/// change it commits is handed to its [`AgentEventSink`] afterwards.
 #[derive(Clone)]
 pub struct Store {
     db: Db,
+    events: std::sync::Arc<dyn AgentEventSink>,
 }
 
 impl Store {
-    /// Wraps the registry database (its migrations must include [`migrate`]).
+    /// Wraps the registry database (its migrations must include [`migrate`]),
+    /// with no event sink.
     pub fn new(db: Db) -> Store {
-        Store { db }
+        Store {
+            db,
+            events: std::sync::Arc::new(NoEvents),
+        }
+    }
+
+    /// The same store handing its events to `sink`.
+    pub fn with_events(mut self, sink: std::sync::Arc<dyn AgentEventSink>) -> Store {
+        self.events = sink;
+        self
+    }
+
+    /// Hand `event` to the sink.
+    pub(crate) fn publish(&self, event: AgentEvent) {
+        self.events.publish(event);
+    }
+
+    /// Publish `agent_proposal_created` (`created`) or
+    /// `agent_proposal_updated` for proposal `id` as it now stands, caused
+    /// by `actor`. For changes made with [`Store::db`] directly (the
+    /// proposal functions of [`crate::proposals`]). A proposal that cannot
+    /// be read is logged and skipped.
+    pub async fn publish_proposal(&self, id: i64, created: bool, actor: &str) {
+        match self.get_proposal(id).await {
+            Ok(Some(p)) => self.publish(AgentEvent::proposal(&p, created, actor)),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(proposal_id = id, error = %e, "proposal event skipped"),
+        }
     }
 
     /// The underlying database.
@@ -821,7 +853,9 @@ impl Store {
 
     /// Create a run.
     pub async fn create_run(&self, new: NewRun) -> Result<AgentRun, StoreError> {
-        self.db.write(move |conn| insert_run(conn, &new)).await?
+        let run = self.db.write(move |conn| insert_run(conn, &new)).await??;
+        self.publish(AgentEvent::run_created(&run));
+        Ok(run)
     }
 
     /// The run with this public id, if any.
@@ -919,7 +953,8 @@ impl Store {
         run_id: i64,
         status: RunStatus,
     ) -> Result<AgentRun, StoreError> {
-        self.db
+        let run = self
+            .db
             .write(move |conn| -> Result<AgentRun, StoreError> {
                 let (public_id, current) = run_status(conn, run_id)?;
                 if current.is_final() {
@@ -934,7 +969,9 @@ impl Store {
                 )?;
                 get_run_by_id(conn, run_id)
             })
-            .await?
+            .await??;
+        self.publish(AgentEvent::run_updated(&run, None));
+        Ok(run)
     }
 
     /// Append one step (with its evidence, linked to it) in one transaction.
@@ -945,18 +982,22 @@ impl Store {
         step: NewStep,
         evidence: Vec<NewEvidence>,
     ) -> Result<AgentStep, StoreError> {
-        self.db
-            .write(move |conn| -> Result<AgentStep, StoreError> {
+        let (saved, run) = self
+            .db
+            .write(move |conn| -> Result<(AgentStep, AgentRun), StoreError> {
                 let tx = conn.transaction()?;
                 let saved = insert_step(&tx, run_id, &step)?;
                 for mut ev in evidence {
                     ev.step_id = Some(saved.id);
                     insert_evidence(&tx, run_id, &ev)?;
                 }
+                let run = get_run_by_id(&tx, run_id)?;
                 tx.commit()?;
-                Ok(saved)
+                Ok((saved, run))
             })
-            .await?
+            .await??;
+        self.publish(AgentEvent::run_updated(&run, Some(&saved)));
+        Ok(saved)
     }
 
     /// Append one step.
@@ -993,19 +1034,21 @@ impl Store {
         error: Option<String>,
         evidence: Vec<NewEvidence>,
     ) -> Result<bool, StoreError> {
-        self.db
-            .write(move |conn| -> Result<bool, StoreError> {
-                let tx = conn.transaction()?;
-                let now = Utc::now();
-                let (run_id, started): (i64, Option<String>) = tx.query_row(
-                    "SELECT run_id, started_at FROM agent_steps WHERE id = ?1",
-                    [step_id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?;
-                let duration = started
-                    .and_then(|s| chrono::DateTime::parse_from_rfc3339(&s).ok())
-                    .map(|s| (now - s.with_timezone(&Utc)).num_milliseconds().max(0));
-                let changed = tx.execute(
+        let changed = self
+            .db
+            .write(
+                move |conn| -> Result<Option<(AgentStep, AgentRun)>, StoreError> {
+                    let tx = conn.transaction()?;
+                    let now = Utc::now();
+                    let (run_id, started): (i64, Option<String>) = tx.query_row(
+                        "SELECT run_id, started_at FROM agent_steps WHERE id = ?1",
+                        [step_id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?;
+                    let duration = started
+                        .and_then(|s| chrono::DateTime::parse_from_rfc3339(&s).ok())
+                        .map(|s| (now - s.with_timezone(&Utc)).num_milliseconds().max(0));
+                    let changed = tx.execute(
                     "UPDATE agent_steps SET status = ?2, output = ?3, error = ?4, completed_at = ?5,
                          duration_ms = ?6
                      WHERE id = ?1 AND status IN ('running', 'pending')",
@@ -1018,16 +1061,27 @@ impl Store {
                         duration,
                     ],
                 )?;
-                if changed > 0 {
+                    if changed == 0 {
+                        return Ok(None);
+                    }
                     for mut ev in evidence {
                         ev.step_id = Some(step_id);
                         insert_evidence(&tx, run_id, &ev)?;
                     }
-                }
-                tx.commit()?;
-                Ok(changed > 0)
-            })
-            .await?
+                    let step = get_step(&tx, step_id)?;
+                    let run = get_run_by_id(&tx, run_id)?;
+                    tx.commit()?;
+                    Ok(Some((step, run)))
+                },
+            )
+            .await??;
+        match changed {
+            Some((step, run)) => {
+                self.publish(AgentEvent::run_updated(&run, Some(&step)));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Append final steps and end the run in one transaction. A run that is
@@ -1039,7 +1093,8 @@ impl Store {
         steps: Vec<(NewStep, Vec<NewEvidence>)>,
         finish: RunFinish,
     ) -> Result<AgentRun, StoreError> {
-        self.db
+        let run = self
+            .db
             .write(move |conn| -> Result<AgentRun, StoreError> {
                 let tx = conn.transaction()?;
                 for (step, evidence) in &steps {
@@ -1077,7 +1132,9 @@ impl Store {
                 tx.commit()?;
                 Ok(run)
             })
-            .await?
+            .await??;
+        self.publish(AgentEvent::run_updated(&run, None));
+        Ok(run)
     }
 
     /// Stop a run that has not ended: status `stopped`, its `running` steps
@@ -1086,7 +1143,8 @@ impl Store {
     pub async fn stop_run(&self, public_id: &str, by: &str) -> Result<AgentRun, StoreError> {
         let public_id = public_id.to_string();
         let by = by.to_string();
-        self.db
+        let run = self
+            .db
             .write(move |conn| -> Result<AgentRun, StoreError> {
                 let tx = conn.transaction()?;
                 let run = get_run_sync(&tx, &public_id)?.ok_or_else(|| StoreError::NotFound {
@@ -1122,7 +1180,9 @@ impl Store {
                 tx.commit()?;
                 Ok(run)
             })
-            .await?
+            .await??;
+        self.publish(AgentEvent::run_updated(&run, None));
+        Ok(run)
     }
 
     /// Mark runs left `queued`/`running` by a previous process as failed
@@ -1153,9 +1213,16 @@ impl Store {
 
     /// Insert a proposal.
     pub async fn insert_proposal(&self, p: NewProposal) -> Result<AgentProposal, StoreError> {
-        self.db
+        let saved = self
+            .db
             .write(move |conn| insert_proposal_sync(conn, &p))
-            .await?
+            .await??;
+        let actor = match self.get_run(&saved.run_id).await {
+            Ok(Some(r)) => r.created_by,
+            _ => "system".to_string(),
+        };
+        self.publish(AgentEvent::proposal(&saved, true, actor));
+        Ok(saved)
     }
 
     /// The proposal with this id.

@@ -687,6 +687,11 @@ async fn propose_config(ctx: &ToolContext, args: Value) -> Result<ToolOutput, St
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
+    ctx.store.publish(crate::events::AgentEvent::proposal(
+        &p,
+        true,
+        &ctx.principal.name,
+    ));
     if p.status == shared_protocol::agent::ProposalStatus::Rejected {
         return Err(format!(
             "proposal {} rejected by policy: {}",
@@ -726,6 +731,16 @@ async fn apply_setting(ctx: &ToolContext, args: &Value) -> Result<ToolOutput, St
         .write(move |conn| proposals::apply_sync(conn, id, &by, role, mode, &fallback))
         .await
         .map_err(|e| e.to_string())?;
+    // Applied, or saved as rejected/failed with its error: either way the
+    // proposal changed (a proposal not found or not pending did not).
+    if matches!(
+        applied,
+        Ok(_) | Err(ApplyError::Rejected(_)) | Err(ApplyError::Failed(_))
+    ) {
+        ctx.store
+            .publish_proposal(id, false, &ctx.principal.name)
+            .await;
+    }
     match applied {
         Ok(p) => {
             if p.proposal_type == shared_protocol::agent::ProposalType::AiPrompt {

@@ -2,6 +2,9 @@
 // holders (priority, time left) and queues (priority, age). Live: an event
 // re-fetches only the rows it concerns (a lease event: that capability's
 // leases; a provider or health event: that provider and its capabilities).
+// A request queued by selector (no capability chosen yet) is listed in the
+// queue of every capability its selector matches, marked "any of N". The
+// last heartbeat's age ticks in the page from `last_heartbeat_at`.
 
 import { api, events, can } from "../api.js";
 import { h, replace, badge, countdown, age } from "../dom.js";
@@ -15,6 +18,28 @@ class LabModel {
     this.caps = new Map(); // capability_id -> capability
     this.holders = new Map(); // capability_id -> [lease]
     this.queues = new Map(); // capability_id -> [lease]
+    this.bySelector = new Map(); // lease_id -> lease queued by selector
+  }
+
+  /** Requests queued by selector that `c` could take, in queue order. */
+  selectorQueue(c) {
+    const out = [];
+    for (const l of this.bySelector.values()) if (selectorMatches(l.capability_selector, c)) out.push(l);
+    return out.sort(queueOrder);
+  }
+
+  /** How many known capabilities `sel` matches. */
+  matchCount(sel) {
+    let n = 0;
+    for (const c of this.caps.values()) if (selectorMatches(sel, c)) n++;
+    return n;
+  }
+
+  /** Capability ids a selector-queued lease concerns. */
+  capsMatching(sel) {
+    const out = [];
+    for (const c of this.caps.values()) if (selectorMatches(sel, c)) out.push(c.capability_id);
+    return out;
   }
 
   setLeases(list, onlyCap) {
@@ -24,26 +49,43 @@ class LabModel {
     } else {
       this.holders.clear();
       this.queues.clear();
+      this.bySelector.clear();
     }
     for (const l of list) {
-      if (!l.capability_id) continue;
+      if (!l.capability_id) {
+        if (l.status === "requested" && l.capability_selector) this.bySelector.set(l.lease_id, l);
+        continue;
+      }
       const into = l.status === "requested" ? this.queues : HOLDING.has(l.status) ? this.holders : null;
       if (!into) continue;
       if (!into.has(l.capability_id)) into.set(l.capability_id, []);
       into.get(l.capability_id).push(l);
     }
     for (const m of [this.holders, this.queues]) {
-      for (const arr of m.values()) arr.sort((a, b) => b.priority - a.priority || String(a.requested_at).localeCompare(String(b.requested_at)));
+      for (const arr of m.values()) arr.sort(queueOrder);
     }
   }
 
   /**
    * Apply one lease as an event carries it (the lease at that moment):
-   * it moves between queue, holders and gone. Returns its capability id.
+   * it moves between queue, holders and gone. Returns the capability ids
+   * whose rows changed.
    */
   applyLease(l) {
     const cid = l.capability_id;
-    if (!cid) return null;
+    const touched = [];
+    const wasSel = this.bySelector.get(l.lease_id);
+    if (wasSel) {
+      this.bySelector.delete(l.lease_id);
+      touched.push(...this.capsMatching(wasSel.capability_selector));
+    }
+    if (!cid) {
+      if (l.status === "requested" && l.capability_selector) {
+        this.bySelector.set(l.lease_id, l);
+        touched.push(...this.capsMatching(l.capability_selector));
+      }
+      return [...new Set(touched)];
+    }
     for (const m of [this.holders, this.queues]) {
       const arr = m.get(cid);
       if (arr) {
@@ -56,18 +98,33 @@ class LabModel {
       if (!into.has(cid)) into.set(cid, []);
       const arr = into.get(cid);
       arr.push(l);
-      arr.sort((a, b) => b.priority - a.priority || String(a.requested_at).localeCompare(String(b.requested_at)));
+      arr.sort(queueOrder);
     }
     const c = this.caps.get(cid);
     if (c && (c.status === "available" || c.status === "leased")) {
       c.status = (this.holders.get(cid) || []).length ? "leased" : "available";
     }
-    return cid;
+    touched.push(cid);
+    return [...new Set(touched)];
   }
 
   capsOf(providerId) {
     return [...this.caps.values()].filter((c) => c.provider_id === providerId);
   }
+}
+
+/** Queue order: higher priority first, then the older request. */
+function queueOrder(a, b) {
+  return b.priority - a.priority || String(a.requested_at).localeCompare(String(b.requested_at));
+}
+
+/** True when capability `c` can serve `sel` (type, every tag, provider, node). */
+function selectorMatches(sel, c) {
+  if (!sel || !c || sel.capability_type !== c.capability_type) return false;
+  if (sel.provider_id && sel.provider_id !== c.provider_id) return false;
+  if (sel.node_id && sel.node_id !== c.node_id) return false;
+  const tags = c.tags || [];
+  return (sel.tags || []).every((t) => tags.includes(t));
 }
 
 async function fetchLeases(capabilityId) {
@@ -101,11 +158,17 @@ function holderCell(l, onRelease, c) {
       : null);
 }
 
-function queueCell(l) {
-  return h("div", { class: "queued", dataset: { leaseId: l.lease_id } },
+/** A waiting request; `anyOf` (a number) for one queued by selector. */
+function queueCell(l, anyOf) {
+  const sel = l.capability_selector;
+  const what = sel ? [sel.capability_type, ...(sel.tags || []).map((t) => `#${t}`), sel.provider_id ? `on ${sel.provider_id}` : null, sel.node_id ? `node ${sel.node_id}` : null].filter(Boolean).join(" ") : "";
+  return h("div", { class: anyOf !== undefined ? "queued by-selector" : "queued", dataset: { leaseId: l.lease_id } },
     h("a", { href: `#/leases/${encodeURIComponent(l.lease_id)}` }, l.holder_ref),
     " ", h("span", { class: "prio" }, `p${l.priority}`),
-    " ", h("span", { class: "muted" }, "waiting "), age(l.requested_at, { ago: false }));
+    " ", h("span", { class: "muted" }, "waiting "), age(l.requested_at, { ago: false }),
+    anyOf !== undefined
+      ? [" ", h("span", { class: "selector muted small", title: `queued by selector: ${what}; granted to the first of these that is free` }, `by selector: ${what} (any of ${anyOf})`)]
+      : null);
 }
 
 export default {
@@ -131,6 +194,9 @@ export default {
     function capRow(c, online) {
       const holders = model.holders.get(c.capability_id) || [];
       const queue = model.queues.get(c.capability_id) || [];
+      const bySel = model.selectorQueue(c);
+      const waiting = [...queue.map((l) => [l, undefined]), ...bySel.map((l) => [l, model.matchCount(l.capability_selector)])]
+        .sort((a, b) => queueOrder(a[0], b[0]));
       return h("tr", {
         class: ["cap", online ? null : "offline"],
         dataset: { capabilityId: c.capability_id, status: c.status, health: c.health_status },
@@ -140,7 +206,7 @@ export default {
       h("td", null, badge(c.health_status)),
       h("td", null, c.lease_mode, c.preemptible ? null : h("div", { class: "muted small" }, "not preemptible")),
       h("td", { class: "holders" }, holders.length ? holders.map((l) => holderCell(l, release, c)) : h("span", { class: "muted" }, "—")),
-      h("td", { class: "queue" }, queue.length ? queue.map(queueCell) : h("span", { class: "muted" }, "—")));
+      h("td", { class: "queue" }, waiting.length ? waiting.map(([l, n]) => queueCell(l, n)) : h("span", { class: "muted" }, "—")));
     }
 
     function providerCard(p) {
@@ -165,7 +231,10 @@ export default {
           body.push(tr);
         });
       }
+      // Heartbeats are not events: the age ticks here from the last
+      // `last_heartbeat_at` fetched (on opening, on this provider's events).
       const hb = p.last_heartbeat_at ? age(p.last_heartbeat_at) : h("span", null, "—");
+      hb.classList.add("heartbeat-age");
       return h("section", {
         class: ["card", "provider", online ? "online" : "offline"],
         dataset: { providerId: p.provider_id, online: String(online) },
@@ -192,6 +261,7 @@ export default {
       let held = 0, queued = 0;
       for (const a of model.holders.values()) held += a.length;
       for (const a of model.queues.values()) queued += a.length;
+      queued += model.bySelector.size;
       replace(summary, `${ps.length} providers (${on} online) · ${model.caps.size} capabilities · ${held} held · ${queued} waiting`);
     }
 
@@ -295,10 +365,15 @@ export default {
       const t = ev.event_type || "";
       if (t.startsWith("lease_")) {
         const cid = ev.capability_id || (ev.data && ev.data.capability_id);
-        if (!cid) return;
+        if (!cid) {
+          // A request queued by selector: its rows are those it matches.
+          if (!loaded || !ev.data?.lease_id || !(ev.data.capability_selector || model.bySelector.has(ev.data.lease_id))) return;
+          for (const c of model.applyLease(ev.data)) dirty.add(c);
+          if (!frame) frame = requestAnimationFrame(paint);
+          return;
+        }
         if (!loaded || !ev.data || !ev.data.lease_id) { pendingCaps.add(cid); schedule(); return; }
-        model.applyLease(ev.data);
-        dirty.add(cid);
+        for (const c of model.applyLease(ev.data)) dirty.add(c);
         if (!frame) frame = requestAnimationFrame(paint);
       } else if (t === "provider_registered" || t === "capability_registered" || t === "capability_health_changed") {
         const pid = ev.provider_id || (ev.data && ev.data.provider_id);

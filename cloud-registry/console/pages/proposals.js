@@ -5,9 +5,12 @@
 // (the server's `auto` mode); every other apply asks for a confirmation
 // first and is sent with `{"confirm": true}`; a proposal the policy
 // rejected (secret fields, schema errors) shows as rejected with the
-// reason and offers no Apply.
+// reason and offers no Apply. The page follows the `agent_proposal_*`
+// events (which only admins' streams carry): a proposal created, or
+// applied or rejected by anyone, has its card put in place without a
+// reload (fetched with its run, which lists its proposals).
 
-import { api, can } from "../api.js";
+import { api, can, events, coalesced } from "../api.js";
 import { h, replace, clear, fmtTime, badge } from "../dom.js";
 import { jsonBlock } from "./artifact.js";
 
@@ -131,18 +134,58 @@ const page = {
         h("button", { type: "button", on: { click: () => load() } }, "Refresh")),
       can("admin") ? null : h("p", { class: "muted" }, "Only admins see and decide proposals."),
       err, box);
+    const cards = new Map(); // proposal id -> card
+    const put = (p) => {
+      const old = cards.get(p.id);
+      if (f.status && p.status !== f.status) { if (old) { old.remove(); cards.delete(p.id); } return; }
+      const card = proposalCard(p, () => refresh(p.run_id));
+      card.classList.add("fresh");
+      if (old) old.replaceWith(card);
+      else {
+        box.querySelector("p.none")?.remove();
+        // Newest (highest id) first, as the list comes.
+        const after = [...cards.entries()].filter(([id]) => id < p.id).sort((a, b) => b[0] - a[0])[0];
+        box.insertBefore(card, after ? after[1] : null);
+      }
+      cards.set(p.id, card);
+    };
+    let gen = 0;
     async function load() {
+      const my = ++gen;
       try {
         const r = await api.get("agents/proposals", { status: f.status, limit: 200 });
-        clear(box); err.textContent = "";
+        if (my !== gen) return;
+        clear(box); cards.clear(); err.textContent = "";
         const list = r.proposals || [];
-        for (const p of list) box.appendChild(proposalCard(p, load));
-        if (!list.length) box.appendChild(h("p", { class: "muted" }, "No proposals."));
+        for (const p of list) {
+          const card = proposalCard(p, () => refresh(p.run_id));
+          cards.set(p.id, card);
+          box.appendChild(card);
+        }
+        if (!list.length) box.appendChild(h("p", { class: "muted none" }, "No proposals."));
       } catch (e) {
         err.textContent = e.status === 403 ? "Your role may not see proposals." : `Cannot list proposals: ${e.message}`;
       }
     }
+    // An event names its proposal and run: the run's detail lists its
+    // proposals, so one fetch brings the cards of that run up to date.
+    const pending = new Map(); // run_id -> proposal ids to put
+    const refresh = coalesced(async (runId) => {
+      const ids = pending.get(runId);
+      pending.delete(runId);
+      const d = await api.get(`agents/runs/${encodeURIComponent(runId)}`);
+      for (const p of d.proposals || []) if (!ids || ids.has(p.id) || cards.has(p.id)) put(p);
+    });
     load();
+    if (!can("admin")) return undefined;
+    return events.subscribe((ev) => {
+      if (ev.event_type !== "agent_proposal_created" && ev.event_type !== "agent_proposal_updated") return;
+      const runId = ev.data?.run_id, pid = ev.data?.proposal_id;
+      if (typeof runId !== "string" || typeof pid !== "number") return;
+      if (!pending.has(runId)) pending.set(runId, new Set());
+      pending.get(runId).add(pid);
+      refresh(runId);
+    });
   },
 };
 

@@ -2,15 +2,19 @@
 // duration) and `#/runs/{id}` (input, status timeline, LLM and tool steps,
 // evidence, final result, proposals; an Earth command run also shows its
 // text or transcription, the matched entities and the action plan, with
-// a button copying the run id). Runs publish no capability events: the
-// pages load on entry and on "Refresh".
+// a button copying the run id). Both follow the `agent_run_*` events (and
+// the detail the `agent_proposal_*` events of its run): the list fetches
+// the run an event names and puts its row in place, the detail fetches
+// itself again; a burst of events for one run costs one fetch at a time.
 
-import { api, can } from "../api.js";
+import { api, can, events, coalesced } from "../api.js";
 import { h, replace, clear, fmtTime, fmtDuration, badge } from "../dom.js";
 import { jsonBlock } from "./artifact.js";
 import { proposalCard } from "./proposals.js";
 
 const FINAL = new Set(["completed", "failed", "stopped"]);
+const RUN_EVENTS = new Set(["agent_run_created", "agent_run_updated"]);
+const PROPOSAL_EVENTS = new Set(["agent_proposal_created", "agent_proposal_updated"]);
 
 function took(run) {
   const end = run.completed_at || (FINAL.has(run.status) ? run.updated_at : null);
@@ -41,26 +45,55 @@ const list = {
       h("table", { class: "grid runs" },
         h("thead", null, h("tr", null, ["run", "status", "type", "title", "creator", "model", "created", "duration"].map((x) => h("th", null, x)))),
         body));
+    const rows = new Map(); // run_id -> <tr>
+    const row = (run) => h("tr", { dataset: { runId: run.run_id, status: run.status } },
+      h("td", null, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, h("code", null, run.run_id))),
+      h("td", null, badge(run.status)),
+      h("td", null, run.run_type),
+      h("td", { class: "run-title" }, run.title),
+      h("td", null, run.created_by),
+      h("td", null, modelOf(run)),
+      h("td", null, fmtTime(run.created_at)),
+      h("td", { class: "num" }, took(run)));
+    const matches = (run) => (!f.run_type || run.run_type === f.run_type) && (!f.status || run.status === f.status);
+    const count = () => { summary.textContent = `${rows.size} runs`; };
+    // Put one run's row in place: replaced where it is, a new one on top
+    // (the list is newest first), removed when it no longer matches.
+    const put = (run) => {
+      const old = rows.get(run.run_id);
+      if (!matches(run)) { if (old) { old.remove(); rows.delete(run.run_id); count(); } return; }
+      const tr = row(run);
+      if (old) old.replaceWith(tr);
+      else { body.querySelector("tr.none")?.remove(); body.insertBefore(tr, body.firstChild); }
+      rows.set(run.run_id, tr);
+      tr.classList.add("fresh");
+      count();
+    };
+    let gen = 0;
     async function load() {
+      const my = ++gen;
       try {
         const r = await api.get("agents/runs", { run_type: f.run_type, status: f.status, limit: 100 });
-        clear(body); err.textContent = "";
+        if (my !== gen) return;
+        clear(body); rows.clear(); err.textContent = "";
         for (const run of r.runs || []) {
-          body.appendChild(h("tr", { dataset: { runId: run.run_id } },
-            h("td", null, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, h("code", null, run.run_id))),
-            h("td", null, badge(run.status)),
-            h("td", null, run.run_type),
-            h("td", { class: "run-title" }, run.title),
-            h("td", null, run.created_by),
-            h("td", null, modelOf(run)),
-            h("td", null, fmtTime(run.created_at)),
-            h("td", { class: "num" }, took(run))));
+          const tr = row(run);
+          rows.set(run.run_id, tr);
+          body.appendChild(tr);
         }
-        summary.textContent = `${(r.runs || []).length} runs`;
-        if (!(r.runs || []).length) body.appendChild(h("tr", null, h("td", { colspan: 8, class: "muted" }, "No runs.")));
+        count();
+        if (!rows.size) body.appendChild(h("tr", { class: "none" }, h("td", { colspan: 8, class: "muted" }, "No runs.")));
       } catch (e) { err.textContent = `Cannot list runs: ${e.message}`; }
     }
+    const refresh = coalesced(async (runId) => {
+      const d = await api.get(`agents/runs/${encodeURIComponent(runId)}`);
+      put(d.run);
+    });
     load();
+    return events.subscribe((ev) => {
+      const runId = ev.data?.run_id;
+      if (RUN_EVENTS.has(ev.event_type) && typeof runId === "string") refresh(runId);
+    });
   },
 };
 
@@ -149,9 +182,12 @@ export const detail = {
   nav: false,
   render(root, params) {
     const id = params.id;
-    const box = h("div");
+    const box = h("div", { id: "run-detail" });
     replace(root, h("p", null, h("a", { href: "#/runs" }, "← Agent runs")), box);
+    // A reload keeps the sections the reader unfolded (by their summary).
+    const unfolded = () => new Set([...box.querySelectorAll("details[open] > summary")].map((s) => s.textContent));
     async function load() {
+      const keep = unfolded();
       let d;
       try { d = await api.get(`agents/runs/${encodeURIComponent(id)}`); } catch (e) {
         replace(box, h("p", { class: "error" }, e.status === 404 ? `No run ${id}.` : `Cannot load the run: ${e.message}`));
@@ -198,8 +234,15 @@ export const detail = {
         !run.result_markdown && !run.result_json ? h("p", { class: "muted" }, "No result yet.") : null,
         h("h3", null, `Proposals (${proposals.length})`),
         proposals.length ? h("div", { class: "proposals" }, proposals.map((p) => proposalCard(p, load))) : h("p", { class: "muted" }, "None."));
+      box.dataset.status = run.status;
+      box.dataset.steps = String(steps.length);
+      for (const s of box.querySelectorAll("details > summary")) if (keep.has(s.textContent)) s.parentElement.open = true;
     }
+    const reload = coalesced(load);
     load();
+    return events.subscribe((ev) => {
+      if ((RUN_EVENTS.has(ev.event_type) || PROPOSAL_EVENTS.has(ev.event_type)) && ev.data?.run_id === id) reload(id);
+    });
   },
 };
 

@@ -25,6 +25,12 @@
 //! `?capability_id=`, `?provider_id=`, `?lease_id=`: only matching events
 //! are sent. A keep-alive comment goes out every 15 s.
 //!
+//! # Roles
+//! Events only admins may read ([`EventType::admin_only`]: the agent
+//! proposals, admin-only in the API) are left out of every other role's
+//! stream, in replay and live alike; asking for them by `?types=` gives
+//! nothing rather than an error.
+//!
 //! # Revoked tokens
 //! The stream re-checks its token every [`TOKEN_RECHECK_INTERVAL`]
 //! through the same lookup the HTTP authentication uses (the in-memory
@@ -119,6 +125,11 @@ fn sse_event(ev: &CapabilityEvent) -> Event {
         .data(serde_json::to_string(ev).unwrap_or_default())
 }
 
+/// True when `who` may read `ev` (see "Roles" above).
+pub fn may_read(who: &Principal, ev: &CapabilityEvent) -> bool {
+    !ev.event_type.admin_only() || who.is_admin()
+}
+
 async fn stream(
     State(st): State<EventsApi>,
     who: Principal,
@@ -206,7 +217,9 @@ async fn stream(
                 break;
             }
             let out = match next {
-                Ok(Followed::Event(ev)) if filter.matches(&ev) => sse_event(&ev),
+                Ok(Followed::Event(ev)) if filter.matches(&ev) && may_read(&who, &ev) => {
+                    sse_event(&ev)
+                }
                 Ok(Followed::Event(_)) => continue,
                 Ok(Followed::Gap {
                     from_event_id,

@@ -9,8 +9,10 @@
 //!
 //! - [`follow`]: lossless, ordered reading of the log (SSE, the MQTT
 //!   command forwarder, the sessions' lease follower);
-//! - [`api`]: `GET /api/v1/capability-events/stream` (SSE).
+//! - [`api`]: `GET /api/v1/capability-events/stream` (SSE);
+//! - [`agent_sink`]: the agent runtime's run and proposal events.
 
+pub mod agent_sink;
 pub mod api;
 pub mod follow;
 

@@ -449,6 +449,7 @@ mod tests {
             ended_at: Some(chrono::Utc::now()),
             principal: "agent-1".into(),
             generation: None,
+            capability_selector: None,
         }
     }
 

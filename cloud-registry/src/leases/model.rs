@@ -74,6 +74,14 @@ impl Want {
         }
     }
 
+    /// The selector of a want by selector.
+    pub fn selector(&self) -> Option<&CapabilitySelector> {
+        match self {
+            Want::Selector { selector, .. } => Some(selector),
+            _ => None,
+        }
+    }
+
     /// True when `info` can serve this want.
     pub fn matches(&self, info: &CapabilityInfo) -> bool {
         match self {

@@ -401,6 +401,7 @@ impl State {
                 ended_at: None,
                 principal: adm.principal.clone(),
                 generation: None,
+                capability_selector: m.want.selector().cloned(),
             };
             let entry = Entry {
                 lease,

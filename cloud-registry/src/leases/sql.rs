@@ -14,7 +14,7 @@ use shared_protocol::event::CapabilityEvent;
 use shared_protocol::lease::{CapabilityLease, LeaseStatus};
 use shared_protocol::Timestamp;
 
-use super::model::{Book, Row};
+use super::model::{Book, Row, Want};
 use super::LeaseFilter;
 use crate::events::{append, NewEvent};
 
@@ -124,7 +124,7 @@ fn get_enum<T: std::str::FromStr<Err = shared_protocol::ValidationError>>(
 
 fn read_row(r: &SqlRow<'_>) -> rusqlite::Result<Row> {
     let priority: i64 = r.get(6)?;
-    let lease = CapabilityLease {
+    let mut lease = CapabilityLease {
         lease_id: r.get(0)?,
         capability_id: r.get(1)?,
         holder_type: get_enum(r, 2)?,
@@ -148,14 +148,17 @@ fn read_row(r: &SqlRow<'_>) -> rusqlite::Result<Row> {
             .get::<_, Option<i64>>(26)?
             .map(|g| u64::try_from(g).map_err(|e| bad(26, e)))
             .transpose()?,
+        capability_selector: None,
     };
     let duration: i64 = r.get(19)?;
     let seq: i64 = r.get(20)?;
     let want: String = r.get(21)?;
+    let want: Want = serde_json::from_str(&want).map_err(|e| bad(21, e))?;
+    lease.capability_selector = want.selector().cloned();
     let book = Book {
         requested_duration_seconds: u32::try_from(duration).map_err(|e| bad(19, e))?,
         queue_seq: u64::try_from(seq).map_err(|e| bad(20, e))?,
-        want: serde_json::from_str(&want).map_err(|e| bad(21, e))?,
+        want,
         preempt_if_needed: r.get(22)?,
         request_preempt_reason: r.get(23)?,
         queue_deadline: get_ts_opt(r, 24)?,
