@@ -26,6 +26,10 @@ use crate::run::FINAL_SESSION;
 /// not sent.
 pub const MAX_INLINE_BYTES: u64 = 8 * 1024 * 1024;
 
+/// How long `fetch_artifact` waits for the bench to upload an artifact's
+/// bytes (its metadata arrives with the session, the bytes just after).
+pub const UPLOAD_WAIT: Duration = Duration::from_secs(20);
+
 /// The MCP server: one registry client and the leases it took.
 #[derive(Clone)]
 pub struct BenchServer {
@@ -420,12 +424,30 @@ impl BenchServer {
         &self,
         Parameters(a): Parameters<ArtifactIdArg>,
     ) -> Result<CallToolResult, ErrorData> {
-        let meta = match self
-            .get(&format!("/api/v1/artifacts/{}", a.artifact_id))
-            .await
-        {
-            Ok(m) => m,
-            Err(e) => return Ok(e),
+        // A session completes with its artifacts' metadata; the bytes
+        // follow from the bench's outbox, so wait for them a while.
+        let deadline = tokio::time::Instant::now() + UPLOAD_WAIT;
+        let meta = loop {
+            let meta = match self
+                .get(&format!("/api/v1/artifacts/{}", a.artifact_id))
+                .await
+            {
+                Ok(m) => m,
+                Err(e) => return Ok(e),
+            };
+            if meta["uploaded"] != Value::Bool(false) {
+                break meta;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(text_result(&json!({
+                    "artifact": meta,
+                    "note": format!(
+                        "the bench has not uploaded this artifact's bytes yet ({} s waited); fetch it again later",
+                        UPLOAD_WAIT.as_secs()
+                    ),
+                })));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         };
         let size = meta["size_bytes"].as_u64().unwrap_or(0);
         let ct = meta["content_type"].as_str().unwrap_or("").to_string();
