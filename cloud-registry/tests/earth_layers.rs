@@ -235,6 +235,15 @@ async fn bad_time_unknown_layer_and_roles_are_refused_clearly() {
         "{msg}"
     );
 
+    // A time centuries away is refused at once rather than propagated.
+    let (status, _, body) = h
+        .geo(Role::Viewer, "satellites?at=9999-12-31T23:59:59Z")
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["details"]["param"], "at");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("days from now"), "{msg}");
+
     let (status, _, body) = h.geo(Role::Viewer, "ships").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert!(body["error"]["details"]["layers"]

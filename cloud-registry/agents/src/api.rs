@@ -373,11 +373,17 @@ pub struct LayerQuery {
     pub at: Option<String>,
 }
 
+/// Furthest `?at=` may lie from the registry's clock (days). SGP4's work
+/// grows with the distance from a TLE's epoch, and positions decades away
+/// mean nothing.
+pub const MAX_AT_DISTANCE_DAYS: i64 = 3653;
+
 /// Parses `?at=`: RFC 3339 (a `+` offset that arrived as a space is
-/// accepted). Errors: 400 `invalid_query` naming `at`.
+/// accepted), within [`MAX_AT_DISTANCE_DAYS`] of now. Errors: 400
+/// `invalid_query` naming `at`.
 fn parse_at(raw: &str) -> ApiResult<chrono::DateTime<Utc>> {
     let t = raw.trim().replace(' ', "+");
-    chrono::DateTime::parse_from_rfc3339(&t)
+    let at = chrono::DateTime::parse_from_rfc3339(&t)
         .map(|d| d.with_timezone(&Utc))
         .map_err(|e| {
             ApiError::invalid_query(
@@ -386,7 +392,17 @@ fn parse_at(raw: &str) -> ApiResult<chrono::DateTime<Utc>> {
                     "expected an RFC 3339 time such as 2026-12-02T05:00:00Z, got `{raw}` ({e})"
                 ),
             )
-        })
+        })?;
+    let distance = (at - Utc::now()).num_days().abs();
+    if distance > MAX_AT_DISTANCE_DAYS {
+        return Err(ApiError::invalid_query(
+            "at",
+            format!(
+                "`{raw}` is {distance} days from now; satellites are placed at most {MAX_AT_DISTANCE_DAYS} days (10 years) either side of the registry's clock"
+            ),
+        ));
+    }
+    Ok(at)
 }
 
 /// One map layer as GeoJSON (`application/geo+json`) with an ETag.
