@@ -19,18 +19,25 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct Global {
     /// The registry's base URL, e.g. http://127.0.0.1:8080.
-    #[arg(long, env = "BENCHLINK_URL", global = true)]
+    /// An empty value (e.g. `BENCHLINK_URL=`) counts as not given.
+    #[arg(long, env = "BENCHLINK_URL", global = true, value_name = "URL")]
     pub url: Option<String>,
     /// Bearer token (prefer --token-file: a flag shows in `ps`).
-    #[arg(long, env = "BENCHLINK_TOKEN", global = true, hide_env_values = true)]
+    #[arg(
+        long,
+        env = "BENCHLINK_TOKEN",
+        global = true,
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
     pub token: Option<String>,
     /// File holding the bearer token; must be mode 0600.
-    #[arg(long, env = "BENCHLINK_TOKEN_FILE", global = true)]
-    pub token_file: Option<PathBuf>,
+    #[arg(long, env = "BENCHLINK_TOKEN_FILE", global = true, value_name = "FILE")]
+    pub token_file: Option<String>,
     /// Config file (TOML: `url`, `token_file`); default
     /// ~/.config/benchlink/config.toml.
-    #[arg(long, env = "BENCHLINK_CONFIG", global = true)]
-    pub config: Option<PathBuf>,
+    #[arg(long, env = "BENCHLINK_CONFIG", global = true, value_name = "FILE")]
+    pub config: Option<String>,
     /// Print the registry's JSON instead of tables (one JSON document per
     /// command; `watch` prints one event per line).
     #[arg(long, global = true)]

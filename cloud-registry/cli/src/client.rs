@@ -464,36 +464,34 @@ pub fn follow_events(
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             };
-            let mut stream = resp.bytes_stream();
-            let mut buf = String::new();
-            while let Some(Ok(chunk)) = stream.next().await {
-                buf.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = buf.find("\n\n") {
-                    let block: String = buf.drain(..end + 2).collect();
-                    let data: String = block
-                        .lines()
-                        .filter_map(|l| l.strip_prefix("data:"))
-                        .map(str::trim_start)
-                        .collect::<Vec<_>>()
-                        .join("\n");
-                    let Ok(ev) = serde_json::from_str::<Value>(&data) else {
-                        continue;
-                    };
-                    let Some(id) = ev["event_id"].as_u64() else {
-                        continue;
-                    };
-                    if id <= last_id {
-                        continue;
-                    }
-                    last_id = id;
-                    on_event(&ev);
-                    if let Ok(mut e) = events.lock() {
-                        e.push(ev);
-                    }
+            let mut stream = std::pin::pin!(stream_events(resp));
+            while let Some(ev) = stream.next().await {
+                let Some(id) = ev["event_id"].as_u64() else {
+                    continue;
+                };
+                if id <= last_id {
+                    continue;
+                }
+                last_id = id;
+                on_event(&ev);
+                if let Ok(mut e) = events.lock() {
+                    e.push(ev);
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
     (log, task)
+}
+
+/// The JSON events of an SSE answer (`text/event-stream`), in order: each
+/// event's `data` parsed as JSON. Events whose data is not JSON (comments,
+/// keep-alives) are skipped. The stream ends when the connection does or
+/// breaks; UTF-8 split across network chunks is reassembled.
+pub fn stream_events(resp: reqwest::Response) -> impl futures::Stream<Item = Value> {
+    use eventsource_stream::Eventsource;
+    resp.bytes_stream()
+        .eventsource()
+        .take_while(|r| std::future::ready(r.is_ok()))
+        .filter_map(|r| std::future::ready(r.ok().and_then(|e| serde_json::from_str(&e.data).ok())))
 }

@@ -90,7 +90,45 @@ pub fn read_token_file(path: &Path) -> Result<String, Failure> {
     Ok(token)
 }
 
+/// `url` without a trailing `/`, when it is an absolute `http` or
+/// `https` URL with a host.
+///
+/// Errors (usage): anything else, e.g. `not-a-url` or `ftp://host`.
+pub fn check_url(url: &str) -> Result<String, Failure> {
+    let bad = |why: &str| {
+        Failure::usage(format!(
+            "registry URL {url:?} {why}; give one like http://127.0.0.1:8080"
+        ))
+    };
+    let parsed = reqwest::Url::parse(url).map_err(|e| bad(&format!("is not a URL ({e})")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(bad("is not http or https"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad("has no host"));
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
 impl Given {
+    /// From the flags' (or environment's) raw values; an empty value is
+    /// treated as not given, so `BENCHLINK_TOKEN_FILE=` falls through to
+    /// the next source.
+    pub fn from_values(
+        url: Option<String>,
+        token: Option<String>,
+        token_file: Option<String>,
+        config: Option<String>,
+    ) -> Given {
+        let given = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+        Given {
+            url: given(url),
+            token: given(token),
+            token_file: given(token_file).map(PathBuf::from),
+            config: given(config).map(PathBuf::from),
+        }
+    }
+
     /// Resolve the URL and the token.
     ///
     /// Errors (usage): a config file named explicitly that is missing or
@@ -124,7 +162,7 @@ impl Given {
             }
         };
         Ok(Settings {
-            url: url.trim_end_matches('/').to_string(),
+            url: check_url(&url)?,
             token,
         })
     }
@@ -176,6 +214,30 @@ mod tests {
             (flags.url.as_str(), flags.token.as_str()),
             ("http://flag:2", "flag-token")
         );
+        for bad in ["not-a-url", "ftp://host:21", "http://"] {
+            let e = Given {
+                url: Some(bad.into()),
+                token: Some("t".into()),
+                ..Given::default()
+            }
+            .resolve()
+            .unwrap_err();
+            assert_eq!(e.code, 2, "{bad}");
+            assert!(e.message.contains(bad), "{}", e.message);
+        }
+        let empty = Given::from_values(
+            Some("http://h:1".into()),
+            None,
+            Some(String::new()),
+            Some(cfg_path_string(&dir)),
+        );
+        assert_eq!(empty.token_file, None);
+        let e = empty.resolve().unwrap_err();
+        assert!(
+            e.message.starts_with("no token:"),
+            "an empty BENCHLINK_TOKEN_FILE counts as not given: {}",
+            e.message
+        );
         let missing = Given {
             config: Some(dir.path().join("nope.toml")),
             ..Given::default()
@@ -183,5 +245,11 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert_eq!(missing.code, 2);
+    }
+
+    fn cfg_path_string(dir: &tempfile::TempDir) -> String {
+        let p = dir.path().join("empty.toml");
+        std::fs::write(&p, "").unwrap();
+        p.display().to_string()
     }
 }

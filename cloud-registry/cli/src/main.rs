@@ -62,13 +62,7 @@ fn execute(cli: Cli) -> Result<(), Failure> {
         _ => {}
     }
     let g = cli.global;
-    let settings = Given {
-        url: g.url,
-        token: g.token,
-        token_file: g.token_file,
-        config: g.config,
-    }
-    .resolve()?;
+    let settings = Given::from_values(g.url, g.token, g.token_file, g.config).resolve()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -345,12 +345,18 @@ fn print_lease_line(ctx: &Ctx, what: &str, l: &Value) {
     if ctx.json {
         ctx.print_json(l);
     } else {
+        let when = if FINAL_LEASE.contains(&l["status"].as_str().unwrap_or("")) {
+            format!("ended {}", cell(&l["ended_at"]))
+        } else if l["status"] == "requested" {
+            format!("queued since {}", cell(&l["requested_at"]))
+        } else {
+            format!("expires {}", cell(&l["expires_at"]))
+        };
         println!(
-            "{what} {} on {} ({}), expires {}",
+            "{what} {} on {} ({}), {when}",
             cell(&l["lease_id"]),
             cell(&l["capability_id"]),
             cell(&l["status"]),
-            cell(&l["expires_at"])
         );
     }
 }
@@ -410,9 +416,8 @@ async fn lease(ctx: &Ctx, a: LeaseArgs) -> Outcome {
                 ))
                 .await?;
         }
-        lease_outcome(ctx, std::slice::from_ref(&l))
-            .await
-            .map_err(|f| f.with_body(&l))?;
+        let outcome = lease_outcome(ctx, &principal, std::slice::from_mut(&mut l)).await;
+        outcome.map_err(|f| f.with_body(&l))?;
         print_lease_line(ctx, "lease", &l);
         return Ok(());
     }
@@ -453,10 +458,15 @@ async fn lease(ctx: &Ctx, a: LeaseArgs) -> Outcome {
             g["status"] = json!("granted");
         }
     }
-    let leases = g["leases"].as_array().cloned().unwrap_or_default();
-    lease_outcome(ctx, &leases)
-        .await
-        .map_err(|f| f.with_body(&g))?;
+    let mut leases = g["leases"].as_array().cloned().unwrap_or_default();
+    let outcome = lease_outcome(ctx, &principal, &mut leases).await;
+    if outcome.is_err() {
+        g["leases"] = json!(leases);
+        if let Some(s) = leases.first().map(|l| l["status"].clone()) {
+            g["status"] = s;
+        }
+    }
+    outcome.map_err(|f| f.with_body(&g))?;
     if ctx.json {
         ctx.print_json(&g);
     } else {
@@ -475,11 +485,14 @@ async fn lease(ctx: &Ctx, a: LeaseArgs) -> Outcome {
 /// Exit 5 when a lease is still queued after the wait or ended without a
 /// grant. Queued requests are withdrawn first (released), so a refused
 /// lease or group leaves nothing behind; the message names the current
-/// holders. The answer was printed already.
-async fn lease_outcome(ctx: &Ctx, leases: &[Value]) -> Outcome {
-    let waiting: Vec<&Value> = leases
+/// holders (`you` when it is the caller, `principal`). Each withdrawn
+/// lease in `leases` is replaced by the registry's answer to the release,
+/// so the failure's body shows the final status, not `requested`.
+async fn lease_outcome(ctx: &Ctx, principal: &str, leases: &mut [Value]) -> Outcome {
+    let waiting: Vec<String> = leases
         .iter()
         .filter(|l| l["status"] == "requested")
+        .map(|l| l["capability_id"].as_str().unwrap_or("").to_string())
         .collect();
     if let Some(l) = leases
         .iter()
@@ -497,18 +510,21 @@ async fn lease_outcome(ctx: &Ctx, leases: &[Value]) -> Outcome {
     if waiting.is_empty() {
         return Ok(());
     }
-    for l in leases {
-        let _ = ctx
+    for l in leases.iter_mut() {
+        if let Ok((StatusCode::OK, ended)) = ctx
             .agent
             .post(
                 &format!("/api/v1/capability-leases/{}/release", cell(&l["lease_id"])),
                 &json!({"reason": "not granted within the wait; withdrawn"}),
             )
-            .await;
+            .await
+        {
+            *l = ended;
+        }
     }
     let mut holders = Vec::new();
-    for l in &waiting {
-        let cap = l["capability_id"].as_str().unwrap_or("");
+    for cap in &waiting {
+        let cap = cap.as_str();
         if cap.is_empty() {
             continue;
         }
@@ -521,9 +537,14 @@ async fn lease_outcome(ctx: &Ctx, leases: &[Value]) -> Outcome {
             .await
         {
             for h in v["leases"].as_array().into_iter().flatten() {
+                let holder = cell(&h["holder_ref"]);
+                let holder = if holder == principal || cell(&h["principal"]) == principal {
+                    format!("you ({holder})")
+                } else {
+                    holder
+                };
                 holders.push(format!(
-                    "{cap} is held by {} (lease {}, priority {}, until {})",
-                    cell(&h["holder_ref"]),
+                    "{cap} is held by {holder} (lease {}, priority {}, until {})",
                     cell(&h["lease_id"]),
                     cell(&h["priority"]),
                     cell(&h["expires_at"])
@@ -776,40 +797,25 @@ async fn watch(ctx: &Ctx, a: WatchArgs) -> Outcome {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
-        let mut stream = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
-        while let Some(Ok(chunk)) = stream.next().await {
-            buf.extend_from_slice(&chunk);
-            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-                let block: Vec<u8> = buf.drain(..end + 2).collect();
-                let block = String::from_utf8_lossy(&block);
-                let data: String = block
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data:"))
-                    .map(str::trim_start)
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                let Ok(ev) = serde_json::from_str::<Value>(&data) else {
-                    continue;
-                };
-                let Some(id) = ev["event_id"].as_u64() else {
-                    continue;
-                };
-                if last_id.is_some_and(|l| id <= l) {
-                    continue;
-                }
-                last_id = Some(id);
-                let line = if ctx.json {
-                    ev.to_string()
-                } else {
-                    event_line(&ev)
-                };
-                let _ = writeln!(out, "{line}");
-                let _ = out.flush();
-                seen += 1;
-                if a.count.is_some_and(|c| seen >= c) {
-                    return Ok(());
-                }
+        let mut stream = std::pin::pin!(crate::client::stream_events(resp));
+        while let Some(ev) = stream.next().await {
+            let Some(id) = ev["event_id"].as_u64() else {
+                continue;
+            };
+            if last_id.is_some_and(|l| id <= l) {
+                continue;
+            }
+            last_id = Some(id);
+            let line = if ctx.json {
+                ev.to_string()
+            } else {
+                event_line(&ev)
+            };
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+            seen += 1;
+            if a.count.is_some_and(|c| seen >= c) {
+                return Ok(());
             }
         }
         eprintln!(
