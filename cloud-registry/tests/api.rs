@@ -577,6 +577,42 @@ async fn sse_resume_with_last_event_id_loses_nothing_and_repeats_nothing() {
 }
 
 #[tokio::test]
+async fn sse_tail_replays_the_last_events_then_goes_live() {
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
+    flip_health(&api, &admin, 4).await;
+    let total = reg.bus.replay(0, 10_000).await.unwrap().len() as u64;
+    assert!(total > 3, "{total} events to tail");
+    let mut sse = SseReader::open(
+        &api,
+        "/api/v1/capability-events/stream?tail=3",
+        &admin,
+        None,
+    )
+    .await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(
+            sse.next(Duration::from_secs(5))
+                .await
+                .expect("tail")
+                .id
+                .unwrap(),
+        );
+    }
+    assert_eq!(seen, (total - 2..=total).collect::<Vec<_>>());
+    assert!(sse.next(Duration::from_millis(300)).await.is_none());
+    flip_health(&api, &admin, 1).await;
+    let live = sse.next(Duration::from_secs(5)).await.expect("live").id;
+    assert_eq!(live, Some(total + 1));
+    drop(sse);
+    let r = api
+        .get("/api/v1/capability-events/stream?tail=1001", Some(&admin))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "invalid_query");
+    reg.shutdown().await;
+}
+
+#[tokio::test]
 async fn sse_filters_by_type_and_capability() {
     let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
     let mut sse = SseReader::open(

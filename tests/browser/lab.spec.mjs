@@ -186,6 +186,9 @@ await run("lab", async (t) => {
     await page.goto(`${env("BENCHLINK_URL")}/console/#/events`);
     await page.waitForSelector("#events-body");
     await page.waitForFunction(() => document.querySelector("#stream-status")?.textContent.includes("live"));
+    // It opens with the recent past: the grants made before it opened are listed.
+    await page.waitForSelector('#events-body tr[data-event-type="lease_granted"]', { state: "attached", timeout: 3000 });
+    check((await page.textContent("#events-count")).includes("before this page opened"), "the count does not say what was replayed");
     await page.click('button[data-group="leases"]');
     const r = await http("POST", `/api/v1/capability-leases/${chiefLease}/release`, CHIEF, { reason: "done" });
     check(r.status === 200, `release: ${r.status}`);

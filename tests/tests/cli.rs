@@ -168,7 +168,10 @@ async fn group_lease_act_download_release_and_a_refused_second_holder() {
     )
     .await;
     assert_eq!(refused_json.code, 5);
-    assert_eq!(refused_json.json()["error"]["exit_code"], 5);
+    let answer = refused_json.json();
+    assert_eq!(answer["error"]["exit_code"], 5);
+    // The answer is the withdrawn request as it ended, not the queued one.
+    assert_eq!(answer["error"]["answer"]["status"], "released", "{answer}");
 
     // Serial console: open, write a line, read.
     let s = ok(&lab, &hw, c, &["--json", "act", &con_lease, "open"]).await;
@@ -471,6 +474,14 @@ fn completions_and_the_man_page_come_from_the_same_definitions() {
         Some(2),
         "an unknown shell is a usage error"
     );
+    let not_a_url = std::process::Command::new(workspace_bin("benchlink"))
+        .args(["--url", "not-a-url", "--token", "t", "caps"])
+        .env_remove("BENCHLINK_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&not_a_url.stderr);
+    assert_eq!(not_a_url.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not-a-url"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

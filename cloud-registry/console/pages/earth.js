@@ -102,6 +102,7 @@ export default {
             results))));
 
     let map = null;
+    let resizer = null;
     let lastCommand = null;
     let recording = null;
     let recognizer = null;
@@ -181,6 +182,11 @@ export default {
           if (key === "satellites" && on) map.startAnimation();
         };
         window.__earthMap = map;
+        // A window resized (or a phone turned) redraws at the new width.
+        resizer = new ResizeObserver(() => {
+          if (map && canvas.clientWidth && canvas.clientWidth !== canvas.width) { map.resize(); map.draw(); }
+        });
+        resizer.observe(canvas);
         map.draw();
         status.textContent = "Loading layers…";
         await Promise.all(LAYERS.map(loadLayer));
@@ -429,6 +435,7 @@ export default {
       stopWake();
       if (recording) recording.stop();
       if (map) map.stopAnimation();
+      if (resizer) resizer.disconnect();
       clearTimeout(stepTimer);
       delete window.__earthMap;
     };

@@ -1,7 +1,7 @@
 // Events page: a live tail of the event stream (newest on top, the last
 // 500 kept) with type filters.
 
-import { events } from "../api.js";
+import { EventStream } from "../api.js";
 import { h, replace, fmtTime } from "../dom.js";
 
 const TYPES = [
@@ -11,8 +11,11 @@ const TYPES = [
   "session_started", "session_completed", "session_failed", "session_late_report",
   "artifact_uploaded", "audit_task_created", "audit_task_claimed",
   "audit_task_released", "audit_task_completed",
+  "agent_run_created", "agent_run_updated", "agent_proposal_created", "agent_proposal_updated",
 ];
 const KEEP = 500;
+/** Events replayed when the page opens (the stream's `tail`). */
+const TAIL = 200;
 
 /** `HH:MM:SS.mmm` of an ISO time. */
 function clock(iso) {
@@ -45,7 +48,7 @@ export default {
     const enabled = new Set(TYPES);
     const tbody = h("tbody", { id: "events-body" });
     let paused = false;
-    const count = h("span", { class: "summary", id: "events-count" }, "Waiting for events…");
+    const count = h("span", { class: "summary", id: "events-count" }, "Loading recent events…");
     let shown = 0;
     const apply = () => {
       for (const tr of tbody.children) tr.hidden = !enabled.has(tr.dataset.eventType);
@@ -83,6 +86,8 @@ export default {
           h("thead", null, h("tr", null, ["#", "Time", "Type", "Provider", "Capability", "Subject", "Detail"].map((x) => h("th", null, x)))),
           tbody))));
 
+    // The page's own stream: the last TAIL events of the log, then live.
+    const events = new EventStream({ tail: String(TAIL) });
     const unsub = events.subscribe((ev) => {
       if (paused) return;
       const tr = h("tr", { dataset: { eventType: ev.event_type, eventId: ev.event_id } },
@@ -97,8 +102,12 @@ export default {
       tbody.insertBefore(tr, tbody.firstChild);
       while (tbody.children.length > KEEP) tbody.removeChild(tbody.lastChild);
       shown += 1;
-      count.textContent = `${shown} events since this page opened`;
+      count.textContent = `${Math.min(shown, KEEP)} events (the last ${TAIL} before this page opened, then live)`;
     });
-    return unsub;
+    events.onStatus((st) => {
+      if (st === "live" && shown === 0) count.textContent = "No events yet; waiting…";
+    });
+    events.start();
+    return () => { unsub(); events.stop(); };
   },
 };

@@ -10,7 +10,9 @@
 //! then continues live, with no gap and no duplicate: the live subscription
 //! is taken before the replay, and live events at or below the last id
 //! sent are skipped (see [`crate::events::follow`]). Without either, the stream
-//! starts at the current end of the log (live only).
+//! starts at the current end of the log (live only), or, with `?tail=N`
+//! (at most [`MAX_TAIL`]), N events before it: the last N events of the
+//! log, filtered like the rest, then live.
 //!
 //! # Slow clients
 //! When a client reads so slowly that the live channel drops events for it,
@@ -109,9 +111,13 @@ impl EventFilter {
     }
 }
 
+/// The most events `?tail=` replays.
+pub const MAX_TAIL: u64 = 1000;
+
 #[derive(Deserialize)]
 struct StreamQuery {
     after: Option<u64>,
+    tail: Option<u64>,
     types: Option<String>,
     capability_id: Option<String>,
     provider_id: Option<String>,
@@ -165,6 +171,12 @@ async fn stream(
         provider_id: q.provider_id.filter(|s| !s.is_empty()),
         lease_id: q.lease_id.filter(|s| !s.is_empty()),
     };
+    if q.tail.is_some_and(|n| n > MAX_TAIL) {
+        return Err(ApiError::invalid_query(
+            "tail",
+            format!("at most {MAX_TAIL} events"),
+        ));
+    }
     // Subscribe first, then find where the log ends: nothing committed in
     // between can be missed.
     let mut follower = EventFollower::new(st.bus.clone(), 0);
@@ -182,7 +194,7 @@ async fn stream(
             log_end
         }
         Some(n) => n,
-        None => log_end,
+        None => log_end.saturating_sub(q.tail.unwrap_or(0)),
     };
     follower.skip_to(after);
     let token = crate::auth::bearer_token(&headers)?.to_string();
