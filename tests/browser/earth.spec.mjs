@@ -70,6 +70,23 @@ run("earth", async (t) => {
     check((await page.textContent(".earth-attribution")).includes("Natural Earth"), "the map's attribution is shown");
   });
 
+  await t.step("on a 420 px wide screen the map keeps the width and the panel goes under it", async () => {
+    await page.setViewportSize({ width: 420, height: 860 });
+    await page.waitForFunction(() => {
+      const c = document.querySelector("canvas.earth-canvas");
+      return c && c.width >= 360 && c.width === c.clientWidth;
+    }, null, { timeout: 5000 });
+    const m = await page.evaluate(() => ({
+      page: document.documentElement.scrollWidth,
+      map: document.querySelector("canvas.earth-canvas").getBoundingClientRect().bottom,
+      panel: document.querySelector(".earth-panel").getBoundingClientRect().top,
+    }));
+    check(m.page <= 420 && m.panel >= m.map, `narrow layout: ${JSON.stringify(m)}`);
+    await screenshot(page, "earth-narrow");
+    await page.setViewportSize({ width: 1440, height: 900 });
+    await page.waitForFunction(() => document.querySelector("canvas.earth-canvas").width > 900, null, { timeout: 5000 });
+  });
+
   await t.step("高亮所有北斗卫星 with AI: satellite layer on, exactly the returned ids highlighted, the count shown", async () => {
     check(!(await page.isChecked("#layer-satellites")), "the satellite layer starts off");
     await page.fill("#earth-q", "高亮所有北斗卫星");

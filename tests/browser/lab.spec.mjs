@@ -250,6 +250,22 @@ await run("lab", async (t) => {
     await page.waitForFunction(() => document.querySelector("#stream-status")?.textContent.includes("live"));
   });
 
+  await t.step("on a 420 px wide screen the bar wraps and the page does not overflow", async () => {
+    await page.setViewportSize({ width: 420, height: 860 });
+    await page.goto(`${env("BENCHLINK_URL")}/console/#/lab`);
+    await page.waitForSelector(`section.provider[data-provider-id="${PROVIDER}"]`);
+    const m = await page.evaluate(() => {
+      const head = document.querySelector("header.top").getBoundingClientRect();
+      const nav = document.querySelector("nav.nav").getBoundingClientRect();
+      const signout = document.querySelector("#signout").getBoundingClientRect();
+      return { page: document.documentElement.scrollWidth, navBottom: nav.bottom, headBottom: head.bottom, signoutRight: signout.right };
+    });
+    check(m.page <= 420, `the page is ${m.page} px wide at 420`);
+    check(m.navBottom <= m.headBottom && m.signoutRight <= 420, `the bar overflows: ${JSON.stringify(m)}`);
+    await screenshot(page, "lab-narrow");
+    await page.setViewportSize({ width: 1440, height: 900 });
+  });
+
   await t.step("killing the edge greys its capabilities out", async () => {
     process.kill(EDGE_PID, "SIGKILL");
     const t0 = Date.now();
