@@ -4,8 +4,9 @@
 //! GeoJSON file served by a local HTTP server becomes the vessels layer
 //! and answers the Earth command without a restart; a source that cannot
 //! be fetched or parsed fails its proposal and changes nothing; an applied
-//! source survives a restart; an applied `speech` integration sends audio
-//! to the new base URL; an unknown integration id is refused. Proposals
+//! source survives a restart, a disabled one is gone, a refreshed one
+//! changes; an applied `speech` integration sends audio to the new base
+//! URL (also after a restart); an unknown integration id is refused. Proposals
 //! are made by a `config_proposal` run on a stand-in chat model.
 
 mod agents_support;
@@ -103,7 +104,8 @@ impl GeoServer {
 
 /// A registry on a stand-in chat model, with an admin token.
 struct Lab {
-    dir: TempDir,
+    /// The store; lives as long as the lab.
+    _dir: TempDir,
     cfg: Config,
     reg: Option<RunningRegistry>,
     api: Api,
@@ -122,7 +124,7 @@ impl Lab {
         let api = Api::new(&reg.base_url());
         let admin = new_token(&reg, Role::Admin, "alice-admin").await;
         Lab {
-            dir,
+            _dir: dir,
             cfg,
             reg: Some(reg),
             api,
@@ -137,7 +139,6 @@ impl Lab {
         let reg = common::start(self.cfg.clone()).await;
         self.api = Api::new(&reg.base_url());
         self.reg = Some(reg);
-        let _ = &self.dir;
     }
 
     /// A `config_proposal` run (as the admin) whose model proposes each of
@@ -378,44 +379,46 @@ async fn a_source_with_a_refresh_interval_picks_up_new_features() {
     assert_eq!(lab.vessel_layer().await, ["vessel:mmsi:999000101"]);
 }
 
+/// `POST /speech/transcriptions` with a small upload as the admin; the
+/// status.
+async fn transcribe(lab: &Lab) -> StatusCode {
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(vec![0u8; 2048])
+                .file_name("a.webm")
+                .mime_str("audio/webm")
+                .unwrap(),
+        )
+        .text("language", "zh");
+    lab.api
+        .http
+        .post(format!(
+            "{}/api/v1/agents/speech/transcriptions",
+            lab.api.base
+        ))
+        .bearer_auth(&lab.admin)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
 #[tokio::test]
 async fn an_applied_speech_integration_sends_later_audio_to_its_base_url() {
     let configured = FakeVendor::start().await;
     let proposed = FakeVendor::start().await;
     let configured_url = configured.base_url.clone();
-    let lab = Lab::start(move |cfg| {
+    let mut lab = Lab::start(move |cfg| {
         cfg.agents.speech.base_url = Some(configured_url);
         cfg.agents.speech.api_key = Some("sk-asr-config".into());
     })
     .await;
     let reply = json!({"task": "transcribe", "language": "zh", "duration": 1.0,
                        "text": "显示所有船舶", "segments": []});
-    let transcribe = || async {
-        let form = reqwest::multipart::Form::new()
-            .part(
-                "file",
-                reqwest::multipart::Part::bytes(vec![0u8; 2048])
-                    .file_name("a.webm")
-                    .mime_str("audio/webm")
-                    .unwrap(),
-            )
-            .text("language", "zh");
-        let resp = lab
-            .api
-            .http
-            .post(format!(
-                "{}/api/v1/agents/speech/transcriptions",
-                lab.api.base
-            ))
-            .bearer_auth(&lab.admin)
-            .multipart(form)
-            .send()
-            .await
-            .unwrap();
-        resp.status()
-    };
     configured.then_audio(200, reply.clone());
-    assert_eq!(transcribe().await, StatusCode::OK);
+    assert_eq!(transcribe(&lab).await, StatusCode::OK);
     assert_eq!(configured.audio_requests().len(), 1);
 
     let (status, body) = lab
@@ -425,8 +428,8 @@ async fn an_applied_speech_integration_sends_later_audio_to_its_base_url() {
             "rationale": "move to the new ASR host"}))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    proposed.then_audio(200, reply);
-    assert_eq!(transcribe().await, StatusCode::OK);
+    proposed.then_audio(200, reply.clone());
+    assert_eq!(transcribe(&lab).await, StatusCode::OK);
     let got = proposed.audio_requests();
     assert_eq!(got.len(), 1, "the new base URL got the audio");
     assert_eq!(
@@ -435,6 +438,13 @@ async fn an_applied_speech_integration_sends_later_audio_to_its_base_url() {
         "the key stays the configured one"
     );
     assert_eq!(configured.audio_requests().len(), 1, "the old one nothing");
+
+    // Stored: a restarted registry still uses the applied base URL.
+    lab.restart().await;
+    proposed.then_audio(200, reply);
+    assert_eq!(transcribe(&lab).await, StatusCode::OK);
+    assert_eq!(proposed.audio_requests().len(), 2);
+    assert_eq!(configured.audio_requests().len(), 1);
 }
 
 #[tokio::test]

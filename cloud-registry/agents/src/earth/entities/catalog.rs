@@ -869,3 +869,51 @@ fn cable_matches(r: &CableRecord, f: &Prepared, notes: &mut MatchNotes) -> bool 
         EntityKind::Cable => f.any_place_ok(&r.landing_places, notes),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vessels(features: serde_json::Value, label: &str) -> GeoLayerData {
+        let fc = serde_json::json!({"type": "FeatureCollection", "features": features});
+        GeoLayerData::parse(
+            fc.to_string().as_bytes(),
+            EarthDomain::Vessels,
+            label,
+            label,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn geo_sources_add_entities_and_a_taken_id_is_skipped() {
+        let base = EntityCatalog::load(&EarthDataConfig::default()).unwrap();
+        assert!(base
+            .find(&EntityQuery::new(EarthDomain::Vessels))
+            .missing_data[0]
+            .contains("no data source configured"));
+        let a = vessels(
+            serde_json::json!([{"properties": {"mmsi": 1, "name": "A"}, "geometry": null}]),
+            "a",
+        );
+        let b = vessels(
+            serde_json::json!([
+                {"properties": {"mmsi": 1, "name": "A again"}, "geometry": null},
+                {"properties": {"mmsi": 2, "name": "B"}, "geometry": null}
+            ]),
+            "b",
+        );
+        let cat = base.with_geo_sources(&[&a, &b]);
+        assert_ne!(cat.version(), base.version());
+        let r = cat.find(&EntityQuery::new(EarthDomain::Vessels));
+        let ids: Vec<&str> = r.entities.iter().map(|e| e.entity_id.as_str()).collect();
+        assert_eq!(ids, ["vessel:mmsi:1", "vessel:mmsi:2"]);
+        assert!(r.missing_data.is_empty(), "{:?}", r.missing_data);
+        assert!(cat
+            .stats()
+            .warnings
+            .iter()
+            .any(|w| w.contains("already loaded")));
+        assert!(!base.contains("vessel:mmsi:1"), "the base is unchanged");
+    }
+}
