@@ -43,23 +43,25 @@ const FIXTURE_IDS: [&str; 4] = [
     "vessel:test-delta",
 ];
 
+/// Served files: (name, body).
+type Files = Arc<Mutex<Vec<(String, String)>>>;
+
 /// A GeoJSON server on 127.0.0.1: `GET /{name}` answers the body stored
 /// under `name` (200, `application/geo+json`), 404 for any other name.
 #[derive(Clone)]
 struct GeoServer {
     base: String,
-    files: Arc<Mutex<Vec<(String, String)>>>,
+    files: Files,
 }
 
 impl GeoServer {
     async fn start() -> GeoServer {
-        let files: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let files: Files = Arc::default();
         let app = Router::new()
             .route(
                 "/{name}",
                 get(
-                    |State(files): State<Arc<Mutex<Vec<(String, String)>>>>,
-                     Path(name): Path<String>| async move {
+                    |State(files): State<Files>, Path(name): Path<String>| async move {
                         let found = files
                             .lock()
                             .unwrap()
