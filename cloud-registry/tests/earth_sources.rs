@@ -45,6 +45,8 @@ const FIXTURE_IDS: [&str; 4] = [
 
 /// Served files: (name, body).
 type Files = Arc<Mutex<Vec<(String, String)>>>;
+/// Names requested so far, in order.
+type Hits = Arc<Mutex<Vec<String>>>;
 
 /// A GeoJSON server on 127.0.0.1: `GET /{name}` answers the body stored
 /// under `name` (200, `application/geo+json`), 404 for any other name.
@@ -52,16 +54,19 @@ type Files = Arc<Mutex<Vec<(String, String)>>>;
 struct GeoServer {
     base: String,
     files: Files,
+    hits: Hits,
 }
 
 impl GeoServer {
     async fn start() -> GeoServer {
         let files: Files = Arc::default();
+        let hits: Hits = Arc::default();
         let app = Router::new()
             .route(
                 "/{name}",
                 get(
-                    |State(files): State<Files>, Path(name): Path<String>| async move {
+                    |State((files, hits)): State<(Files, Hits)>, Path(name): Path<String>| async move {
+                        hits.lock().unwrap().push(name.clone());
                         let found = files
                             .lock()
                             .unwrap()
@@ -83,7 +88,7 @@ impl GeoServer {
                     },
                 ),
             )
-            .with_state(Arc::clone(&files));
+            .with_state((Arc::clone(&files), Arc::clone(&hits)));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -92,7 +97,23 @@ impl GeoServer {
         GeoServer {
             base: format!("http://{addr}"),
             files,
+            hits,
         }
+    }
+
+    /// Stop serving `/{name}` (404 from now on).
+    fn remove(&self, name: &str) {
+        self.files.lock().unwrap().retain(|(n, _)| n != name);
+    }
+
+    /// How often `/{name}` was requested.
+    fn hits(&self, name: &str) -> usize {
+        self.hits
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|n| *n == name)
+            .count()
     }
 
     /// Serve `body` at `/{name}` (replacing what was there).
@@ -360,7 +381,7 @@ async fn an_applied_source_is_loaded_again_after_a_restart_and_disabling_removes
 }
 
 #[tokio::test]
-async fn a_source_with_a_refresh_interval_picks_up_new_features() {
+async fn a_source_with_a_refresh_interval_picks_up_new_features_and_survives_a_failed_refresh() {
     let geo = GeoServer::start().await;
     let url = geo.put("vessels.geojson", &fixture());
     let lab = Lab::start(|_| {}).await;
@@ -378,6 +399,17 @@ async fn a_source_with_a_refresh_interval_picks_up_new_features() {
         assert!(Instant::now() < deadline, "the source was never refreshed");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    assert_eq!(lab.vessel_layer().await, ["vessel:mmsi:999000101"]);
+
+    // A refresh that fails (404) keeps the features in force.
+    geo.remove("vessels.geojson");
+    let seen = geo.hits("vessels.geojson");
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while geo.hits("vessels.geojson") == seen {
+        assert!(Instant::now() < deadline, "no refresh was tried");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(lab.vessel_layer().await, ["vessel:mmsi:999000101"]);
 }
 
