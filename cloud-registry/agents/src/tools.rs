@@ -830,7 +830,7 @@ async fn apply_setting(ctx: &ToolContext, args: &Value) -> Result<ToolOutput, St
                 }
                 ProposalType::DatasourceConfig => {
                     if let Some((spec, data)) = prepared {
-                        ctx.sources.install(spec, data);
+                        ctx.sources.install(spec, data).await;
                     }
                 }
                 ProposalType::ExternalIntegration => {

@@ -196,8 +196,9 @@ impl EarthSources {
     /// Puts `spec` in force: with `data` its features replace the ones the
     /// source had (a disabled spec, or `None`, removes them), the catalog
     /// is rebuilt and swapped in, and the refresh task is (re)started when
-    /// the spec has a period. Call with [`EarthSources::lock`] held.
-    pub fn install(self: &Arc<Self>, spec: DatasourceSpec, data: Option<GeoLayerData>) {
+    /// the spec has a period. Call with [`EarthSources::lock`] held. The
+    /// catalog is rebuilt on a blocking thread (it copies every domain).
+    pub async fn install(self: &Arc<Self>, spec: DatasourceSpec, data: Option<GeoLayerData>) {
         let id = spec.id.clone();
         let refresh = spec.refresh.filter(|_| spec.enabled);
         {
@@ -217,7 +218,7 @@ impl EarthSources {
                 }
             }
         }
-        self.rebuild();
+        self.rebuild().await;
         let mut tasks = self.refreshers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = tasks.remove(&id) {
             old.abort();
@@ -228,8 +229,16 @@ impl EarthSources {
         }
     }
 
+    /// [`EarthSources::rebuild_now`] on a blocking thread.
+    async fn rebuild(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        if let Err(e) = tokio::task::spawn_blocking(move || me.rebuild_now()).await {
+            tracing::error!(error = %e, "rebuilding the Earth catalog failed");
+        }
+    }
+
     /// Builds `base + installed sources` and puts it in force.
-    fn rebuild(&self) {
+    fn rebuild_now(&self) {
         let m = self.lock_installed();
         let datas: Vec<&GeoLayerData> = m.values().map(|i| &i.data).collect();
         let next = if datas.is_empty() {
@@ -241,9 +250,10 @@ impl EarthSources {
         self.shared.replace(next);
     }
 
-    /// Loads every stored, enabled source at start (fetched concurrently).
-    /// A source that cannot be fetched is logged and left out (its refresh
-    /// task, if any, keeps trying); the registry starts regardless.
+    /// Loads every stored, enabled source at start (fetched concurrently,
+    /// each within its timeout capped at the apply limit). A source that
+    /// cannot be fetched is logged and left out (its refresh task, if any,
+    /// keeps trying); the registry starts regardless.
     pub async fn load_stored(self: &Arc<Self>, settings: Vec<(String, Value)>) {
         let _guard = self.lock().await;
         let specs: Vec<DatasourceSpec> = settings
@@ -257,13 +267,20 @@ impl EarthSources {
                 }
             })
             .collect();
-        let fetched = futures::future::join_all(specs.iter().map(|s| s.fetch())).await;
+        // Bounded like an apply, so that a hanging source delays the start
+        // by at most that long.
+        let fetched = futures::future::join_all(specs.iter().map(|s| {
+            let mut bounded = s.clone();
+            bounded.timeout = s.timeout.min(self.apply_fetch_limit);
+            async move { bounded.fetch().await }
+        }))
+        .await;
         for (spec, r) in specs.into_iter().zip(fetched) {
             match r {
                 Ok(data) => {
                     tracing::info!(datasource = %spec.id, layer = spec.layer.as_str(),
                         features = data.len(), "datasource loaded");
-                    self.install(spec, Some(data));
+                    self.install(spec, Some(data)).await;
                 }
                 Err(e) => {
                     tracing::warn!(datasource = %spec.id, error = %e,
@@ -318,7 +335,7 @@ async fn refresh_loop(sources: Weak<EarthSources>, spec: DatasourceSpec, period:
                 if superseded {
                     return;
                 }
-                s.rebuild();
+                s.rebuild().await;
                 tracing::debug!(datasource = %spec.id, "datasource refreshed");
             }
             Err(e) => {
