@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::earth::entities::{EarthDataConfig, SHIPPED_DATA_DIR};
 
@@ -320,6 +321,46 @@ pub struct ProposalConfig {
     /// are applied as soon as they are made ("super_admin may enable
     /// automatic application for low-risk proposals").
     pub auto_apply_low_risk: bool,
+}
+
+/// Every `integration_id` an `external_integration` proposal may target.
+pub const INTEGRATION_IDS: [&str; 3] = ["model", "speech", "web_search"];
+
+/// The fields of an `external_integration` value the registry uses; each
+/// `None` keeps the configured value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IntegrationSettings {
+    pub enabled: Option<bool>,
+    pub base_url: Option<String>,
+    /// Whole-request timeout, seconds.
+    pub timeout_seconds: Option<u64>,
+}
+
+impl IntegrationSettings {
+    /// Reads a stored or proposed value (`name` and `options` are kept for
+    /// people and not used).
+    pub fn from_setting(value: &Value) -> IntegrationSettings {
+        IntegrationSettings {
+            enabled: value.get("enabled").and_then(Value::as_bool),
+            base_url: value
+                .get("base_url")
+                .and_then(Value::as_str)
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty()),
+            timeout_seconds: value
+                .get("timeout_seconds")
+                .and_then(Value::as_u64)
+                .map(|t| t.max(1)),
+        }
+    }
+}
+
+/// The error for an `integration_id` that names nothing the registry calls.
+pub fn unknown_integration(id: &str) -> String {
+    format!(
+        "integration_id `{id}` names no integration; the registry has {}",
+        INTEGRATION_IDS.join(", ")
+    )
 }
 
 fn key_or_env(configured: &Option<String>, vars: &[&str]) -> Option<String> {

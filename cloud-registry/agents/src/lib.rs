@@ -20,7 +20,8 @@
 //! - [`runtime`]: the run engine (model loop, tool steps, stop signals);
 //! - [`tools`] (registry), [`proposals`] (create/apply), [`policy`]
 //!   (rules), [`model`] (chat gateway), [`protocol`] (JSON tool calls),
-//!   [`prompts`], [`speech`] (ASR gateway), [`websearch`];
+//!   [`prompts`], [`speech`] (ASR gateway), [`websearch`], [`integrations`]
+//!   (where applied `external_integration` settings land);
 //! - [`store`] (tables; hands each committed change to an
 //!   [`events::AgentEventSink`]), [`events`], [`config`] (`[agents]`),
 //!   [`error`].
@@ -30,6 +31,7 @@ pub mod config;
 pub mod earth;
 pub mod error;
 pub mod events;
+pub mod integrations;
 pub mod model;
 pub mod policy;
 pub mod prompts;

@@ -9,12 +9,13 @@
 //! the JSON tool-call protocol.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::config::{ModelConfig, NativeTools};
+use crate::config::{IntegrationSettings, ModelConfig, NativeTools};
 
 /// Why a chat call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -81,50 +82,93 @@ pub struct ChatReply {
     pub model: Option<String>,
 }
 
-/// The chat-completions client. Cheap to share (`Arc`).
+/// The chat-completions client. Cheap to share (`Arc`). Its settings can
+/// change while it serves (an applied `external_integration` proposal for
+/// `model`); a call uses the settings in force when it starts.
 #[derive(Debug)]
 pub struct ModelGateway {
-    http: reqwest::Client,
-    cfg: ModelConfig,
-    api_key: Option<String>,
+    /// The `[agents.model]` configuration, before any applied setting.
+    base: ModelConfig,
+    state: RwLock<Arc<ModelState>>,
     /// Set once a provider refused native tools under `native_tools = auto`.
     native_refused: AtomicBool,
 }
 
-impl ModelGateway {
-    /// A gateway for `cfg` (the API key is resolved now, from config or env).
-    pub fn new(cfg: &ModelConfig) -> ModelGateway {
+/// The client and settings of one generation.
+#[derive(Debug)]
+struct ModelState {
+    http: reqwest::Client,
+    cfg: ModelConfig,
+    api_key: Option<String>,
+    /// False when an applied setting turned the model off.
+    enabled: bool,
+}
+
+impl ModelState {
+    fn new(cfg: &ModelConfig, enabled: bool) -> ModelState {
         let http = reqwest::Client::builder()
             .timeout(cfg.timeout())
             .connect_timeout(Duration::from_secs(10))
             .build()
             .unwrap_or_default();
-        ModelGateway {
+        ModelState {
             http,
             cfg: cfg.clone(),
             api_key: cfg.effective_api_key(),
+            enabled,
+        }
+    }
+}
+
+impl ModelGateway {
+    /// A gateway for `cfg` (the API key is resolved now, from config or env).
+    pub fn new(cfg: &ModelConfig) -> ModelGateway {
+        ModelGateway {
+            base: cfg.clone(),
+            state: RwLock::new(Arc::new(ModelState::new(cfg, true))),
             native_refused: AtomicBool::new(false),
         }
     }
 
-    /// True when `base_url` and `model` are set.
+    fn current(&self) -> Arc<ModelState> {
+        Arc::clone(&self.state.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Puts `s` in force over the configuration for later calls:
+    /// `base_url` and `timeout_seconds` replace the configured ones,
+    /// `enabled: false` makes the gateway not configured (the deterministic
+    /// resolver answers Earth commands). The key stays the configured one.
+    pub fn apply_integration(&self, s: &IntegrationSettings) {
+        let mut cfg = self.base.clone();
+        if let Some(u) = &s.base_url {
+            cfg.base_url = Some(u.clone());
+        }
+        if let Some(t) = s.timeout_seconds {
+            cfg.timeout_seconds = t;
+        }
+        let state = ModelState::new(&cfg, s.enabled != Some(false));
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(state);
+    }
+
+    /// True when enabled and `base_url` and `model` are set.
     pub fn is_configured(&self) -> bool {
-        self.cfg.is_configured()
+        let st = self.current();
+        st.enabled && st.cfg.is_configured()
     }
 
     /// The configured model id.
-    pub fn model(&self) -> Option<&str> {
-        self.cfg.model.as_deref()
+    pub fn model(&self) -> Option<String> {
+        self.current().cfg.model.clone()
     }
 
     /// The provider label recorded on runs.
-    pub fn provider(&self) -> &str {
-        &self.cfg.provider
+    pub fn provider(&self) -> String {
+        self.current().cfg.provider.clone()
     }
 
     /// Whether a new run should start with provider-native tools.
     pub fn starts_native(&self) -> bool {
-        match self.cfg.native_tools {
+        match self.base.native_tools {
             NativeTools::Off => false,
             NativeTools::On => true,
             NativeTools::Auto => !self.native_refused.load(Ordering::Relaxed),
@@ -133,30 +177,30 @@ impl ModelGateway {
 
     /// Remember that the provider refused native tools (only under `auto`).
     pub fn note_native_refused(&self) {
-        if self.cfg.native_tools == NativeTools::Auto {
+        if self.base.native_tools == NativeTools::Auto {
             self.native_refused.store(true, Ordering::Relaxed);
         }
     }
 
-    fn endpoint(&self) -> Result<String, ModelError> {
-        let base = self
-            .cfg
-            .base_url
-            .as_deref()
-            .ok_or(ModelError::NotConfigured)?;
+    fn endpoint(cfg: &ModelConfig) -> Result<String, ModelError> {
+        let base = cfg.base_url.as_deref().ok_or(ModelError::NotConfigured)?;
         Ok(format!("{}/chat/completions", base.trim_end_matches('/')))
     }
 
     /// The request body for `messages` (and `tools` when given).
     pub fn request_body(&self, messages: &[Value], tools: Option<&[Value]>) -> Value {
+        Self::body_for(&self.current().cfg, messages, tools)
+    }
+
+    fn body_for(cfg: &ModelConfig, messages: &[Value], tools: Option<&[Value]>) -> Value {
         let mut body = json!({
-            "model": self.cfg.model.clone().unwrap_or_default(),
+            "model": cfg.model.clone().unwrap_or_default(),
             "messages": messages,
         });
-        if let Some(t) = self.cfg.temperature {
+        if let Some(t) = cfg.temperature {
             body["temperature"] = json!(t);
         }
-        if let Some(m) = self.cfg.max_tokens {
+        if let Some(m) = cfg.max_tokens {
             body["max_tokens"] = json!(m);
         }
         if let Some(tools) = tools.filter(|t| !t.is_empty()) {
@@ -173,24 +217,25 @@ impl ModelGateway {
         messages: &[Value],
         tools: Option<&[Value]>,
     ) -> Result<ChatReply, ModelError> {
-        if !self.is_configured() {
+        let st = self.current();
+        if !(st.enabled && st.cfg.is_configured()) {
             return Err(ModelError::NotConfigured);
         }
-        let url = self.endpoint()?;
-        let body = self.request_body(messages, tools);
-        let mut req = self.http.post(&url).json(&body);
-        if let Some(key) = &self.api_key {
+        let url = Self::endpoint(&st.cfg)?;
+        let body = Self::body_for(&st.cfg, messages, tools);
+        let mut req = st.http.post(&url).json(&body);
+        if let Some(key) = &st.api_key {
             req = req.bearer_auth(key);
         }
         let resp = req
             .send()
             .await
-            .map_err(|e| classify(&url, e, self.cfg.timeout()))?;
+            .map_err(|e| classify(&url, e, st.cfg.timeout()))?;
         let status = resp.status();
         let text = resp
             .text()
             .await
-            .map_err(|e| classify(&url, e, self.cfg.timeout()))?;
+            .map_err(|e| classify(&url, e, st.cfg.timeout()))?;
         if !status.is_success() {
             return Err(ModelError::Status {
                 status: status.as_u16(),

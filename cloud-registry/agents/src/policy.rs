@@ -9,6 +9,7 @@ use shared_protocol::agent::{ProposalRiskLevel, ProposalType};
 use shared_protocol::api::Role;
 use shared_protocol::earth::EarthDomain;
 
+use crate::config::{unknown_integration, INTEGRATION_IDS};
 use crate::prompts::{MAX_PROMPT_CHARS, PROMPT_KEYS};
 
 /// Key fragments that mark a field as a secret (compared lowercase with
@@ -217,7 +218,8 @@ fn max_risk(a: ProposalRiskLevel, b: ProposalRiskLevel) -> ProposalRiskLevel {
 }
 
 /// Assess a proposal: secret fields (anywhere in target or payload), schema
-/// validation of target and full `after` value, and the risk level: low for
+/// validation of target and full `after` value (an `integration_id` must
+/// be one of [`INTEGRATION_IDS`]), and the risk level: low for
 /// the low-risk scope (non-secret datasource / integration fields,
 /// prompt overrides), medium for a new datasource or integration or one being
 /// disabled, raised to `declared` when the proposer declared more.
@@ -234,6 +236,13 @@ pub fn assess_proposal(
         .into_iter()
         .map(|e| format!("target {e}"))
         .collect();
+    if t == ProposalType::ExternalIntegration {
+        if let Some(id) = target.get("integration_id").and_then(Value::as_str) {
+            if !INTEGRATION_IDS.contains(&id) {
+                errors.push(format!("target {}", unknown_integration(id)));
+            }
+        }
+    }
     errors.extend(
         schema_errors(&payload_schema(t), after)
             .into_iter()
@@ -356,6 +365,27 @@ mod tests {
         assert!(role_allows(Role::SuperAdmin, "admin"));
         assert!(!role_allows(Role::Provider, "viewer"));
         assert!(!role_allows(Role::Admin, "root"));
+    }
+
+    #[test]
+    fn an_integration_id_must_name_a_known_integration() {
+        let assess = |id: &str| {
+            assess_proposal(
+                ProposalType::ExternalIntegration,
+                &json!({"integration_id": id}),
+                &json!({}),
+                &json!({"base_url": "http://127.0.0.1:9000/v1"}),
+                None,
+            )
+        };
+        assert!(!assess("speech").must_reject());
+        let a = assess("pager");
+        assert!(a.must_reject());
+        assert!(
+            a.rejection_reasons()[0].contains("`pager` names no integration"),
+            "{:?}",
+            a.rejection_reasons()
+        );
     }
 
     #[test]

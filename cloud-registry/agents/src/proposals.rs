@@ -295,6 +295,46 @@ pub fn apply_sync(
     Ok(saved)
 }
 
+/// Mark pending or approved proposal `id` `failed` with `error` without
+/// writing its setting (its side effect could not be carried out: a
+/// datasource that cannot be fetched or parsed). Errors: not found, not
+/// pending.
+pub fn fail_sync(
+    conn: &mut Connection,
+    id: i64,
+    role: Role,
+    mode: ApplyMode,
+    error: &str,
+) -> Result<AgentProposal, ApplyError> {
+    let tx = conn.transaction().map_err(StoreError::from)?;
+    let p = store::get_proposal_sync(&tx, id)?.ok_or(ApplyError::NotFound(id))?;
+    if !matches!(p.status, ProposalStatus::Pending | ProposalStatus::Approved) {
+        return Err(ApplyError::NotPending {
+            id,
+            status: p.status,
+        });
+    }
+    let mut pr = p.policy_result.as_object().cloned().unwrap_or_default();
+    pr.insert("stage".into(), json!("apply"));
+    pr.insert("applied_mode".into(), json!(mode));
+    pr.insert("applier_role".into(), json!(role));
+    pr.insert("decision".into(), json!("failed"));
+    let saved = store::update_proposal_sync(
+        &tx,
+        id,
+        &ProposalOutcome {
+            status: ProposalStatus::Failed,
+            policy_result: Value::Object(pr),
+            before_payload: None,
+            applied_by: None,
+            applied: false,
+            error: Some(error.to_string()),
+        },
+    )?;
+    tx.commit().map_err(StoreError::from)?;
+    Ok(saved)
+}
+
 /// Reject a pending proposal by hand (`POST /proposals/{id}/reject`).
 pub fn reject_sync(
     conn: &mut Connection,

@@ -29,7 +29,9 @@ use tokio::sync::watch;
 
 use crate::config::AgentsConfig;
 use crate::earth::geo::SharedCatalog;
+use crate::earth::sources::EarthSources;
 use crate::error::AgentError;
+use crate::integrations::Integrations;
 use crate::model::{message, ChatReply, ModelError, ModelGateway};
 use crate::policy::ApplyMode;
 use crate::prompts::{self, PromptRegistry};
@@ -207,9 +209,14 @@ pub(crate) struct LoopResult {
 pub(crate) struct Runtime {
     pub store: Store,
     pub catalog: Arc<SharedCatalog>,
+    /// Applied datasource settings laid over `catalog`.
+    pub sources: Arc<EarthSources>,
+    /// The clients applied integration settings reach (`model` and `web`
+    /// are the same gateways as below).
+    pub integrations: Integrations,
     pub config: AgentsConfig,
     pub tools: ToolRegistry,
-    pub model: ModelGateway,
+    pub model: Arc<ModelGateway>,
     pub web: Arc<WebSearch>,
     pub prompts: Arc<PromptRegistry>,
     pub active: Arc<ActiveRuns>,
@@ -225,6 +232,8 @@ impl Runtime {
     ) -> ToolContext {
         ToolContext {
             catalog: self.catalog.current(),
+            sources: Arc::clone(&self.sources),
+            integrations: self.integrations.clone(),
             store: self.store.clone(),
             web: Arc::clone(&self.web),
             prompts: Arc::clone(&self.prompts),

@@ -18,8 +18,10 @@ use crate::config::AgentsConfig;
 use crate::earth;
 use crate::earth::entities::EntityCatalog;
 use crate::earth::geo::{LayerCache, SharedCatalog};
+use crate::earth::sources::EarthSources;
 use crate::error::AgentError;
 use crate::events::{AgentEvent, AgentEventSink};
+use crate::integrations::Integrations;
 use crate::model::ModelGateway;
 use crate::policy::{self, ApplyRefusal};
 use crate::prompts::PromptRegistry;
@@ -34,7 +36,7 @@ use crate::websearch::WebSearch;
 /// per process and share it in an `Arc`.
 pub struct AgentService {
     rt: Runtime,
-    speech: SpeechGateway,
+    speech: Arc<SpeechGateway>,
     layers: LayerCache,
 }
 
@@ -83,16 +85,49 @@ impl AgentService {
                 "agent runs left running by a previous process marked failed"
             );
         }
+        let speech = Arc::new(SpeechGateway::new(&config.speech));
+        let model = Arc::new(ModelGateway::new(&config.model));
+        let web = Arc::new(WebSearch::new(&config.web_search));
+        let integrations = Integrations {
+            model: Arc::clone(&model),
+            speech: Arc::clone(&speech),
+            web: Arc::clone(&web),
+        };
+        for s in store
+            .list_settings(policy::setting_kind(ProposalType::ExternalIntegration))
+            .await?
+        {
+            if let Err(e) = integrations.apply(&s.key, &s.value) {
+                tracing::warn!(key = %s.key, error = %e, "stored integration setting ignored");
+            }
+        }
+        let shared = Arc::new(SharedCatalog::new(catalog));
+        // Below the apply tool's timeout, so a slow source fails the
+        // proposal cleanly instead of timing the tool out.
+        let tool_timeout = Duration::from_millis(config.limits.tool_timeout_ms.max(1));
+        let sources = Arc::new(EarthSources::new(
+            Arc::clone(&shared),
+            tool_timeout.mul_f64(0.8).max(Duration::from_millis(1)),
+        ));
+        let stored: Vec<(String, serde_json::Value)> = store
+            .list_settings(policy::setting_kind(ProposalType::DatasourceConfig))
+            .await?
+            .into_iter()
+            .map(|s| (s.key, s.value))
+            .collect();
+        sources.load_stored(stored).await;
         Ok(AgentService {
-            speech: SpeechGateway::new(&config.speech),
+            speech,
             layers: LayerCache::default(),
             rt: Runtime {
-                model: ModelGateway::new(&config.model),
-                web: Arc::new(WebSearch::new(&config.web_search)),
+                model,
+                web,
                 prompts: Arc::new(prompts),
                 tools,
                 store,
-                catalog: Arc::new(SharedCatalog::new(catalog)),
+                catalog: shared,
+                sources,
+                integrations,
                 config,
                 active: Arc::new(ActiveRuns::default()),
             },
@@ -111,8 +146,8 @@ impl AgentService {
         &self.rt.store
     }
 
-    /// The Earth entity catalog in force now (a snapshot: a later reload
-    /// does not change it).
+    /// The Earth entity catalog in force now (a snapshot: a later reload or
+    /// an applied datasource does not change it).
     pub fn catalog(&self) -> Arc<EntityCatalog> {
         self.rt.catalog.current()
     }
@@ -257,8 +292,8 @@ impl AgentService {
                 objective: req.objective.clone(),
                 input: req.input.clone(),
                 context: req.context.clone(),
-                provider: Some(self.rt.model.provider().to_string()),
-                model: self.rt.model.model().map(str::to_string),
+                provider: Some(self.rt.model.provider()),
+                model: self.rt.model.model(),
                 request_id,
                 created_by: principal.name.clone(),
             })

@@ -7,11 +7,12 @@
 //! weighted by segment length, clamped to 0..1. With `json` only `text` comes
 //! back and duration/confidence stay unknown.
 
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::config::SpeechConfig;
+use crate::config::{IntegrationSettings, SpeechConfig};
 
 /// Why a transcription failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -54,40 +55,80 @@ pub struct AudioUpload {
     pub content_type: Option<String>,
 }
 
-/// The ASR client.
+/// The ASR client. Its settings can change while it serves (an applied
+/// `external_integration` proposal for `speech`); a call uses the settings
+/// in force when it starts.
 #[derive(Debug)]
 pub struct SpeechGateway {
+    /// The `[agents.speech]` configuration, before any applied setting.
+    base: SpeechConfig,
+    state: RwLock<Arc<SpeechState>>,
+}
+
+/// The client and settings of one generation.
+#[derive(Debug)]
+struct SpeechState {
     http: reqwest::Client,
     cfg: SpeechConfig,
     base_url: Option<String>,
     api_key: Option<String>,
 }
 
-impl SpeechGateway {
-    /// A gateway for `cfg` (base URL and key resolved now, with the env
-    /// fallback `ASR_API_KEY`, `OPENAI_API_KEY`).
-    pub fn new(cfg: &SpeechConfig) -> SpeechGateway {
+impl SpeechState {
+    fn new(cfg: &SpeechConfig) -> SpeechState {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(cfg.timeout_seconds.max(1)))
             .connect_timeout(Duration::from_secs(10))
             .build()
             .unwrap_or_default();
-        SpeechGateway {
+        SpeechState {
             http,
             base_url: cfg.effective_base_url(),
             api_key: cfg.effective_api_key(),
             cfg: cfg.clone(),
         }
     }
+}
+
+impl SpeechGateway {
+    /// A gateway for `cfg` (base URL and key resolved now, with the env
+    /// fallback `ASR_API_KEY`, `OPENAI_API_KEY`).
+    pub fn new(cfg: &SpeechConfig) -> SpeechGateway {
+        SpeechGateway {
+            base: cfg.clone(),
+            state: RwLock::new(Arc::new(SpeechState::new(cfg))),
+        }
+    }
+
+    fn current(&self) -> Arc<SpeechState> {
+        Arc::clone(&self.state.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Puts `s` in force over the configuration for later calls: `enabled`,
+    /// `base_url` and `timeout_seconds` replace the configured ones; the key
+    /// stays the configured one.
+    pub fn apply_integration(&self, s: &IntegrationSettings) {
+        let mut cfg = self.base.clone();
+        if let Some(e) = s.enabled {
+            cfg.enabled = e;
+        }
+        if let Some(u) = &s.base_url {
+            cfg.base_url = Some(u.clone());
+        }
+        if let Some(t) = s.timeout_seconds {
+            cfg.timeout_seconds = t;
+        }
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(SpeechState::new(&cfg));
+    }
 
     /// True when transcriptions can be requested.
     pub fn is_configured(&self) -> bool {
-        self.base_url.is_some()
+        self.current().base_url.is_some()
     }
 
-    /// The configuration in force.
-    pub fn config(&self) -> &SpeechConfig {
-        &self.cfg
+    /// The configuration in force (with applied settings).
+    pub fn config(&self) -> SpeechConfig {
+        self.current().cfg.clone()
     }
 
     /// Transcribe `audio` in `language` (ISO 639-1, e.g. `zh`).
@@ -96,8 +137,9 @@ impl SpeechGateway {
         audio: AudioUpload,
         language: &str,
     ) -> Result<Transcript, SpeechError> {
-        let base = self.base_url.as_deref().ok_or(SpeechError::NotConfigured)?;
-        let limit = self.cfg.max_audio_bytes();
+        let st = self.current();
+        let base = st.base_url.as_deref().ok_or(SpeechError::NotConfigured)?;
+        let limit = st.cfg.max_audio_bytes();
         if audio.bytes.len() > limit {
             return Err(SpeechError::TooLarge {
                 size: audio.bytes.len(),
@@ -116,18 +158,18 @@ impl SpeechGateway {
                 .mime_str(ct)
                 .map_err(|e| SpeechError::Decode(format!("content type `{ct}`: {e}")))?;
         }
-        let format = self.cfg.response_format.as_str();
+        let format = st.cfg.response_format.as_str();
         let form = reqwest::multipart::Form::new()
             .part("file", part)
-            .text("model", self.cfg.model.clone())
+            .text("model", st.cfg.model.clone())
             .text("language", language.to_string())
             .text("response_format", format.to_string());
-        let mut req = self.http.post(&url).multipart(form);
-        if let Some(k) = &self.api_key {
+        let mut req = st.http.post(&url).multipart(form);
+        if let Some(k) = &st.api_key {
             req = req.bearer_auth(k);
         }
         let started = Instant::now();
-        let timeout_ms = self.cfg.timeout_seconds.max(1) * 1000;
+        let timeout_ms = st.cfg.timeout_seconds.max(1) * 1000;
         let map_err = |e: reqwest::Error| {
             if e.is_timeout() {
                 SpeechError::Timeout(timeout_ms)

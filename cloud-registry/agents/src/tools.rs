@@ -17,7 +17,11 @@ use serde_json::{json, Map, Value};
 use shared_protocol::agent::{EvidenceType, SideEffectLevel, ToolDescriptor};
 use shared_protocol::earth::EarthDomain;
 
-use crate::earth::entities::{EntityCatalog, EntityFilters, EntityQuery, EntityQueryResult};
+use crate::earth::entities::{
+    EntityCatalog, EntityFilters, EntityQuery, EntityQueryResult, GeoLayerData,
+};
+use crate::earth::sources::{DatasourceSpec, EarthSources};
+use crate::integrations::Integrations;
 use crate::policy;
 use crate::prompts::PromptRegistry;
 use crate::proposals::{self, ApplyError, ProposalDraft};
@@ -51,6 +55,10 @@ pub enum ToolMode {
 #[derive(Clone)]
 pub struct ToolContext {
     pub catalog: Arc<EntityCatalog>,
+    /// Where an applied `datasource_config` setting takes effect.
+    pub sources: Arc<EarthSources>,
+    /// Where an applied `external_integration` setting takes effect.
+    pub integrations: Integrations,
     pub store: Store,
     pub web: Arc<WebSearch>,
     pub prompts: Arc<PromptRegistry>,
@@ -707,6 +715,28 @@ async fn propose_config(ctx: &ToolContext, args: Value) -> Result<ToolOutput, St
     })
 }
 
+/// What a `datasource_config` proposal loads before its setting is
+/// written: the spec and its fetched features (`None` when disabled).
+type PreparedSource = (DatasourceSpec, Option<GeoLayerData>);
+
+/// Reads and fetches the source a `datasource_config` value names.
+/// Errors: one sentence (bad spec, fetch or parse failure).
+async fn prepare_source(
+    ctx: &ToolContext,
+    key: &str,
+    value: &Value,
+) -> Result<PreparedSource, String> {
+    let mut spec = DatasourceSpec::from_setting(key, value)?;
+    if !spec.enabled {
+        return Ok((spec, None));
+    }
+    let full = spec.timeout;
+    spec.timeout = full.min(ctx.sources.apply_fetch_limit());
+    let data = spec.fetch().await?;
+    spec.timeout = full;
+    Ok((spec, Some(data)))
+}
+
 async fn apply_setting(ctx: &ToolContext, args: &Value) -> Result<ToolOutput, String> {
     let id = args
         .get("proposal_id")
@@ -725,12 +755,58 @@ async fn apply_setting(ctx: &ToolContext, args: &Value) -> Result<ToolOutput, St
     let fallback = fallback_current(&ctx.prompts, p.proposal_type, &p.target);
     let by = ctx.principal.name.clone();
     let role = ctx.principal.role;
-    let applied = ctx
-        .store
-        .db()
-        .write(move |conn| proposals::apply_sync(conn, id, &by, role, mode, &fallback))
-        .await
-        .map_err(|e| e.to_string())?;
+    let key = policy::target_key(p.proposal_type, &p.target).unwrap_or_default();
+    // A datasource is fetched before its setting is written, under the
+    // sources' lock: one that cannot be loaded fails the proposal and
+    // leaves setting and catalog as they were.
+    let is_source = p.proposal_type == shared_protocol::agent::ProposalType::DatasourceConfig;
+    let _sources_guard = if is_source {
+        Some(ctx.sources.lock().await)
+    } else {
+        None
+    };
+    let mut prepared = None;
+    let loadable = is_source
+        && matches!(
+            p.status,
+            shared_protocol::agent::ProposalStatus::Pending
+                | shared_protocol::agent::ProposalStatus::Approved
+        )
+        && !policy::assess_proposal(
+            p.proposal_type,
+            &p.target,
+            &p.before_payload,
+            &p.after_payload,
+            Some(p.risk_level),
+        )
+        .must_reject();
+    let applied = if loadable {
+        match prepare_source(ctx, &key, &p.after_payload).await {
+            Ok(ready) => {
+                prepared = Some(ready);
+                None
+            }
+            Err(error) => Some(
+                ctx.store
+                    .db()
+                    .write(move |conn| proposals::fail_sync(conn, id, role, mode, &error))
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+        }
+    } else {
+        None
+    };
+    let applied = match applied {
+        Some(Ok(failed)) => Err(ApplyError::Failed(Box::new(failed))),
+        Some(Err(e)) => Err(e),
+        None => ctx
+            .store
+            .db()
+            .write(move |conn| proposals::apply_sync(conn, id, &by, role, mode, &fallback))
+            .await
+            .map_err(|e| e.to_string())?,
+    };
     // Applied, or saved as rejected/failed with its error: either way the
     // proposal changed (a proposal not found or not pending did not).
     if matches!(
@@ -743,14 +819,22 @@ async fn apply_setting(ctx: &ToolContext, args: &Value) -> Result<ToolOutput, St
     }
     match applied {
         Ok(p) => {
-            if p.proposal_type == shared_protocol::agent::ProposalType::AiPrompt {
-                if let (Some(key), Some(text)) = (
-                    policy::target_key(p.proposal_type, &p.target),
-                    p.after_payload.get("text").and_then(Value::as_str),
-                ) {
-                    ctx.prompts
-                        .set_override(&key, text)
-                        .map_err(|e| e.to_string())?;
+            use shared_protocol::agent::ProposalType;
+            match p.proposal_type {
+                ProposalType::AiPrompt => {
+                    if let Some(text) = p.after_payload.get("text").and_then(Value::as_str) {
+                        ctx.prompts
+                            .set_override(&key, text)
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                ProposalType::DatasourceConfig => {
+                    if let Some((spec, data)) = prepared {
+                        ctx.sources.install(spec, data).await;
+                    }
+                }
+                ProposalType::ExternalIntegration => {
+                    ctx.integrations.apply(&key, &p.after_payload)?;
                 }
             }
             Ok(ToolOutput::value(json!({"proposal": p})))
@@ -774,10 +858,20 @@ mod tests {
 
     fn ctx(role: Role, mode: ToolMode, dir: &tempfile::TempDir) -> ToolContext {
         let db = Db::open(&dir.path().join("t.db"), |c| crate::store::migrate(c)).unwrap();
+        let web = Arc::new(WebSearch::new(&WebSearchConfig::default()));
+        let shared = Arc::new(crate::earth::geo::SharedCatalog::new(Arc::new(
+            EntityCatalog::default(),
+        )));
         ToolContext {
             catalog: Arc::new(EntityCatalog::default()),
+            sources: Arc::new(EarthSources::new(shared, Duration::from_secs(5))),
+            integrations: Integrations {
+                model: Arc::new(crate::model::ModelGateway::new(&Default::default())),
+                speech: Arc::new(crate::speech::SpeechGateway::new(&Default::default())),
+                web: Arc::clone(&web),
+            },
             store: Store::new(db),
-            web: Arc::new(WebSearch::new(&WebSearchConfig::default())),
+            web,
             prompts: Arc::new(PromptRegistry::new(&Default::default()).unwrap()),
             principal: Principal {
                 name: "t".into(),

@@ -157,9 +157,9 @@ impl EarthCommand<'_> {
                     "planner": if use_model { "model" } else { "deterministic" },
                     "interpretation": interp,
                 }),
-                provider: use_model.then(|| self.rt.model.provider().to_string()),
+                provider: use_model.then(|| self.rt.model.provider()),
                 model: if use_model {
-                    self.rt.model.model().map(str::to_string)
+                    self.rt.model.model()
                 } else {
                     None
                 },

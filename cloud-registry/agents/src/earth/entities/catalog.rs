@@ -45,7 +45,7 @@ pub struct CatalogStats {
 
 /// All loaded Earth entities, indexed by id. Cheap to query from many tasks
 /// at once (`&self` only); reload by building a new catalog and swapping it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct EntityCatalog {
     pub(super) satellites: Vec<SatelliteRecord>,
     pub(super) compute_centers: Vec<ComputeCenterRecord>,
@@ -87,7 +87,123 @@ pub fn no_source_note(domain: EarthDomain) -> String {
     format!("no data source configured for {}", domain.as_str())
 }
 
+/// A GeoJSON FeatureCollection fetched and parsed for the news or vessels
+/// domain, ready to be laid over a catalog with
+/// [`EntityCatalog::with_geo_sources`] (an applied `datasource_config`
+/// setting, docs/earth-command.md "Data sources by proposal").
+#[derive(Debug, Clone)]
+pub struct GeoLayerData {
+    domain: EarthDomain,
+    label: String,
+    records: Vec<GeoFeatureRecord>,
+    warnings: Vec<String>,
+}
+
+impl GeoLayerData {
+    /// GETs `url` (http/https only, within `timeout`, at most
+    /// [`geojson::MAX_GEOJSON_BYTES`]) and parses it as a FeatureCollection of
+    /// `domain` (news or vessels), ids as for file sources. `label` names
+    /// the source in query notes. Errors: [`EntityError::Format`] for
+    /// another domain or a body without `features`,
+    /// [`EntityError::UnsupportedUrl`], [`EntityError::Http`] (status,
+    /// connection, timeout, size), [`EntityError::Json`].
+    pub async fn fetch(
+        url: &str,
+        domain: EarthDomain,
+        timeout: Duration,
+        label: &str,
+    ) -> Result<GeoLayerData, EntityError> {
+        if !matches!(domain, EarthDomain::News | EarthDomain::Vessels) {
+            return Err(EntityError::Format {
+                source_name: label.to_owned(),
+                message: format!(
+                    "GeoJSON sources feed the news and vessels layers, not {}",
+                    domain.as_str()
+                ),
+            });
+        }
+        let body = geojson::fetch(url, timeout).await?;
+        Self::parse(&body, domain, url, label)
+    }
+
+    /// Parses `body` (a FeatureCollection read from `source_name`) for
+    /// `domain`. Errors as [`geojson::parse`].
+    fn parse(
+        body: &[u8],
+        domain: EarthDomain,
+        source_name: &str,
+        label: &str,
+    ) -> Result<GeoLayerData, EntityError> {
+        let (records, warnings) = geojson::parse(body, domain, source_name)?;
+        Ok(GeoLayerData {
+            domain,
+            label: label.to_owned(),
+            records,
+            warnings,
+        })
+    }
+
+    /// The domain the features belong to.
+    pub fn domain(&self) -> EarthDomain {
+        self.domain
+    }
+
+    /// Number of features kept.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// True when the collection had no usable feature.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+}
+
 impl EntityCatalog {
+    /// This catalog with the features of `sources` added to their domains,
+    /// re-sorted and re-indexed under a new [`EntityCatalog::version`]. A
+    /// domain that gets a source loses its "no data source configured"
+    /// note; a feature whose id is already taken (by this catalog or an
+    /// earlier source) is skipped with a warning.
+    pub fn with_geo_sources(&self, sources: &[&GeoLayerData]) -> EntityCatalog {
+        let started = Instant::now();
+        let mut cat = self.clone();
+        let mut taken: std::collections::HashSet<String> = cat.index.keys().cloned().collect();
+        for src in sources {
+            let domain = src.domain;
+            let mut kept = Vec::with_capacity(src.records.len());
+            let mut warnings = src.warnings.clone();
+            for r in &src.records {
+                if taken.insert(r.common.id.clone()) {
+                    kept.push(r.clone());
+                } else {
+                    warnings.push(format!(
+                        "{}: id `{}` is already loaded, feature skipped",
+                        src.label, r.common.id
+                    ));
+                }
+            }
+            cat.warn(warnings);
+            match domain {
+                EarthDomain::News => cat.news.extend(kept),
+                EarthDomain::Vessels => cat.vessels.extend(kept),
+                _ => continue,
+            }
+            cat.sources
+                .entry(domain)
+                .or_default()
+                .push(format!("GeoJSON {}", src.label));
+            if let Some(notes) = cat.domain_notes.get_mut(&domain) {
+                notes.retain(|n| *n != no_source_note(domain));
+                if notes.is_empty() {
+                    cat.domain_notes.remove(&domain);
+                }
+            }
+        }
+        cat.finish(started);
+        cat
+    }
+
     /// Loads every file source in `cfg`. URL sources (news, vessels) are not
     /// fetched: their domains answer empty with a note until
     /// [`EntityCatalog::load_with_remote`] is used. Errors: the first file
@@ -751,5 +867,53 @@ fn cable_matches(r: &CableRecord, f: &Prepared, notes: &mut MatchNotes) -> bool 
     match r.kind {
         EntityKind::LandingPoint => f.place_ok(&r.common.place, notes),
         EntityKind::Cable => f.any_place_ok(&r.landing_places, notes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vessels(features: serde_json::Value, label: &str) -> GeoLayerData {
+        let fc = serde_json::json!({"type": "FeatureCollection", "features": features});
+        GeoLayerData::parse(
+            fc.to_string().as_bytes(),
+            EarthDomain::Vessels,
+            label,
+            label,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn geo_sources_add_entities_and_a_taken_id_is_skipped() {
+        let base = EntityCatalog::load(&EarthDataConfig::default()).unwrap();
+        assert!(base
+            .find(&EntityQuery::new(EarthDomain::Vessels))
+            .missing_data[0]
+            .contains("no data source configured"));
+        let a = vessels(
+            serde_json::json!([{"properties": {"mmsi": 1, "name": "A"}, "geometry": null}]),
+            "a",
+        );
+        let b = vessels(
+            serde_json::json!([
+                {"properties": {"mmsi": 1, "name": "A again"}, "geometry": null},
+                {"properties": {"mmsi": 2, "name": "B"}, "geometry": null}
+            ]),
+            "b",
+        );
+        let cat = base.with_geo_sources(&[&a, &b]);
+        assert_ne!(cat.version(), base.version());
+        let r = cat.find(&EntityQuery::new(EarthDomain::Vessels));
+        let ids: Vec<&str> = r.entities.iter().map(|e| e.entity_id.as_str()).collect();
+        assert_eq!(ids, ["vessel:mmsi:1", "vessel:mmsi:2"]);
+        assert!(r.missing_data.is_empty(), "{:?}", r.missing_data);
+        assert!(cat
+            .stats()
+            .warnings
+            .iter()
+            .any(|w| w.contains("already loaded")));
+        assert!(!base.contains("vessel:mmsi:1"), "the base is unchanged");
     }
 }

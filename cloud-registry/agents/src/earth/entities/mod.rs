@@ -41,7 +41,7 @@ mod top500;
 
 use std::path::PathBuf;
 
-pub use catalog::{no_source_note, CatalogStats, EntityCatalog, STALE_TLE_DAYS};
+pub use catalog::{no_source_note, CatalogStats, EntityCatalog, GeoLayerData, STALE_TLE_DAYS};
 pub use config::{EarthDataConfig, GeoJsonSource, DEFAULT_HTTP_TIMEOUT_MS, SHIPPED_DATA_DIR};
 pub use geojson::MAX_GEOJSON_BYTES;
 pub use layers::Layer;
