@@ -90,7 +90,7 @@ impl Bench {
         let (shutdown, rx) = watch::channel(false);
         let sweeper = svc.spawn_sweeper(rx.clone());
         let app = Router::new()
-            .nest("/api/v1", audit::router(svc))
+            .nest("/api/v1", axum::Router::from(audit::router(svc)))
             .layer(Extension(auth.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -19,7 +19,7 @@ macro_rules! wire_enum {
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord,
-                 serde::Serialize, serde::Deserialize)]
+                 serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
         pub enum $name {
             $( $(#[$vmeta])* #[serde(rename = $wire)] $variant ),+
         }

@@ -46,13 +46,13 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::routing::get;
-use axum::Router;
 use futures::Stream;
 use serde::Deserialize;
 use shared_protocol::event::{CapabilityEvent, EventType, StreamGap};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::api::{parse_list, ApiQuery};
 use crate::auth::Principal;
@@ -74,9 +74,9 @@ pub struct EventsApi {
 }
 
 /// The event stream route (relative to `/api/v1`).
-pub fn routes(state: EventsApi) -> Router {
-    Router::new()
-        .route("/capability-events/stream", get(stream))
+pub fn routes(state: EventsApi) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(stream))
         .with_state(state)
 }
 
@@ -109,9 +109,12 @@ impl EventFilter {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct StreamQuery {
+    /// Replay events with `event_id` above this first (`Last-Event-ID` wins).
     after: Option<u64>,
+    /// Comma-separated event types; empty: every type.
     types: Option<String>,
     capability_id: Option<String>,
     provider_id: Option<String>,
@@ -130,6 +133,15 @@ pub fn may_read(who: &Principal, ev: &CapabilityEvent) -> bool {
     !ev.event_type.admin_only() || who.is_admin()
 }
 
+/// Server-Sent Events: `id: {event_id}`, `event: {event_type}`, `data:`
+/// a `CapabilityEvent` (or `StreamGap` for `event: stream_gap`). Every
+/// role but `provider`.
+#[utoipa::path(get, path = "/capability-events/stream", tag = "events",
+    params(
+        StreamQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id"),
+    ),
+    responses((status = 200, description = "An endless `text/event-stream` of `CapabilityEvent` JSON data lines", content_type = "text/event-stream", body = CapabilityEvent)))]
 async fn stream(
     State(st): State<EventsApi>,
     who: Principal,
