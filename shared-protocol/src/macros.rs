@@ -19,7 +19,7 @@ macro_rules! wire_enum {
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord,
-                 serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+                 serde::Serialize, serde::Deserialize)]
         pub enum $name {
             $( $(#[$vmeta])* #[serde(rename = $wire)] $variant ),+
         }
@@ -33,6 +33,20 @@ macro_rules! wire_enum {
                 match self { $( $name::$variant => $wire ),+ }
             }
         }
+
+        // By hand: the wire names reach the derive as macro fragments,
+        // which its `serde(rename)` reading does not see.
+        impl $crate::utoipa::PartialSchema for $name {
+            /// A string, one of the wire names.
+            fn schema() -> $crate::utoipa::openapi::RefOr<$crate::utoipa::openapi::schema::Schema> {
+                $crate::utoipa::openapi::schema::ObjectBuilder::new()
+                    .schema_type($crate::utoipa::openapi::schema::Type::String)
+                    .enum_values(Some([$( $wire ),+]))
+                    .into()
+            }
+        }
+
+        impl $crate::utoipa::ToSchema for $name {}
 
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

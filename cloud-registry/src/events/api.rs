@@ -121,6 +121,20 @@ struct StreamQuery {
     lease_id: Option<String>,
 }
 
+/// One event of the stream as its fields arrive (for the OpenAPI
+/// document).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct SseEvent {
+    /// The `event_id`; absent on `stream_gap`.
+    id: Option<String>,
+    /// The event type, or `stream_gap`.
+    event: String,
+    /// JSON: a `CapabilityEvent`, or a `StreamGap` for `stream_gap`.
+    #[schema(content_media_type = "application/json")]
+    data: String,
+}
+
 fn sse_event(ev: &CapabilityEvent) -> Event {
     Event::default()
         .id(ev.event_id.to_string())
@@ -141,7 +155,7 @@ pub fn may_read(who: &Principal, ev: &CapabilityEvent) -> bool {
         StreamQuery,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id"),
     ),
-    responses((status = 200, description = "An endless `text/event-stream` of `CapabilityEvent` JSON data lines", content_type = "text/event-stream", body = CapabilityEvent)))]
+    responses((status = 200, description = "An endless `text/event-stream`: one `SseEvent` per event", content_type = "text/event-stream", body = SseEvent)))]
 async fn stream(
     State(st): State<EventsApi>,
     who: Principal,
