@@ -150,6 +150,16 @@ async fn list(
             ))
         }
     };
+    // A query problem like any other: 400 naming the parameter (the
+    // service's own check answers 422 for a body field).
+    if let (Some(lo), Some(hi)) = (q.priority_min, q.priority_max) {
+        if lo > hi {
+            return Err(ApiError::invalid_query(
+                "priority_min",
+                format!("{lo} is above priority_max {hi}"),
+            ));
+        }
+    }
     let filter = AuditRequestFilter {
         status: parse_one::<AuditRequestStatus>("status", q.status.as_deref())?,
         audit_type: parse_one::<AuditType>("audit_type", q.audit_type.as_deref())?,
