@@ -198,18 +198,29 @@ fn schemathesis() -> Option<PathBuf> {
     None
 }
 
-/// Operations the fuzz run leaves out, as schemathesis
-/// `--exclude-path-regex` patterns, with the reason.
+/// Paths the fuzz run leaves out (schemathesis `--exclude-path`), with the
+/// reason. The SSE stream stays in: schemathesis reads a bounded part of
+/// it.
 const FUZZ_EXCLUDED: &[(&str, &str)] = &[
     (
-        "^/api/v1/capability-events/stream$",
-        "an endless SSE stream: every request would run into the timeout",
+        "/api/v1/tokens/{name}",
+        "revoking tokens: a generated name may be the one the run itself uses",
     ),
     (
-        "^/api/v1/tokens/\\{name\\}$",
-        "revoking tokens: a generated name may be one the run itself uses",
+        "/api/v1/agents/speech/transcriptions",
+        "the lab configures no speech provider, so every answer is 503 `asr_not_configured` \
+         by design (cloud-registry/tests/agents_runtime.rs drives it against a stand-in)",
     ),
 ];
+
+/// Operations (by `operationId`, the handler's name) the fuzz run leaves
+/// out, with the reason.
+const FUZZ_EXCLUDED_OPERATIONS: &[(&str, &str)] = &[(
+    "create_run",
+    "the lab configures no model, so the run types that need one answer 503 \
+     `model_not_configured` by design (cloud-registry/tests/agents_runtime.rs runs them \
+     against a stand-in model)",
+)];
 
 /// A bounded schemathesis run against the live registry, authenticated as
 /// the lab's admin: no answer is a 5xx, and every answer has a documented
@@ -240,11 +251,16 @@ async fn a_fuzz_run_from_the_document_finds_no_5xx_and_no_nonconformance() {
         .args(["--max-time", "120"])
         .args(["--request-timeout", "15"])
         .args(["--seed", "1"])
-        .args(["--workers", "2"])
+        // One worker: Python 3.11's parser is not safe to use from several
+        // threads, which hypothesis does to describe its strategies.
+        .args(["--workers", "1"])
         .args(["--phases", "examples,coverage,fuzzing"])
         .args(["--generation-database", "none"]);
-    for (pattern, _why) in FUZZ_EXCLUDED {
-        cmd.args(["--exclude-path-regex", pattern]);
+    for (path, _why) in FUZZ_EXCLUDED {
+        cmd.args(["--exclude-path", path]);
+    }
+    for (operation_id, _why) in FUZZ_EXCLUDED_OPERATIONS {
+        cmd.args(["--exclude-operation-id", operation_id]);
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
