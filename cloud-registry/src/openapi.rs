@@ -75,6 +75,42 @@ pub fn finish(mut doc: Document) -> Document {
         BEARER,
         Vec::<String>::new(),
     )]);
+    // operationIds are unique in a document: a handler name used by
+    // several features (`list`, `get_one`), or a handler served at two
+    // mounts (the health routes), gets its tag as a prefix, then a number.
+    let mut seen = std::collections::BTreeSet::new();
+    for item in doc.paths.paths.values_mut() {
+        let ops = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for op in ops.into_iter().flatten() {
+            let Some(id) = op.operation_id.clone() else {
+                continue;
+            };
+            let tag = op
+                .tags
+                .as_ref()
+                .and_then(|t| t.first())
+                .cloned()
+                .unwrap_or_else(|| "api".to_string());
+            let mut unique = id.clone();
+            let mut n = 1;
+            while seen.contains(&unique) {
+                unique = if n == 1 {
+                    format!("{tag}_{id}")
+                } else {
+                    format!("{tag}_{id}_{n}")
+                };
+                n += 1;
+            }
+            seen.insert(unique.clone());
+            op.operation_id = Some(unique);
+        }
+    }
     for item in doc.paths.paths.values_mut() {
         let ops = [
             &mut item.get,

@@ -182,6 +182,14 @@ async fn every_route_is_documented() {
         "docs/http-api.md's endpoint tables and the OpenAPI document differ:\n{}",
         drift.join("\n")
     );
+    // Client generators name methods by operationId: one per operation.
+    let mut ids = BTreeSet::new();
+    for (method, path) in &ops {
+        let id = doc["paths"][path][method]["operationId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{method} {path} has an operationId"));
+        assert!(ids.insert(id.to_string()), "operationId {id} is used twice");
+    }
     // The error shape is a shared component every error answer points at.
     assert!(doc["components"]["schemas"]["ErrorBody"].is_object());
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
