@@ -74,3 +74,12 @@ if [ ! -x "$mcp_dir/.venv/bin/python" ] || ! "$mcp_dir/.venv/bin/python" -c 'imp
   python3 -m venv "$mcp_dir/.venv"
   "$mcp_dir/.venv/bin/pip" install -q --disable-pip-version-check -r "$mcp_dir/requirements.txt"
 fi
+
+# The OpenAPI fuzz run (tests/tests/openapi.rs): schemathesis in a venv,
+# pinned by tests/schemathesis/requirements.txt.
+st_dir="$(dirname "$0")/../tests/schemathesis"
+if [ ! -x "$st_dir/.venv/bin/schemathesis" ] || ! "$st_dir/.venv/bin/python" -c 'import schemathesis' 2>/dev/null; then
+  echo "setup: python venv for schemathesis in tests/schemathesis/.venv" >&2
+  python3 -m venv "$st_dir/.venv"
+  "$st_dir/.venv/bin/pip" install -q --disable-pip-version-check -r "$st_dir/requirements.txt"
+fi

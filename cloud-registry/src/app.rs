@@ -29,6 +29,7 @@ use shared_protocol::api::Role;
 use shared_protocol::capability::Capability;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::agents::earth::entities::{EntityCatalog, EntityError};
 use crate::agents::{self, AgentError, AgentService};
@@ -262,6 +263,33 @@ pub fn build_router(routes: Router, auth: Arc<Authenticator>, body_limit_bytes: 
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .layer(Extension(crate::extract::BodyLimit(body_limit_bytes)))
         .layer(Extension(auth))
+}
+
+/// Compose the documented routes: `v1` (relative to `/api/v1`), `root`
+/// (full paths, also served at the root: `/healthz`, `/metrics`,
+/// `/time`), `sessions` (full paths), `agents` (under `/api/v1/agents`),
+/// `geo` (under `/api/v1/visualization/geo`), and
+/// `GET /api/v1/openapi.json`. Answers the axum router and the finished
+/// OpenAPI document it serves ([`crate::openapi`]).
+pub fn api_routes(
+    v1: OpenApiRouter,
+    root: OpenApiRouter,
+    sessions: OpenApiRouter,
+    agents: OpenApiRouter,
+    geo: OpenApiRouter,
+) -> (Router, utoipa::openapi::OpenApi) {
+    let (doc_route, doc_cell) = crate::openapi::router();
+    let (router, document) = OpenApiRouter::with_openapi(crate::openapi::base())
+        .nest("/api/v1", v1)
+        .merge(root)
+        .merge(sessions)
+        .nest("/api/v1/agents", agents)
+        .nest("/api/v1/visualization/geo", geo)
+        .merge(doc_route)
+        .split_for_parts();
+    let document = crate::openapi::finish(document);
+    crate::openapi::set_document(&doc_cell, &document);
+    (router, document)
 }
 
 /// The listener's limits from `[http]`, with `max_connections` lowered to
@@ -553,7 +581,7 @@ impl Registry {
                 stats: mqtt.stats(),
             },
         });
-        let v1 = Router::new()
+        let v1 = OpenApiRouter::new()
             .merge(crate::providers::api::routes(ProvidersApi {
                 providers: providers.clone(),
                 leases: engine.clone(),
@@ -577,16 +605,15 @@ impl Registry {
             }))
             .merge(audit::router(audit.clone()))
             .merge(health.clone());
-        let routes = Router::new()
-            .nest("/api/v1", v1)
-            .merge(health)
-            .merge(crate::console::router())
-            .merge(sessions::api::router(sessions.clone()))
-            .merge(Router::new().nest("/api/v1/agents", agents::router(agents.clone())))
-            .merge(Router::new().nest(
-                "/api/v1/visualization/geo",
-                agents::geo_router(agents.clone()),
-            ));
+        let (routes, document) = api_routes(
+            v1,
+            health,
+            sessions::api::router(sessions.clone()),
+            agents::router(agents.clone()),
+            agents::geo_router(agents.clone()),
+        );
+        let routes = routes.merge(crate::console::router());
+        tracing::debug!(paths = document.paths.paths.len(), "OpenAPI document built");
         let app = build_router(routes, auth.clone(), config.http.body_limit_bytes);
         let limits = http_limits(&config);
         let http = tokio::spawn(crate::http_server::serve(

@@ -20,10 +20,11 @@ use std::sync::atomic::Ordering;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::json;
 use shared_protocol::api::RegistryTime;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use std::sync::Arc;
 
@@ -52,16 +53,36 @@ pub struct HealthState {
 
 /// `/healthz`, `/metrics` and `/time` (merged at the root and under
 /// `/api/v1`).
-pub fn routes(state: HealthState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/time", get(time))
+pub fn routes(state: HealthState) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(metrics))
+        .routes(routes!(time))
         .with_state(state)
 }
 
+/// The shape of `GET /healthz` (for the OpenAPI document).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct Health {
+    /// `ok` (200) or `degraded` (503).
+    #[schema(pattern = "^(ok|degraded)$")]
+    status: String,
+    /// `{"status": "ok"|"full"|"error", "error"?, "writable", "path",
+    /// "full_errors_total", ...}`.
+    store: Object,
+    /// `{"mode": "embedded"|"external", "addr", "connected"}`.
+    mqtt: Object,
+}
+
+/// A JSON object (for the OpenAPI document).
+type Object = serde_json::Map<String, serde_json::Value>;
+
 /// The registry's wall clock, read as late as possible so that the
 /// sampler's round trip brackets it tightly.
+/// The registry's clock (no token needed).
+#[utoipa::path(get, path = "/time", tag = "health", security(()),
+    responses((status = 200, body = RegistryTime)))]
 async fn time() -> Response {
     let now = chrono::Utc::now();
     let body = RegistryTime {
@@ -71,6 +92,12 @@ async fn time() -> Response {
     ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
 }
 
+/// Liveness of the store and the MQTT link (no token needed).
+#[utoipa::path(get, path = "/healthz", tag = "health", security(()),
+    responses(
+        (status = 200, description = "Store writable and MQTT connected", body = Health),
+        (status = 503, description = "Degraded: the store does not answer or is full, or MQTT is not connected", body = Health),
+    ))]
 async fn healthz(State(st): State<HealthState>) -> Response {
     let store = st.providers.store().ping().await;
     let connected = (st.mqtt.connected)();
@@ -111,6 +138,9 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
     }
 }
 
+/// Prometheus text format 0.0.4 (no token needed).
+#[utoipa::path(get, path = "/metrics", tag = "health", security(()),
+    responses((status = 200, description = "Prometheus exposition text", content_type = "text/plain; version=0.0.4", body = String)))]
 async fn metrics(State(st): State<HealthState>) -> Response {
     let mut out = String::new();
     let leases = st.leases.counts_by_status().await.unwrap_or_default();

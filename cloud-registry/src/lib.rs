@@ -23,7 +23,8 @@
 //! - [`console`]: the web console's embedded assets under `/console/`.
 //! - Composition: [`api`] (what the features' routes share), [`health`]
 //!   (`/healthz`, `/metrics`, `/time`), [`app`] ([`app::Registry::start`]:
-//!   everything wired, every router merged), [`config`] (the TOML file).
+//!   everything wired, every router merged), [`openapi`] (the generated
+//!   OpenAPI 3.1 document), [`config`] (the TOML file).
 
 pub use registry_agents as agents;
 pub use registry_core::{auth, db, error, extract, ids, storage};
@@ -43,6 +44,7 @@ pub mod http_server;
 pub mod leases;
 pub mod live;
 pub mod mqtt;
+pub mod openapi;
 pub mod providers;
 pub mod sessions;
 pub mod tokens;

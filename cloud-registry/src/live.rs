@@ -12,11 +12,11 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::watch;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
@@ -96,10 +96,8 @@ pub struct LiveApi {
 }
 
 /// `GET /capabilities/{capability_id}/live` (relative to `/api/v1`).
-pub fn routes(state: LiveApi) -> Router {
-    Router::new()
-        .route("/capabilities/{capability_id}/live", get(live))
-        .with_state(state)
+pub fn routes(state: LiveApi) -> OpenApiRouter {
+    OpenApiRouter::new().routes(routes!(live)).with_state(state)
 }
 
 async fn holds(leases: &LeaseEngine, who: &Principal, capability_id: &str) -> bool {
@@ -144,6 +142,14 @@ fn part(f: &Frame) -> Bytes {
 /// 404 `not_found` for an unknown capability, 403 `not_lease_holder` for a
 /// principal without a lease on it (admins may always watch), 409
 /// `no_live_stream` when no stream runs.
+#[utoipa::path(get, path = "/capabilities/{capability_id}/live", tag = "capabilities",
+    params(("capability_id" = String, Path)),
+    responses(
+        (status = 200, description = "MJPEG: `multipart/x-mixed-replace; boundary=benchlink-live-frame`, one `image/jpeg` part per frame, until the stream or the lease ends", content_type = "multipart/x-mixed-replace", body = crate::openapi::Binary),
+        (status = 403, description = "`not_lease_holder`: the caller holds no lease on the capability", body = shared_protocol::api::ErrorBody),
+        (status = 404, description = "`not_found`: no such capability", body = shared_protocol::api::ErrorBody),
+        (status = 409, description = "`no_live_stream`: no stream runs on the capability", body = shared_protocol::api::ErrorBody),
+    ))]
 async fn live(
     State(st): State<LiveApi>,
     who: Principal,

@@ -90,7 +90,7 @@ impl Bench {
         let (shutdown, rx) = watch::channel(false);
         let sweeper = svc.spawn_sweeper(rx.clone());
         let app = Router::new()
-            .nest("/api/v1", audit::router(svc))
+            .nest("/api/v1", axum::Router::from(audit::router(svc)))
             .layer(Extension(auth.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -1284,6 +1284,13 @@ async fn requests_are_listed_by_filter_in_queue_order_with_pages() {
         b.get("/audit-requests?status=sleeping", &viewer).await,
         StatusCode::BAD_REQUEST,
     );
+    let (_, crossed) = status_is(
+        b.get("/audit-requests?priority_min=80&priority_max=20", &viewer)
+            .await,
+        StatusCode::BAD_REQUEST,
+    );
+    assert_eq!(crossed["error"]["code"], "invalid_query");
+    assert_eq!(crossed["error"]["details"]["param"], "priority_min");
     let provider = b.token(Role::Provider, "provider-winlab-01").await;
     let (s, _) = b.get("/audit-requests", &provider).await;
     assert_eq!(s, StatusCode::FORBIDDEN);

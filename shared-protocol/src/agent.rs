@@ -117,7 +117,7 @@ wire_enum! {
 /// (`agent_…`, the store's column name) is what clients use in paths and
 /// is `run_id` on the wire, as in every other answer that names a run
 /// (the Earth command's, steps', evidence's, proposals').
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentRun {
     pub id: i64,
     #[serde(rename = "run_id")]
@@ -137,14 +137,17 @@ pub struct AgentRun {
     pub request_id: Option<String>,
     /// The principal that created the run.
     pub created_by: String,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub completed_at: Option<Timestamp>,
     pub error: Option<String>,
 }
 
 /// seed 000 "AgentStep".
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentStep {
     pub id: i64,
     /// The run's public id (`agent_…`, its `run_id`), not the store's
@@ -159,13 +162,15 @@ pub struct AgentStep {
     pub input: Value,
     pub output: Option<Value>,
     pub error: Option<String>,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub started_at: Option<Timestamp>,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub completed_at: Option<Timestamp>,
     pub duration_ms: Option<u64>,
 }
 
 /// seed 000 "AgentEvidence".
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentEvidence {
     pub id: i64,
     /// The run's public id (`agent_…`, its `run_id`), not the store's
@@ -181,11 +186,12 @@ pub struct AgentEvidence {
     /// Lowercase hex sha256 of `content`.
     pub content_hash: Option<String>,
     pub metadata: Value,
+    #[schema(value_type = String, format = DateTime)]
     pub retrieved_at: Timestamp,
 }
 
 /// seed 000 "AgentProposal".
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentProposal {
     pub id: i64,
     /// The run's public id (`agent_…`, its `run_id`), not the store's
@@ -200,12 +206,13 @@ pub struct AgentProposal {
     pub rationale: String,
     pub policy_result: Value,
     pub applied_by: Option<String>,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub applied_at: Option<Timestamp>,
     pub error: Option<String>,
 }
 
 /// A run with everything recorded under it (`GET /api/v1/agents/runs/{run_id}`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentRunDetail {
     pub run: AgentRun,
     pub steps: Vec<AgentStep>,
@@ -214,7 +221,7 @@ pub struct AgentRunDetail {
 }
 
 /// `POST /api/v1/agents/runs` body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreateRunRequest {
     pub run_type: RunType,
     pub title: String,
@@ -235,7 +242,7 @@ impl Validate for CreateRunRequest {
 }
 
 /// A model's request to run a tool (seed 000 "Example JSON tool call").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolCall {
     /// A registered tool name, e.g. `earth.find_entities`.
     pub tool: String,
@@ -244,7 +251,7 @@ pub struct ToolCall {
 }
 
 /// A model's final answer (seed 000 "Example final response").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FinalAnswer {
     pub summary: String,
     #[serde(default)]
@@ -253,7 +260,7 @@ pub struct FinalAnswer {
 
 /// One message of the JSON tool-call protocol, told apart by `type`
 /// (`tool_call` or `final`; seed 000 "Agent Tool Protocol").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentMessage {
     ToolCall(ToolCall),
@@ -263,7 +270,7 @@ pub enum AgentMessage {
 /// How a tool is described to the model and the policy (seed 000 "Tool
 /// Policy": name, description, input schema, output schema, permission,
 /// side-effect level).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolDescriptor {
     pub name: String,
     pub description: String,

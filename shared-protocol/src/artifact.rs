@@ -23,7 +23,7 @@ wire_enum! {
 }
 
 /// An artifact as the registry stores and returns it (seed 001 §2.2.5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilityArtifact {
     pub artifact_id: String,
     pub session_id: String,
@@ -33,6 +33,7 @@ pub struct CapabilityArtifact {
     pub storage_uri: String,
     /// MIME type, e.g. `image/jpeg`.
     pub content_type: String,
+    #[schema(value_type = String, format = DateTime)]
     pub captured_at: Timestamp,
     /// Length of audio/video, milliseconds.
     pub duration_ms: Option<u64>,

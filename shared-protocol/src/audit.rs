@@ -99,7 +99,7 @@ wire_enum! {
 }
 
 /// Software audit input (seed 001 §9.1), added to the common request.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SoftwareAuditInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repo_ref: Option<String>,
@@ -126,7 +126,7 @@ pub struct SoftwareAuditInput {
 }
 
 /// Hardware audit input (seed 001 §10.1).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HardwareAuditInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_topology: Option<Value>,
@@ -151,7 +151,7 @@ pub struct HardwareAuditInput {
 }
 
 /// Multimodal audit input (seed 001 §11.1).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MultimodalAuditInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frame_refs: Option<Vec<String>>,
@@ -178,7 +178,7 @@ pub struct MultimodalAuditInput {
 /// Chief audit input (seed 001 §12.1): the other audits' results, not raw
 /// data. `depends_on` names the sub-requests whose results fill the first
 /// three fields; the request becomes claimable when they all have results.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChiefAuditInput {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,
@@ -196,7 +196,7 @@ pub struct ChiefAuditInput {
 
 /// The common audit task request (seed 001 §8.1), with the extension of its
 /// `audit_type` flattened in (§9.1, §10.1, §11.1, §12.1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditTaskRequest {
     /// `"1.0"`.
     pub protocol_version: String,
@@ -231,6 +231,7 @@ pub struct AuditTaskRequest {
     /// `structured_json`.
     pub response_mode: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub created_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata_json: Option<Map<String, Value>>,
@@ -312,7 +313,7 @@ impl Validate for AuditTaskRequest {
 }
 
 /// One finding (seed 001 §9.3; used by every audit type).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Finding {
     pub finding_id: String,
     pub severity: FindingSeverity,
@@ -339,7 +340,7 @@ impl Validate for Finding {
 }
 
 /// Software audit output (seed 001 §9.2).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SoftwareAuditOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regression_risk_level: Option<RiskLevel>,
@@ -356,7 +357,7 @@ pub struct SoftwareAuditOutput {
 }
 
 /// Hardware audit output (seed 001 §10.2).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HardwareAuditOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_state_assessment: Option<String>,
@@ -373,7 +374,7 @@ pub struct HardwareAuditOutput {
 }
 
 /// Multimodal audit output (seed 001 §11.2).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MultimodalAuditOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_timeline: Option<Vec<Value>>,
@@ -390,7 +391,7 @@ pub struct MultimodalAuditOutput {
 }
 
 /// Chief audit output (seed 001 §12.2).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChiefAuditOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_decision: Option<FinalDecision>,
@@ -407,7 +408,7 @@ pub struct ChiefAuditOutput {
 
 /// The common audit task result (seed 001 §8.2), with the outputs of its
 /// `audit_type` flattened in (§9.2, §10.2, §11.2, §12.2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditTaskResult {
     pub audit_request_id: String,
     pub audit_type: AuditType,
@@ -430,6 +431,7 @@ pub struct AuditTaskResult {
     pub timeline: Vec<Value>,
     /// Wall time the audit took, milliseconds.
     pub duration_ms: u64,
+    #[schema(value_type = String, format = DateTime)]
     pub completed_at: Timestamp,
     #[serde(flatten)]
     pub software: SoftwareAuditOutput,

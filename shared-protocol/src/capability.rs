@@ -182,7 +182,7 @@ wire_enum! {
 /// One capability as a provider declares it (an element of seed 001 §4.2
 /// `capabilities`). Only the fields the seed's example always carries are
 /// required; the rest default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilityRegistration {
     /// Unique across the registry, e.g. `cam-front-01`.
     pub capability_id: String,
@@ -267,7 +267,7 @@ impl Validate for CapabilityRegistration {
 }
 
 /// `POST /api/v1/capabilities/register` body (seed 001 §4.2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CapabilityBatchRegisterRequest {
     pub provider_id: String,
@@ -301,7 +301,7 @@ impl Validate for CapabilityBatchRegisterRequest {
 }
 
 /// Answer to [`CapabilityBatchRegisterRequest`]: the ids now registered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilityBatchRegisterResponse {
     pub provider_id: String,
     pub registered: Vec<String>,
@@ -309,7 +309,7 @@ pub struct CapabilityBatchRegisterResponse {
 
 /// A capability as the registry stores and returns it (seed 001 §2.2.2, all
 /// fields).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Capability {
     pub capability_id: String,
     pub provider_id: String,
@@ -329,13 +329,15 @@ pub struct Capability {
     pub constraints_json: Map<String, Value>,
     pub supported_actions: Vec<CapabilityAction>,
     pub evidence_modes: Vec<ArtifactType>,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
 }
 
 /// Pick a capability by what it is rather than by id (seed 001 §5.1
 /// `capability_selector`). Every given field must match.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CapabilitySelector {
     pub capability_type: CapabilityType,
@@ -376,7 +378,7 @@ impl From<RequirementMode> for LeaseMode {
 }
 
 /// A declared need for one capability (seed 001 §13).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CapabilityRequirement {
     pub capability_type: CapabilityType,

@@ -9,7 +9,7 @@ use crate::validate::{check_count, Validate, ValidationError};
 
 /// Where an Earth command's text came from (seed 000 "Earth Command",
 /// request field `source`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EarthCommandSource {
     /// Typed by the operator.
@@ -20,7 +20,19 @@ pub enum EarthCommandSource {
 
 /// The six data domains of the first version (seed 000 "Allowed Domains").
 /// Also used as layer names in `show_layer`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EarthDomain {
     Satellites,
@@ -57,7 +69,7 @@ impl EarthDomain {
 
 /// Viewport facts the Earth client sends along (seed 000 request
 /// `client_context.viewport`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EarthViewport {
     #[serde(default)]
     pub is_mobile: bool,
@@ -68,7 +80,7 @@ pub struct EarthViewport {
 
 /// What the Earth client is showing when the command is sent
 /// (seed 000 request `client_context`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EarthClientContext {
     #[serde(default)]
     pub visible_layers: Vec<EarthDomain>,
@@ -80,7 +92,7 @@ pub struct EarthClientContext {
 }
 
 /// `POST /api/v1/agents/earth/command` body (seed 000 "Earth Command").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EarthCommandRequest {
     /// The natural-language command, at most 2,000 characters.
     pub input_text: String,
@@ -117,7 +129,7 @@ impl Validate for EarthCommandRequest {
 }
 
 /// How highlighted entities are drawn (seed 000 EarthAction `style.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HighlightMode {
     Glow,
@@ -127,7 +139,7 @@ pub enum HighlightMode {
 
 /// Highlight style: only a `#rrggbb` colour and a mode, never free CSS
 /// (seed 000 "Safety Rules").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HighlightStyle {
     /// `#rrggbb` or `#rgb`.
     pub color: String,
@@ -146,7 +158,7 @@ impl HighlightStyle {
 }
 
 /// One row of the result panel (seed 000 `open_result_panel.items`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResultPanelItem {
     pub entity_id: String,
     pub label: String,
@@ -156,7 +168,7 @@ pub struct ResultPanelItem {
 
 /// One step of an Earth action plan (seed 000 "EarthAction Shape"; only the
 /// six "Allowed Action Types" exist, so any other `type` fails to parse).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EarthAction {
     /// Turn a layer on or off.
@@ -213,7 +225,7 @@ pub enum EarthAction {
 pub const MAX_HIGHLIGHT_ENTITIES: usize = 500;
 
 /// An entity the entity service matched (seed 000 response `matched_entities`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MatchedEntity {
     /// Stable id, e.g. `satellite:norad:25544`.
     pub entity_id: String,
@@ -233,7 +245,7 @@ pub struct MatchedEntity {
 }
 
 /// `POST /api/v1/agents/earth/command` response (seed 000 "Response shape").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EarthCommandResponse {
     /// Public id of the persisted agent run, `agent_…`.
     pub run_id: String,

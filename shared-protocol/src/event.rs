@@ -81,10 +81,11 @@ impl EventType {
 
 /// One event. `event_id` increases by one per event for the registry's whole
 /// life (it is the SSE `id:`; a client resumes with `Last-Event-ID`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilityEvent {
     pub event_id: u64,
     pub event_type: EventType,
+    #[schema(value_type = String, format = DateTime)]
     pub occurred_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<String>,
@@ -105,7 +106,7 @@ pub struct CapabilityEvent {
 /// Sent as SSE event `stream_gap` when a client fell too far behind and
 /// events `from_event_id..=to_event_id` were dropped for it; it should
 /// reconnect with `Last-Event-ID` to fetch them from the log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StreamGap {
     pub from_event_id: u64,
     pub to_event_id: u64,

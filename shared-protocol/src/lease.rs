@@ -74,7 +74,7 @@ pub const MAX_PRIORITY: u8 = 100;
 ///
 /// Exactly one of `capability_id` and `capability_selector` is given. The
 /// holder is the authenticated principal; `holder_ref` is checked against it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -196,7 +196,7 @@ impl Validate for LeaseRequest {
 /// `POST /api/v1/capability-leases/request-group`: several capabilities
 /// granted all together or not at all (an audit task's
 /// `capability_requirements`, seed 001 §13).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseGroupRequest {
     /// Ask for these ids ...
@@ -256,7 +256,7 @@ impl Validate for LeaseGroupRequest {
 
 /// A lease as the registry stores and returns it (seed 001 §2.2.3, all
 /// fields, plus the grouping and bookkeeping a holder needs).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilityLease {
     pub lease_id: String,
     pub capability_id: String,
@@ -266,11 +266,15 @@ pub struct CapabilityLease {
     pub purpose: String,
     pub priority: u8,
     pub status: LeaseStatus,
+    #[schema(value_type = String, format = DateTime)]
     pub requested_at: Timestamp,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub granted_at: Option<Timestamp>,
     /// Wall-clock rendering of the monotonic deadline.
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub expires_at: Option<Timestamp>,
     /// End of the grace period after a preemption request (§6.3).
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub grace_until: Option<Timestamp>,
     pub preempt_reason: Option<String>,
     pub evidence_required: bool,
@@ -284,6 +288,7 @@ pub struct CapabilityLease {
     pub preempted_by: Option<String>,
     /// When the lease reached a final status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub ended_at: Option<Timestamp>,
     /// The authenticated principal holding the lease.
     pub principal: String,
@@ -303,7 +308,7 @@ pub struct CapabilityLease {
 
 /// Answer to a group request: every lease of the group, all in the same
 /// status (`granted` together, or `requested` together).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LeaseGroup {
     pub lease_group_id: String,
     pub status: LeaseStatus,
@@ -311,7 +316,7 @@ pub struct LeaseGroup {
 }
 
 /// `POST /api/v1/capability-leases/{lease_id}/renew` body (seed 001 §5.2).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseRenewRequest {
     /// New duration from now, seconds; absent: the lease's original duration.
@@ -329,7 +334,7 @@ impl Validate for LeaseRenewRequest {
 }
 
 /// `POST /api/v1/capability-leases/{lease_id}/release` body (seed 001 §5.3).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseReleaseRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -344,12 +349,13 @@ impl Validate for LeaseReleaseRequest {
 
 /// Sent to the holder (SSE and the provider's command topic) when its lease
 /// is asked to give way (seed 001 §6.3 `preempt_requested`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PreemptNotice {
     pub lease_id: String,
     pub capability_id: String,
     /// The higher-priority lease waiting for the capability.
     pub preempting_lease_id: String,
     pub preempt_reason: String,
+    #[schema(value_type = String, format = DateTime)]
     pub grace_until: Timestamp,
 }

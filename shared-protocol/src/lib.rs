@@ -32,6 +32,10 @@ pub mod session;
 pub mod speech;
 pub mod validate;
 
+/// For [`wire_enum!`]'s OpenAPI schema (the registry's document).
+#[doc(hidden)]
+pub use utoipa;
+
 pub use validate::{parse_json, parse_value, ParseError, Validate, ValidationError};
 
 /// An instant on the wire: RFC 3339 in UTC, e.g. `2026-11-30T03:29:22Z`.

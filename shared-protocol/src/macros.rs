@@ -34,6 +34,20 @@ macro_rules! wire_enum {
             }
         }
 
+        // By hand: the wire names reach the derive as macro fragments,
+        // which its `serde(rename)` reading does not see.
+        impl $crate::utoipa::PartialSchema for $name {
+            /// A string, one of the wire names.
+            fn schema() -> $crate::utoipa::openapi::RefOr<$crate::utoipa::openapi::schema::Schema> {
+                $crate::utoipa::openapi::schema::ObjectBuilder::new()
+                    .schema_type($crate::utoipa::openapi::schema::Type::String)
+                    .enum_values(Some([$( $wire ),+]))
+                    .into()
+            }
+        }
+
+        impl $crate::utoipa::ToSchema for $name {}
+
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())

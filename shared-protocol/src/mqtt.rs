@@ -109,11 +109,12 @@ pub fn parse_topic<'a>(prefix: &str, topic: &'a str) -> Result<(&'a str, TopicKi
 
 /// Every MQTT message: `protocol_version`, `message_id` (de-duplication:
 /// QoS 1 delivers at least once), `sent_at`, `type`, `body`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Envelope {
     pub protocol_version: String,
     /// Unique per message; a receiver drops a second copy of the same id.
     pub message_id: String,
+    #[schema(value_type = String, format = DateTime)]
     pub sent_at: Timestamp,
     #[serde(rename = "type")]
     pub message_type: MessageType,
@@ -234,11 +235,12 @@ pub const MAX_LIVE_FRAME_BYTES: usize = 192 * 1024;
 ///
 /// Payload: this header as one line of JSON, a `\n`, then the JPEG bytes
 /// (no base64). `end: true` with no JPEG says the stream stopped.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LiveFrame {
     pub capability_id: String,
     /// Counts from 1 per stream.
     pub seq: u64,
+    #[schema(value_type = String, format = DateTime)]
     pub captured_at: Timestamp,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub end: bool,
@@ -283,7 +285,7 @@ impl LiveFrame {
 }
 
 /// Retained provider status; the LWT carries `offline` with the same boot id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatusBody {
     pub provider_id: String,
     pub online_status: OnlineStatus,
@@ -298,7 +300,7 @@ impl Validate for StatusBody {
 }
 
 /// Provider and capability batch in one message (seed 001 §4.1 + §4.2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RegisterBody {
     pub provider: ProviderRegisterRequest,
     pub capabilities: Vec<CapabilityRegistration>,
@@ -322,7 +324,7 @@ impl Validate for RegisterBody {
 }
 
 /// The registry's answer to a `register` message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RegisterAck {
     pub provider_id: String,
     pub accepted: bool,
@@ -348,7 +350,7 @@ impl Validate for RegisterAck {
 /// the lease ended (a `lease_revoked` for it arrived), or when it knows a
 /// newer lease of the capability (a larger `lease_generation`: exclusive
 /// after anything older, shared after an older exclusive one).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActionCommand {
     pub session_id: String,
     pub lease_id: String,
@@ -366,6 +368,7 @@ pub struct ActionCommand {
     /// On the registry's clock: the earlier of the lease's `expires_at` and
     /// the action's deadline (sent time + `timeout_ms`). The bench starts
     /// nothing for this command once this instant may have passed.
+    #[schema(value_type = String, format = DateTime)]
     pub not_after: Timestamp,
 }
 
@@ -398,7 +401,7 @@ wire_enum! {
 
 /// Cancel a running session (preemption at grace end, or the holder's stop).
 /// A non-interruptible action finishes first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActionCancel {
     pub session_id: String,
     pub reason: String,
@@ -419,7 +422,7 @@ impl Validate for PreemptNotice {
 /// A lease ended (released, expired, or revoked after preemption): the
 /// provider cancels what still runs or waits under it, and refuses any
 /// command for it that arrives later.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LeaseRevoked {
     pub lease_id: String,
     pub capability_id: String,
@@ -438,7 +441,7 @@ impl Validate for LeaseRevoked {
 /// A lease was granted on one of the provider's capabilities: from now on
 /// the bench refuses commands of older leases this one supersedes
 /// ([`ActionCommand`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LeaseGranted {
     pub lease_id: String,
     pub capability_id: String,
@@ -446,6 +449,7 @@ pub struct LeaseGranted {
     pub lease_mode: LeaseMode,
     /// The lease's expiry on the registry's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub expires_at: Option<Timestamp>,
 }
 
@@ -456,7 +460,7 @@ impl Validate for LeaseGranted {
 }
 
 /// One running instance of a provider, as the registry heard it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProviderInstance {
     pub boot_id: String,
     /// From its registration (empty until one arrived).
@@ -471,7 +475,7 @@ pub struct ProviderInstance {
 /// While `resolved` is false the registry refuses actions on it; each
 /// instance logs the others. `resolved: true` says only one instance is
 /// left (`instances`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProviderConflict {
     pub provider_id: String,
     pub instances: Vec<ProviderInstance>,
@@ -487,7 +491,7 @@ impl Validate for ProviderConflict {
 
 /// Progress or end of a session, with metadata of the artifacts it made
 /// (their bytes follow over HTTP).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionUpdate {
     pub session_id: String,
     pub capability_id: String,
@@ -498,11 +502,13 @@ pub struct SessionUpdate {
     pub error_message: Option<String>,
     #[serde(default)]
     pub artifacts: Vec<CapabilityArtifact>,
+    #[schema(value_type = String, format = DateTime)]
     pub occurred_at: Timestamp,
     /// When the driver was given the action, on the registry's clock as
     /// the bench estimates it (absent when it never started, or from an
     /// older bench). The registry compares it with the lease's end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub started_at: Option<Timestamp>,
     /// Set when the bench refused the command by its fence (the update is
     /// then `failed`, and the action never ran).
@@ -520,7 +526,7 @@ impl Validate for SessionUpdate {
 
 /// One session a [`SessionSync`] asks about: still open (`running`) at
 /// the registry, or ended by the registry's presumption.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OpenSession {
     pub session_id: String,
     pub capability_id: String,
@@ -545,7 +551,7 @@ pub struct OpenSession {
 /// an open one it has no record of (its `action_invoke` was lost) is
 /// reported `failed`. Repeats are harmless: the registry drops a repeated
 /// `message_id`, and a repeated final update changes nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionSync {
     pub sessions: Vec<OpenSession>,
 }

@@ -20,7 +20,7 @@ wire_enum! {
 
 /// `POST /api/v1/capability-providers/register` body (seed 001 §4.1), also
 /// the `provider` part of the MQTT `register` message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProviderRegisterRequest {
     pub provider_id: String,
     pub node_id: String,
@@ -67,7 +67,7 @@ impl Validate for ProviderRegisterRequest {
 }
 
 /// Answer to a provider registration (seed 001 §4.1 response example).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProviderRegisterResponse {
     pub provider_id: String,
     pub accepted: bool,
@@ -76,7 +76,7 @@ pub struct ProviderRegisterResponse {
 }
 
 /// A provider as the registry stores and returns it (seed 001 §2.2.1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilityProvider {
     pub provider_id: String,
     pub node_id: String,
@@ -84,6 +84,7 @@ pub struct CapabilityProvider {
     pub platform: String,
     pub gateway_version: String,
     pub online_status: OnlineStatus,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub last_heartbeat_at: Option<Timestamp>,
     pub network_zone: String,
     pub owner_type: Option<String>,
@@ -95,7 +96,7 @@ pub struct CapabilityProvider {
 }
 
 /// Health of one capability in a heartbeat (seed 001 §4.3 "更新能力健康状态").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilityHealthReport {
     pub capability_id: String,
     pub health_status: HealthStatus,
@@ -109,12 +110,13 @@ pub struct CapabilityHealthReport {
 
 /// A session the provider is executing right now (seed 001 §4.3
 /// "上报正在执行的租约").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunningSession {
     pub session_id: String,
     pub lease_id: String,
     pub capability_id: String,
     pub action: CapabilityAction,
+    #[schema(value_type = String, format = DateTime)]
     pub started_at: Timestamp,
     /// True while the action is inside a non-interruptible window (§6.4).
     #[serde(default)]
@@ -122,20 +124,21 @@ pub struct RunningSession {
 }
 
 /// A local fault the provider reports (seed 001 §4.3 "上报本地错误或故障").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProviderFault {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability_id: Option<String>,
     /// Short machine-readable code, e.g. `serial_disconnected`.
     pub code: String,
     pub message: String,
+    #[schema(value_type = String, format = DateTime)]
     pub occurred_at: Timestamp,
 }
 
 /// `POST /api/v1/capabilities/heartbeat` body and the MQTT `heartbeat`
 /// message (seed 001 §4.3). At most [`MAX_HEARTBEAT_ENTRIES`] health
 /// reports and running sessions, [`MAX_FAULTS`] faults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HeartbeatRequest {
     pub provider_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -180,10 +183,11 @@ impl Validate for HeartbeatRequest {
 }
 
 /// Answer to a heartbeat.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HeartbeatResponse {
     pub accepted: bool,
     /// Seconds until the next heartbeat is due.
     pub heartbeat_interval_seconds: u32,
+    #[schema(value_type = String, format = DateTime)]
     pub server_time: Timestamp,
 }

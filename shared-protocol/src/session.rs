@@ -28,13 +28,15 @@ impl SessionStatus {
 }
 
 /// A session as the registry stores and returns it (seed 001 §2.2.4).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapabilitySession {
     pub session_id: String,
     pub lease_id: String,
     pub capability_id: String,
     pub action: CapabilityAction,
+    #[schema(value_type = String, format = DateTime)]
     pub started_at: Timestamp,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub ended_at: Option<Timestamp>,
     pub status: SessionStatus,
     /// The action's parameters as given when their compact JSON takes at
@@ -61,7 +63,7 @@ pub struct CapabilitySession {
 
 /// Invoke an action on a leased capability:
 /// `POST /api/v1/capability-leases/{lease_id}/actions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActionInvokeRequest {
     pub action: CapabilityAction,

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// `POST /api/v1/agents/speech/transcriptions` response (seed 000).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SpeechTranscriptionResponse {
     pub text: String,
     /// e.g. `openai_compatible`.

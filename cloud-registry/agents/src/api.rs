@@ -26,8 +26,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Multipart, Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::Utc;
 use registry_core::auth::Principal;
 use registry_core::error::{ApiError, ApiResult};
@@ -35,13 +34,16 @@ use registry_core::extract::{list_limit, ApiQuery, ValidJson};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use shared_protocol::agent::ToolDescriptor;
 use shared_protocol::agent::{
     AgentProposal, AgentRun, AgentRunDetail, CreateRunRequest, ProposalStatus, RunStatus, RunType,
 };
-use shared_protocol::api::Role;
+use shared_protocol::api::{ErrorBody, Role};
 use shared_protocol::earth::{EarthCommandRequest, EarthCommandResponse};
 use shared_protocol::speech::SpeechTranscriptionResponse;
 use shared_protocol::Validate;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::earth::entities::Layer;
 use crate::earth::geo::{layer_time, LayerCache};
@@ -63,24 +65,63 @@ const MULTIPART_SLACK: usize = 1024 * 1024;
 
 /// The agent routes, relative to `/api/v1/agents`. Needs an
 /// `Extension(Arc<Authenticator>)` layer (for [`Principal`]).
-pub fn router(svc: Arc<AgentService>) -> Router {
+pub fn router(svc: Arc<AgentService>) -> OpenApiRouter {
     let audio_limit = svc.config().speech.max_audio_bytes() + MULTIPART_SLACK;
-    Router::new()
-        .route("/runs", post(create_run).get(list_runs))
-        .route("/runs/{run_id}", get(get_run))
-        .route("/runs/{run_id}/stop", post(stop_run))
-        .route("/proposals", get(list_proposals))
-        .route("/proposals/{proposal_id}/apply", post(apply_proposal))
-        .route("/proposals/{proposal_id}/reject", post(reject_proposal))
-        .route("/earth/command", post(earth_command))
-        .route("/earth/stats", get(earth_stats))
-        .route(
-            "/speech/transcriptions",
-            post(transcribe).layer(DefaultBodyLimit::max(audio_limit)),
-        )
-        .route("/prompts", get(list_prompts))
-        .route("/tools", get(list_tools))
+    // Its own router so that the larger body limit applies to it alone.
+    let speech = OpenApiRouter::new()
+        .routes(routes!(transcribe))
+        .layer(DefaultBodyLimit::max(audio_limit));
+    OpenApiRouter::new()
+        .routes(routes!(create_run, list_runs))
+        .routes(routes!(get_run))
+        .routes(routes!(stop_run))
+        .routes(routes!(list_proposals))
+        .routes(routes!(apply_proposal))
+        .routes(routes!(reject_proposal))
+        .routes(routes!(earth_command))
+        .routes(routes!(earth_stats))
+        .merge(speech)
+        .routes(routes!(list_prompts))
+        .routes(routes!(list_tools))
         .with_state(svc)
+}
+
+/// `GET /proposals` answer (for the OpenAPI document).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct ProposalList {
+    proposals: Vec<AgentProposal>,
+}
+
+/// `GET /prompts` answer (for the OpenAPI document): `{key, text, source,
+/// default_text}` rows.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct PromptList {
+    prompts: Vec<serde_json::Map<String, Value>>,
+}
+
+/// `GET /tools` answer (for the OpenAPI document).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct ToolList {
+    tools: Vec<ToolDescriptor>,
+}
+
+/// The multipart body of `POST /speech/transcriptions` (for the OpenAPI
+/// document).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct TranscriptionUpload {
+    /// The audio.
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+    /// Default the configured language (`zh`).
+    language: Option<String>,
+    /// Must name the configured provider.
+    provider: Option<String>,
+    /// Default `earth_command`.
+    source: Option<String>,
 }
 
 /// The map layer routes, relative to `/api/v1/visualization/geo`:
@@ -88,9 +129,9 @@ pub fn router(svc: Arc<AgentService>) -> Router {
 /// `cables`, `landing-points`, `bgp-events`, `vessels`, `news`). Same
 /// roles as the Earth command; needs the same `Extension(Arc<Authenticator>)`
 /// layer as [`router`].
-pub fn geo_router(svc: Arc<AgentService>) -> Router {
-    Router::new()
-        .route("/{layer}", get(geo_layer))
+pub fn geo_router(svc: Arc<AgentService>) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(geo_layer))
         .with_state(svc)
 }
 
@@ -156,6 +197,14 @@ fn request_id(headers: &HeaderMap) -> Option<String> {
         .map(|s| s.chars().take(128).collect())
 }
 
+/// Start an agent run.
+#[utoipa::path(post, path = "/runs", tag = "agents",
+    params(("X-Request-Id" = Option<String>, Header, description = "Kept with the run (first 128 characters)")),
+    request_body = CreateRunRequest,
+    responses(
+        (status = 201, body = AgentRunDetail),
+        (status = 503, description = "`model_not_configured`", body = ErrorBody),
+    ))]
 async fn create_run(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -174,9 +223,12 @@ async fn create_run(
 }
 
 /// `GET /runs` query.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RunListQuery {
+    #[param(value_type = Option<RunType>)]
     pub run_type: Option<String>,
+    #[param(value_type = Option<RunStatus>)]
     pub status: Option<String>,
     pub created_by: Option<String>,
     pub before_id: Option<i64>,
@@ -184,11 +236,18 @@ pub struct RunListQuery {
 }
 
 /// `GET /runs` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunList {
     pub runs: Vec<AgentRun>,
 }
 
+/// Agent runs, newest first.
+#[utoipa::path(get, path = "/runs", tag = "agents",
+    params(RunListQuery),
+    responses(
+        (status = 200, body = RunList),
+        (status = 422, description = "`invalid_field`: an unknown `run_type` or `status`", body = ErrorBody),
+    ))]
 async fn list_runs(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -221,6 +280,13 @@ async fn list_runs(
     Ok(Json(RunList { runs }))
 }
 
+/// One run with its steps, evidence and proposals.
+#[utoipa::path(get, path = "/runs/{run_id}", tag = "agents",
+    params(("run_id" = String, Path)),
+    responses(
+        (status = 200, body = AgentRunDetail),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn get_run(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -230,6 +296,14 @@ async fn get_run(
     Ok(Json(svc.run_detail(&run_id).await?))
 }
 
+/// Stop a run.
+#[utoipa::path(post, path = "/runs/{run_id}/stop", tag = "agents",
+    params(("run_id" = String, Path)),
+    responses(
+        (status = 200, body = AgentRunDetail),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`run_already_final`", body = ErrorBody),
+    ))]
 async fn stop_run(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -240,12 +314,21 @@ async fn stop_run(
 }
 
 /// `GET /proposals` query.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ProposalListQuery {
+    #[param(value_type = Option<ProposalStatus>)]
     pub status: Option<String>,
     pub limit: Option<usize>,
 }
 
+/// Agent proposals (admin).
+#[utoipa::path(get, path = "/proposals", tag = "agents",
+    params(ProposalListQuery),
+    responses(
+        (status = 200, body = ProposalList),
+        (status = 422, description = "`invalid_field`: an unknown `status`", body = ErrorBody),
+    ))]
 async fn list_proposals(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -268,7 +351,7 @@ async fn list_proposals(
 
 /// `POST /proposals/{id}/apply` body; an empty body means
 /// `{"confirm": false}`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApplyProposalRequest {
     /// Explicit manual confirmation (admins must confirm; high risk always
@@ -284,7 +367,7 @@ impl Validate for ApplyProposalRequest {
 }
 
 /// `POST /proposals/{id}/reject` body.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RejectProposalRequest {
     #[serde(default)]
@@ -319,6 +402,17 @@ struct ProposalPath {
     proposal_id: i64,
 }
 
+/// Apply a pending proposal (body optional: `{"confirm": false}`).
+#[utoipa::path(post, path = "/proposals/{proposal_id}/apply", tag = "agents",
+    params(("proposal_id" = i64, Path)),
+    request_body(content = Option<ApplyProposalRequest>, description = "Optional"),
+    responses(
+        (status = 200, body = AgentProposal),
+        (status = 403, description = "`forbidden` or `confirmation_required`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`proposal_not_pending` or `proposal_apply_failed`", body = ErrorBody),
+        (status = 422, description = "`invalid_field` or `proposal_rejected`", body = ErrorBody),
+    ))]
 async fn apply_proposal(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -332,6 +426,16 @@ async fn apply_proposal(
     ))
 }
 
+/// Reject a pending proposal (body optional).
+#[utoipa::path(post, path = "/proposals/{proposal_id}/reject", tag = "agents",
+    params(("proposal_id" = i64, Path)),
+    request_body(content = Option<RejectProposalRequest>, description = "Optional"),
+    responses(
+        (status = 200, body = AgentProposal),
+        (status = 403, description = "`forbidden` or `confirmation_required`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`proposal_not_pending` or `proposal_apply_failed`", body = ErrorBody),
+    ))]
 async fn reject_proposal(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -345,6 +449,16 @@ async fn reject_proposal(
     ))
 }
 
+/// Run an Earth command.
+#[utoipa::path(post, path = "/earth/command", tag = "earth",
+    params(("X-Request-Id" = Option<String>, Header, description = "Kept with the run")),
+    request_body = EarthCommandRequest,
+    responses(
+        (status = 200, body = EarthCommandResponse),
+        (status = 404, description = "`not_found`: e.g. an unknown `transcription_id`", body = ErrorBody),
+        (status = 409, description = "`run_stopped`", body = ErrorBody),
+        (status = 503, description = "`model_not_configured`", body = ErrorBody),
+    ))]
 async fn earth_command(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -358,6 +472,9 @@ async fn earth_command(
     ))
 }
 
+/// The Earth entity catalog's load figures.
+#[utoipa::path(get, path = "/earth/stats", tag = "earth",
+    responses((status = 200, body = serde_json::Value)))]
 async fn earth_stats(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -367,7 +484,8 @@ async fn earth_stats(
 }
 
 /// `GET /visualization/geo/{layer}` query.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LayerQuery {
     /// RFC 3339 time the satellites are positioned at; default now.
     pub at: Option<String>,
@@ -410,6 +528,18 @@ fn parse_at(raw: &str) -> ApiResult<chrono::DateTime<Utc>> {
 /// `Cache-Control`: `private, max-age=1` for satellites at the current time,
 /// `private, no-cache` (revalidate with the ETag) otherwise. Errors: 404 for
 /// an unknown layer, 400 for a bad `at`, 403 for providers.
+#[utoipa::path(get, path = "/{layer}", tag = "earth",
+    params(
+        ("layer" = String, Path, description = "`satellites`, `compute-centers`, `cables`, `landing-points`, `bgp-events`, `vessels` or `news`"),
+        LayerQuery,
+        ("If-None-Match" = Option<String>, Header, description = "An ETag from an earlier answer"),
+    ),
+    responses(
+        (status = 200, description = "A GeoJSON FeatureCollection", content_type = "application/geo+json", body = serde_json::Value,
+            headers(("ETag" = String), ("Cache-Control" = String))),
+        (status = 304, description = "Not modified since the given ETag"),
+        (status = 404, description = "`not_found`: no such layer (`details.layers`)", body = ErrorBody),
+    ))]
 async fn geo_layer(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -466,6 +596,9 @@ async fn geo_layer(
         .into_response())
 }
 
+/// The agent prompts and their overrides.
+#[utoipa::path(get, path = "/prompts", tag = "agents",
+    responses((status = 200, body = PromptList)))]
 async fn list_prompts(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -475,6 +608,9 @@ async fn list_prompts(
     Ok(Json(json!({"prompts": prompts})))
 }
 
+/// The agent tools.
+#[utoipa::path(get, path = "/tools", tag = "agents",
+    responses((status = 200, body = ToolList)))]
 async fn list_tools(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,
@@ -512,6 +648,16 @@ fn check_word(field: &str, v: &str, max: usize) -> ApiResult<()> {
 /// provider), `source` (default `earth_command`). The transcription is
 /// stored; its id is `metadata.transcription_id`, which an Earth command
 /// passes as `transcription_id`.
+#[utoipa::path(post, path = "/speech/transcriptions", tag = "speech",
+    request_body(content = TranscriptionUpload, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, body = SpeechTranscriptionResponse),
+        (status = 413, description = "`audio_too_large`", body = ErrorBody),
+        (status = 422, description = "`invalid_field`: no `file`, an empty one, or a bad `language`, `provider` or `source`", body = ErrorBody),
+        (status = 502, description = "`asr_provider_error`", body = ErrorBody),
+        (status = 503, description = "`asr_not_configured`", body = ErrorBody),
+        (status = 504, description = "`asr_timeout`", body = ErrorBody),
+    ))]
 async fn transcribe(
     State(svc): State<Arc<AgentService>>,
     principal: Principal,

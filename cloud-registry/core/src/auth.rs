@@ -71,7 +71,7 @@ pub const REVOCATION_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One stored token as `token list` and `GET /api/v1/tokens` show it:
 /// never the secret, nor its hash.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct TokenInfo {
     /// The principal, e.g. `provider-lab-01` or `audit:led-01`.
     pub name: String,

@@ -28,13 +28,15 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
+use shared_protocol::api::ErrorBody;
 use shared_protocol::audit::{AuditRequestStatus, AuditTaskRequest, AuditTaskResult, AuditType};
 use shared_protocol::Validate;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::AuditError;
 use super::model::{
@@ -52,25 +54,35 @@ type Svc = State<Arc<AuditService>>;
 
 /// The audit-task and thread routes, relative to `/api/v1` (mount with
 /// `.nest("/api/v1", audit::router(svc))`).
-pub fn router(svc: Arc<AuditService>) -> Router {
-    Router::new()
-        .route("/audit-requests", post(create).get(list))
-        .route("/audit-requests/claim", post(claim))
-        .route("/audit-requests/{audit_request_id}", get(get_one))
-        .route("/audit-requests/{audit_request_id}/extend", post(extend))
-        .route("/audit-requests/{audit_request_id}/release", post(release))
-        .route("/audit-requests/{audit_request_id}/cancel", post(cancel))
-        .route(
-            "/audit-requests/{audit_request_id}/result",
-            post(post_result).get(get_result),
-        )
-        .route("/threads", post(register_thread).get(list_threads))
-        .route("/threads/{thread_ref}", get(get_thread))
-        .route(
-            "/threads/{thread_ref}/messages",
-            post(post_message).get(list_messages),
-        )
+pub fn router(svc: Arc<AuditService>) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(claim))
+        .routes(routes!(get_one))
+        .routes(routes!(extend))
+        .routes(routes!(release))
+        .routes(routes!(cancel))
+        .routes(routes!(post_result, get_result))
+        .routes(routes!(register_thread, list_threads))
+        .routes(routes!(get_thread))
+        .routes(routes!(post_message, list_messages))
         .with_state(svc)
+}
+
+/// Answer of `GET /threads`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct ThreadList {
+    threads: Vec<ThreadRecord>,
+}
+
+/// Answer of `GET /threads/{thread_ref}/messages`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct MessageList {
+    messages: Vec<ThreadMessage>,
+    /// Pass as `after` for the next page.
+    next_after: u64,
 }
 
 /// A body that may be empty (then `T::default()`), else JSON parsed and
@@ -82,6 +94,16 @@ fn optional_body<T: DeserializeOwned + Validate + Default>(body: &Bytes) -> Resu
     crate::extract::parse_object(body)
 }
 
+/// Create an audit task.
+#[utoipa::path(post, path = "/audit-requests", tag = "audit",
+    request_body = AuditTaskRequest,
+    responses(
+        (status = 201, body = AuditRequestRecord),
+        (status = 404, description = "`not_found` or `no_matching_capability`", body = ErrorBody),
+        (status = 409, description = "`duplicate_audit_request`", body = ErrorBody),
+        (status = 422, description = "`invalid_field` or `unsatisfiable_requirement`", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn create(
     State(svc): Svc,
     who: Principal,
@@ -92,18 +114,27 @@ async fn create(
     Ok((StatusCode::CREATED, Json(record)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    #[param(value_type = Option<AuditRequestStatus>)]
     status: Option<String>,
+    #[param(value_type = Option<AuditType>)]
     audit_type: Option<String>,
     project_id: Option<String>,
     priority_min: Option<u8>,
     priority_max: Option<u8>,
+    /// `queue` (default) or `newest`.
+    #[param(pattern = "^(queue|newest)?$")]
     order: Option<String>,
     limit: Option<u32>,
     offset: Option<u32>,
 }
 
+/// Audit tasks, a page at a time.
+#[utoipa::path(get, path = "/audit-requests", tag = "audit",
+    params(ListQuery),
+    responses((status = 200, body = AuditRequestPage)))]
 async fn list(
     State(svc): Svc,
     who: Principal,
@@ -119,6 +150,16 @@ async fn list(
             ))
         }
     };
+    // A query problem like any other: 400 naming the parameter (the
+    // service's own check answers 422 for a body field).
+    if let (Some(lo), Some(hi)) = (q.priority_min, q.priority_max) {
+        if lo > hi {
+            return Err(ApiError::invalid_query(
+                "priority_min",
+                format!("{lo} is above priority_max {hi}"),
+            ));
+        }
+    }
     let filter = AuditRequestFilter {
         status: parse_one::<AuditRequestStatus>("status", q.status.as_deref())?,
         audit_type: parse_one::<AuditType>("audit_type", q.audit_type.as_deref())?,
@@ -132,6 +173,13 @@ async fn list(
     Ok(Json(svc.list(&who, filter).await?))
 }
 
+/// One audit task.
+#[utoipa::path(get, path = "/audit-requests/{audit_request_id}", tag = "audit",
+    params(("audit_request_id" = String, Path)),
+    responses(
+        (status = 200, body = AuditRequestRecord),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn get_one(
     State(svc): Svc,
     who: Principal,
@@ -142,6 +190,14 @@ async fn get_one(
 
 /// 200 with a `ClaimedTask`, or 204 when nothing was claimable within
 /// `wait_ms`.
+#[utoipa::path(post, path = "/audit-requests/claim", tag = "audit",
+    request_body = ClaimRequest,
+    responses(
+        (status = 200, description = "A claimed task", body = super::model::ClaimedTask),
+        (status = 204, description = "Nothing claimable within `wait_ms`"),
+        (status = 503, description = "`unavailable` or `capability_offline` from the lease engine", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn claim(
     State(svc): Svc,
     who: Principal,
@@ -153,6 +209,16 @@ async fn claim(
     })
 }
 
+/// Extend a claim (body optional).
+#[utoipa::path(post, path = "/audit-requests/{audit_request_id}/extend", tag = "audit",
+    params(("audit_request_id" = String, Path)),
+    request_body(content = Option<ExtendRequest>, description = "Optional"),
+    responses(
+        (status = 200, body = ExtendedClaim),
+        (status = 403, description = "`not_claim_holder` or `forbidden`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`claim_expired`, `claim_ended`, `not_claimed` or `not_queued`", body = ErrorBody),
+    ))]
 async fn extend(
     State(svc): Svc,
     who: Principal,
@@ -163,6 +229,16 @@ async fn extend(
     Ok(Json(svc.extend(&who, &id, req).await?))
 }
 
+/// Give a claimed task back to the queue (body optional).
+#[utoipa::path(post, path = "/audit-requests/{audit_request_id}/release", tag = "audit",
+    params(("audit_request_id" = String, Path)),
+    request_body(content = Option<ReleaseRequest>, description = "Optional"),
+    responses(
+        (status = 200, body = AuditRequestRecord),
+        (status = 403, description = "`not_claim_holder` or `forbidden`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`claim_expired`, `claim_ended`, `not_claimed` or `not_queued`", body = ErrorBody),
+    ))]
 async fn release(
     State(svc): Svc,
     who: Principal,
@@ -173,6 +249,16 @@ async fn release(
     Ok(Json(svc.release(&who, &id, req).await?))
 }
 
+/// Cancel a task (body optional).
+#[utoipa::path(post, path = "/audit-requests/{audit_request_id}/cancel", tag = "audit",
+    params(("audit_request_id" = String, Path)),
+    request_body(content = Option<ReleaseRequest>, description = "Optional"),
+    responses(
+        (status = 200, body = AuditRequestRecord),
+        (status = 403, description = "`not_claim_holder` or `forbidden`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`claim_expired`, `claim_ended`, `not_claimed` or `not_queued`", body = ErrorBody),
+    ))]
 async fn cancel(
     State(svc): Svc,
     who: Principal,
@@ -183,6 +269,17 @@ async fn cancel(
     Ok(Json(svc.cancel(&who, &id, req).await?))
 }
 
+/// Submit the result of a claimed task.
+#[utoipa::path(post, path = "/audit-requests/{audit_request_id}/result", tag = "audit",
+    params(("audit_request_id" = String, Path)),
+    request_body = AuditTaskResult,
+    responses(
+        (status = 200, body = AuditRequestRecord),
+        (status = 403, description = "`not_claim_holder` or `forbidden`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`claim_expired`, `claim_ended`, `not_claimed` or `not_queued`", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn post_result(
     State(svc): Svc,
     who: Principal,
@@ -193,6 +290,13 @@ async fn post_result(
     Ok(Json(svc.submit_result(&who, &id, result).await?))
 }
 
+/// A finished task's result.
+#[utoipa::path(get, path = "/audit-requests/{audit_request_id}/result", tag = "audit",
+    params(("audit_request_id" = String, Path)),
+    responses(
+        (status = 200, body = AuditTaskResult),
+        (status = 404, description = "`not_found` or `no_result`", body = ErrorBody),
+    ))]
 async fn get_result(
     State(svc): Svc,
     who: Principal,
@@ -201,6 +305,14 @@ async fn get_result(
     Ok(Json(svc.result(&who, &id).await?))
 }
 
+/// Register (or refresh) an agent thread.
+#[utoipa::path(post, path = "/threads", tag = "audit",
+    request_body = ThreadRegistration,
+    responses(
+        (status = 200, description = "Already registered", body = ThreadRecord),
+        (status = 201, description = "Registered", body = ThreadRecord),
+        (status = 409, description = "A conflict with the stored thread", body = ErrorBody),
+    ))]
 async fn register_thread(
     State(svc): Svc,
     who: Principal,
@@ -216,13 +328,18 @@ async fn register_thread(
     Ok((status, Json(record)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ThreadQuery {
     node_id: Option<String>,
     role: Option<String>,
     label: Option<String>,
 }
 
+/// Agent threads.
+#[utoipa::path(get, path = "/threads", tag = "audit",
+    params(ThreadQuery),
+    responses((status = 200, body = ThreadList)))]
 async fn list_threads(
     State(svc): Svc,
     who: Principal,
@@ -237,6 +354,13 @@ async fn list_threads(
     Ok(Json(json!({ "threads": threads })))
 }
 
+/// One agent thread.
+#[utoipa::path(get, path = "/threads/{thread_ref}", tag = "audit",
+    params(("thread_ref" = String, Path)),
+    responses(
+        (status = 200, body = ThreadRecord),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn get_thread(
     State(svc): Svc,
     who: Principal,
@@ -245,6 +369,14 @@ async fn get_thread(
     Ok(Json(svc.thread(&who, &thread_ref).await?))
 }
 
+/// Post a message to a thread.
+#[utoipa::path(post, path = "/threads/{thread_ref}/messages", tag = "audit",
+    params(("thread_ref" = String, Path)),
+    request_body = MessagePost,
+    responses(
+        (status = 201, body = ThreadMessage),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn post_message(
     State(svc): Svc,
     who: Principal,
@@ -256,12 +388,20 @@ async fn post_message(
     Ok((StatusCode::CREATED, Json(message)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct MessagesQuery {
     after: Option<u64>,
     limit: Option<u32>,
 }
 
+/// A thread's messages after `after`.
+#[utoipa::path(get, path = "/threads/{thread_ref}/messages", tag = "audit",
+    params(("thread_ref" = String, Path), MessagesQuery),
+    responses(
+        (status = 200, body = MessageList),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn list_messages(
     State(svc): Svc,
     who: Principal,

@@ -28,7 +28,7 @@ fn check_text(field: &str, value: &str, max: usize) -> Result<(), ValidationErro
 }
 
 /// `POST /api/v1/audit-requests/claim` body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     /// Audit types this agent can run (at least one).
@@ -55,7 +55,7 @@ impl Validate for ClaimRequest {
 }
 
 /// `POST /api/v1/audit-requests/{id}/extend` body (may be empty).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendRequest {
     /// New deadline = now + this, seconds (1..=86 400); absent: the claim's
@@ -78,7 +78,7 @@ impl Validate for ExtendRequest {
 }
 
 /// `POST /api/v1/audit-requests/{id}/release` body (may be empty).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     /// Why the agent gives the task back (kept on the event).
@@ -112,7 +112,7 @@ shared_protocol::wire_enum! {
 }
 
 /// One claim: a request handed to one agent until `expires_at`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClaimInfo {
     /// `claim_` and 32 hex digits.
     pub claim_id: String,
@@ -122,8 +122,10 @@ pub struct ClaimInfo {
     /// The claiming principal (token name).
     pub principal: String,
     pub agent_ref: String,
+    #[schema(value_type = String, format = DateTime)]
     pub claimed_at: Timestamp,
     /// The visibility deadline; `POST …/extend` moves it.
+    #[schema(value_type = String, format = DateTime)]
     pub expires_at: Timestamp,
     /// The claim's visibility timeout, seconds.
     pub visibility_timeout_seconds: u32,
@@ -135,13 +137,14 @@ pub struct ClaimInfo {
     #[serde(default)]
     pub lease_ids: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub ended_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<ClaimEndReason>,
 }
 
 /// Which capability a lease of the claim serves.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LeaseAssignment {
     /// Index into the request's `capability_requirements`.
     pub requirement_index: usize,
@@ -151,7 +154,7 @@ pub struct LeaseAssignment {
 }
 
 /// A dependency of a chief request as the chief agent reads it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SubResult {
     pub audit_request_id: String,
     pub audit_type: AuditType,
@@ -163,7 +166,7 @@ pub struct SubResult {
 }
 
 /// Answer of a successful claim (HTTP 200; no work is HTTP 204).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClaimedTask {
     pub claim: ClaimInfo,
     /// The request as created; for a chief, `software_audit_result`,
@@ -184,7 +187,7 @@ pub struct ClaimedTask {
 }
 
 /// Answer of `POST …/extend`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExtendedClaim {
     pub claim: ClaimInfo,
     /// The claim's leases after renewal (a lease that could not be renewed,
@@ -195,7 +198,7 @@ pub struct ExtendedClaim {
 
 /// A stored audit request with its queue state
 /// (`GET /api/v1/audit-requests/{id}`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditRequestRecord {
     /// The request as created (`created_at` filled in when it was absent).
     pub request: AuditTaskRequest,
@@ -205,7 +208,9 @@ pub struct AuditRequestRecord {
     pub max_attempts: u32,
     /// Principal that created it.
     pub created_by: String,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
     /// The live claim, while `claimed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -227,7 +232,7 @@ pub struct AuditRequestRecord {
 }
 
 /// Order of `GET /api/v1/audit-requests`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ListOrder {
     /// Claim order: highest priority first, then oldest.
@@ -238,7 +243,7 @@ pub enum ListOrder {
 }
 
 /// Filter of `GET /api/v1/audit-requests`; every given field must match.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditRequestFilter {
     pub status: Option<AuditRequestStatus>,
     pub audit_type: Option<AuditType>,
@@ -253,7 +258,7 @@ pub struct AuditRequestFilter {
 }
 
 /// One page of `GET /api/v1/audit-requests`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditRequestPage {
     pub audit_requests: Vec<AuditRequestRecord>,
     /// Matching requests in all pages.
@@ -264,7 +269,7 @@ pub struct AuditRequestPage {
 
 /// `POST /api/v1/threads` body: a worker or agent thread (seed 001 §14
 /// `thread_registry`). Registering an existing `thread_ref` updates it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThreadRegistration {
     /// `<node>:<thread>`, e.g. `mac-01:thread-ui-22`.
@@ -312,7 +317,7 @@ impl Validate for ThreadRegistration {
 }
 
 /// A registered thread.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ThreadRecord {
     pub thread_ref: String,
     pub node_id: String,
@@ -324,12 +329,14 @@ pub struct ThreadRecord {
     pub project_id: Option<String>,
     /// Principal that last registered it.
     pub registered_by: String,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
 }
 
 /// Filter of `GET /api/v1/threads`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ThreadFilter {
     pub node_id: Option<String>,
     pub role: Option<String>,
@@ -338,7 +345,7 @@ pub struct ThreadFilter {
 
 /// `POST /api/v1/threads/{thread_ref}/messages` body (seed 001 §14
 /// `inter_thread_messages`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MessagePost {
     /// The sending thread, when a thread sends (must be registered).
@@ -369,7 +376,7 @@ impl Validate for MessagePost {
 }
 
 /// A message in a thread's inbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ThreadMessage {
     /// Increases by one per message, registry-wide (`?after=` pages on it).
     pub message_id: u64,
@@ -382,5 +389,6 @@ pub struct ThreadMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit_request_id: Option<String>,
     pub body: Value,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
 }

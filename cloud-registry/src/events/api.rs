@@ -48,13 +48,13 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::routing::get;
-use axum::Router;
 use futures::Stream;
 use serde::Deserialize;
 use shared_protocol::event::{CapabilityEvent, EventType, StreamGap};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::api::{parse_list, ApiQuery};
 use crate::auth::Principal;
@@ -76,9 +76,9 @@ pub struct EventsApi {
 }
 
 /// The event stream route (relative to `/api/v1`).
-pub fn routes(state: EventsApi) -> Router {
-    Router::new()
-        .route("/capability-events/stream", get(stream))
+pub fn routes(state: EventsApi) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(stream))
         .with_state(state)
 }
 
@@ -114,14 +114,33 @@ impl EventFilter {
 /// The most events `?tail=` replays.
 pub const MAX_TAIL: u64 = 1000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct StreamQuery {
+    /// Replay events with `event_id` above this first (`Last-Event-ID` wins).
     after: Option<u64>,
+    /// Without `after` or `Last-Event-ID`: replay the last this many
+    /// events of the log first (at most 1000).
     tail: Option<u64>,
+    /// Comma-separated event types; empty: every type.
     types: Option<String>,
     capability_id: Option<String>,
     provider_id: Option<String>,
     lease_id: Option<String>,
+}
+
+/// One event of the stream as its fields arrive (for the OpenAPI
+/// document).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct SseEvent {
+    /// The `event_id`; absent on `stream_gap`.
+    id: Option<String>,
+    /// The event type, or `stream_gap`.
+    event: String,
+    /// JSON: a `CapabilityEvent`, or a `StreamGap` for `stream_gap`.
+    #[schema(content_media_type = "application/json")]
+    data: String,
 }
 
 fn sse_event(ev: &CapabilityEvent) -> Event {
@@ -136,6 +155,15 @@ pub fn may_read(who: &Principal, ev: &CapabilityEvent) -> bool {
     !ev.event_type.admin_only() || who.is_admin()
 }
 
+/// Server-Sent Events: `id: {event_id}`, `event: {event_type}`, `data:`
+/// a `CapabilityEvent` (or `StreamGap` for `event: stream_gap`). Every
+/// role but `provider`.
+#[utoipa::path(get, path = "/capability-events/stream", tag = "events",
+    params(
+        StreamQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id"),
+    ),
+    responses((status = 200, description = "An endless `text/event-stream`: one `SseEvent` per event", content_type = "text/event-stream", body = SseEvent)))]
 async fn stream(
     State(st): State<EventsApi>,
     who: Principal,

@@ -45,17 +45,18 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use shared_protocol::api::Role;
+use shared_protocol::api::{ErrorBody, Role};
 use shared_protocol::lease::{
-    CapabilityLease, LeaseGroupRequest, LeaseReleaseRequest, LeaseRenewRequest, LeaseRequest,
-    LeaseStatus, MAX_PRIORITY,
+    CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseReleaseRequest, LeaseRenewRequest,
+    LeaseRequest, LeaseStatus, MAX_PRIORITY,
 };
 use shared_protocol::validate::{Validate, ValidationError};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::api::{parse_in_range, parse_one, ApiQuery, OptionalJson};
 use crate::auth::Principal;
@@ -85,20 +86,31 @@ pub struct LeasesApi {
 }
 
 /// The lease routes (relative to `/api/v1`).
-pub fn routes(state: LeasesApi) -> Router {
-    Router::new()
-        .route("/capability-leases/request", post(request))
-        .route("/capability-leases/request-group", post(request_group))
-        .route("/capability-leases/{lease_id}/renew", post(renew))
-        .route("/capability-leases/{lease_id}/release", post(release))
-        .route("/capability-leases", get(list))
-        .route("/capability-leases/{lease_id}", get(get_one))
+pub fn routes(state: LeasesApi) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(request))
+        .routes(routes!(request_group))
+        .routes(routes!(renew))
+        .routes(routes!(release))
+        .routes(routes!(list))
+        .routes(routes!(get_one))
         .with_state(state)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct WaitQuery {
+    /// Wait this long for the grant before answering, 0..=300 seconds.
+    #[param(value_type = Option<u64>, maximum = 300)]
     wait_seconds: Option<String>,
+}
+
+/// Answer of `GET /capability-leases`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct LeaseList {
+    /// Newest first.
+    leases: Vec<CapabilityLease>,
 }
 
 /// How long to wait for the grant: `None` for no wait (absent or 0); 400
@@ -389,6 +401,20 @@ fn created_or_accepted(status: LeaseStatus) -> StatusCode {
     }
 }
 
+/// Request one capability (by id or `capability_selector`); roles
+/// `audit_agent`, `operator`, `admin`.
+#[utoipa::path(post, path = "/capability-leases/request", tag = "leases",
+    params(WaitQuery, ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters: a retry answers the same lease")),
+    request_body = LeaseRequest,
+    responses(
+        (status = 201, description = "Granted", body = CapabilityLease),
+        (status = 202, description = "Queued (`status: requested`)", body = CapabilityLease),
+        (status = 403, description = "`forbidden`, or `not_lease_holder` for a `holder_ref` the caller may not name", body = ErrorBody),
+        (status = 404, description = "`not_found` (capability) or `no_matching_capability` for a selector", body = ErrorBody),
+        (status = 422, description = "`invalid_field` naming the field, or `idempotency_key_reused`", body = ErrorBody),
+        (status = 503, description = "`capability_offline`, `queue_full` or `unavailable`", body = ErrorBody),
+        (status = 507, description = "`storage_full`: the store's disk is full; nothing was stored", body = ErrorBody),
+    ))]
 async fn request(
     State(st): State<LeasesApi>,
     who: Principal,
@@ -423,6 +449,19 @@ async fn request(
     ))
 }
 
+/// Request several capabilities, granted all together or none.
+#[utoipa::path(post, path = "/capability-leases/request-group", tag = "leases",
+    params(WaitQuery, ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters: a retry answers the same group")),
+    request_body = LeaseGroupRequest,
+    responses(
+        (status = 201, description = "Granted", body = LeaseGroup),
+        (status = 202, description = "Queued (`status: requested`)", body = LeaseGroup),
+        (status = 403, description = "`forbidden`, or `not_lease_holder` for a `holder_ref` the caller may not name", body = ErrorBody),
+        (status = 404, description = "`not_found` (capability) or `no_matching_capability` for a selector", body = ErrorBody),
+        (status = 422, description = "`invalid_field` naming the field, or `idempotency_key_reused`", body = ErrorBody),
+        (status = 503, description = "`capability_offline`, `queue_full` or `unavailable`", body = ErrorBody),
+        (status = 507, description = "`storage_full`: the store's disk is full; nothing was stored", body = ErrorBody),
+    ))]
 async fn request_group(
     State(st): State<LeasesApi>,
     who: Principal,
@@ -470,6 +509,19 @@ async fn request_group(
     ))
 }
 
+/// Renew a held lease (body optional).
+#[utoipa::path(post, path = "/capability-leases/{lease_id}/renew", tag = "leases",
+    params(("lease_id" = String, Path)),
+    request_body(content = Option<LeaseRenewRequest>, description = "Optional; empty keeps the lease's duration"),
+    responses(
+        (status = 200, body = CapabilityLease),
+        (status = 403, description = "`not_lease_holder`: another principal holds the lease", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such lease", body = ErrorBody),
+        (status = 409, description = "`lease_not_usable` or `lease_expired` (`details.lease_status`)", body = ErrorBody),
+        (status = 503, description = "`unavailable`", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+        (status = 422, description = "`invalid_field`", body = ErrorBody),
+    ))]
 async fn renew(
     State(st): State<LeasesApi>,
     who: Principal,
@@ -481,6 +533,18 @@ async fn renew(
     Ok(Json(st.leases.renew(&who, &lease_id, req).await?))
 }
 
+/// Release a lease (body optional; admins may release any lease).
+#[utoipa::path(post, path = "/capability-leases/{lease_id}/release", tag = "leases",
+    params(("lease_id" = String, Path)),
+    request_body(content = Option<LeaseReleaseRequest>, description = "Optional"),
+    responses(
+        (status = 200, body = CapabilityLease),
+        (status = 403, description = "`not_lease_holder`: another principal holds the lease", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such lease", body = ErrorBody),
+        (status = 409, description = "`lease_not_usable` or `lease_expired` (`details.lease_status`)", body = ErrorBody),
+        (status = 503, description = "`unavailable`", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn release(
     State(st): State<LeasesApi>,
     who: Principal,
@@ -491,16 +555,25 @@ async fn release(
     Ok(Json(st.leases.release(&who, &lease_id, req.reason).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
     capability_id: Option<String>,
+    /// The holding principal.
     principal: Option<String>,
+    #[param(value_type = Option<LeaseStatus>)]
     status: Option<String>,
     lease_group_id: Option<String>,
     active_only: Option<bool>,
+    /// At least 1, default 500; more than 10000 reads 10000.
+    #[param(minimum = 1)]
     limit: Option<usize>,
 }
 
+/// Leases, newest first (every role but `provider`).
+#[utoipa::path(get, path = "/capability-leases", tag = "leases",
+    params(ListQuery),
+    responses((status = 200, body = LeaseList)))]
 async fn list(
     State(st): State<LeasesApi>,
     who: Principal,
@@ -519,6 +592,13 @@ async fn list(
     Ok(Json(json!({ "leases": leases })))
 }
 
+/// One lease (every role but `provider`).
+#[utoipa::path(get, path = "/capability-leases/{lease_id}", tag = "leases",
+    params(("lease_id" = String, Path)),
+    responses(
+        (status = 200, body = CapabilityLease),
+        (status = 404, description = "`not_found`: no such lease", body = ErrorBody),
+    ))]
 async fn get_one(
     State(st): State<LeasesApi>,
     who: Principal,

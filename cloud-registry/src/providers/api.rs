@@ -19,11 +19,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shared_protocol::api::Role;
+use shared_protocol::api::{ErrorBody, Role};
 use shared_protocol::capability::{
     Capability, CapabilityBatchRegisterRequest, CapabilityBatchRegisterResponse, CapabilityStatus,
     CapabilityType,
@@ -32,6 +31,8 @@ use shared_protocol::provider::{
     CapabilityProvider, HeartbeatRequest, HeartbeatResponse, OnlineStatus, ProviderRegisterRequest,
     ProviderRegisterResponse,
 };
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::store::{CapabilityFilter, ProviderFilter, StoreError};
 use super::Providers;
@@ -49,20 +50,40 @@ pub struct ProvidersApi {
 }
 
 /// The provider and capability routes (relative to `/api/v1`).
-pub fn routes(state: ProvidersApi) -> Router {
-    Router::new()
-        .route("/capability-providers/register", post(register_provider))
-        .route("/capability-providers", get(list_providers))
-        .route("/capability-providers/{provider_id}", get(get_provider))
-        .route("/capabilities/register", post(register))
-        .route("/capabilities/heartbeat", post(heartbeat))
-        .route("/capabilities", get(list))
-        .route("/capabilities/{capability_id}", get(get_one))
-        .route(
-            "/capabilities/{capability_id}/health-history",
-            get(health_history),
-        )
+pub fn routes(state: ProvidersApi) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(register_provider))
+        .routes(routes!(list_providers))
+        .routes(routes!(get_provider))
+        .routes(routes!(register))
+        .routes(routes!(heartbeat))
+        .routes(routes!(list))
+        .routes(routes!(get_one))
+        .routes(routes!(health_history))
         .with_state(state)
+}
+
+/// Answer of `GET /capability-providers`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct ProviderList {
+    providers: Vec<CapabilityProvider>,
+}
+
+/// Answer of `GET /capabilities`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct CapabilityList {
+    capabilities: Vec<Capability>,
+}
+
+/// Answer of `GET /capabilities/{capability_id}/health-history`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct HealthHistory {
+    capability_id: String,
+    /// Newest first.
+    snapshots: Vec<super::store::HealthSnapshot>,
 }
 
 impl From<StoreError> for ApiError {
@@ -103,6 +124,15 @@ pub fn require_provider_or_admin(who: &Principal, provider_id: &str) -> ApiResul
     Ok(())
 }
 
+/// Register (or re-register) a provider: the provider itself or an admin.
+#[utoipa::path(post, path = "/capability-providers/register", tag = "providers",
+    request_body = ProviderRegisterRequest,
+    responses(
+        (status = 200, body = ProviderRegisterResponse),
+        (status = 403, description = "`provider_mismatch`: a provider token acting for another provider id, or `forbidden`", body = ErrorBody),
+        (status = 409, description = "A conflict with what is stored (its code and details)", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn register_provider(
     State(st): State<ProvidersApi>,
     who: Principal,
@@ -112,11 +142,17 @@ async fn register_provider(
     Ok(Json(st.providers.register_provider(&who.name, req).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ProviderListQuery {
+    #[param(value_type = Option<OnlineStatus>)]
     online_status: Option<String>,
 }
 
+/// Every provider (any role).
+#[utoipa::path(get, path = "/capability-providers", tag = "providers",
+    params(ProviderListQuery),
+    responses((status = 200, body = ProviderList)))]
 async fn list_providers(
     State(st): State<ProvidersApi>,
     _who: Principal,
@@ -129,6 +165,13 @@ async fn list_providers(
     Ok(Json(json!({ "providers": providers })))
 }
 
+/// One provider (any role).
+#[utoipa::path(get, path = "/capability-providers/{provider_id}", tag = "providers",
+    params(("provider_id" = String, Path)),
+    responses(
+        (status = 200, body = CapabilityProvider),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn get_provider(
     State(st): State<ProvidersApi>,
     _who: Principal,
@@ -142,6 +185,16 @@ async fn get_provider(
         .ok_or_else(|| ApiError::not_found("provider", &provider_id))
 }
 
+/// Register a provider's capabilities (the provider itself or an admin).
+#[utoipa::path(post, path = "/capabilities/register", tag = "capabilities",
+    request_body = CapabilityBatchRegisterRequest,
+    responses(
+        (status = 200, body = CapabilityBatchRegisterResponse),
+        (status = 404, description = "`not_found`: the provider is not registered", body = ErrorBody),
+        (status = 403, description = "`provider_mismatch`: a provider token acting for another provider id, or `forbidden`", body = ErrorBody),
+        (status = 409, description = "A conflict with what is stored (its code and details)", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn register(
     State(st): State<ProvidersApi>,
     who: Principal,
@@ -153,6 +206,16 @@ async fn register(
     ))
 }
 
+/// A provider's heartbeat over HTTP (the provider itself or an admin).
+#[utoipa::path(post, path = "/capabilities/heartbeat", tag = "capabilities",
+    request_body = HeartbeatRequest,
+    responses(
+        (status = 200, body = HeartbeatResponse),
+        (status = 404, description = "`not_found`: the provider is not registered", body = ErrorBody),
+        (status = 403, description = "`provider_mismatch`: a provider token acting for another provider id, or `forbidden`", body = ErrorBody),
+        (status = 409, description = "A conflict with what is stored (its code and details)", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn heartbeat(
     State(st): State<ProvidersApi>,
     who: Principal,
@@ -172,15 +235,22 @@ fn overlay(mut caps: Vec<Capability>, held: &HashSet<String>) -> Vec<Capability>
     caps
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
     #[serde(rename = "type")]
+    #[param(value_type = Option<CapabilityType>)]
     capability_type: Option<String>,
     provider_id: Option<String>,
+    #[param(value_type = Option<CapabilityStatus>)]
     status: Option<String>,
     tag: Option<String>,
 }
 
+/// Capabilities, filtered (any role).
+#[utoipa::path(get, path = "/capabilities", tag = "capabilities",
+    params(ListQuery),
+    responses((status = 200, body = CapabilityList)))]
 async fn list(
     State(st): State<ProvidersApi>,
     _who: Principal,
@@ -209,6 +279,13 @@ async fn list(
     Ok(Json(json!({ "capabilities": caps })))
 }
 
+/// One capability (any role).
+#[utoipa::path(get, path = "/capabilities/{capability_id}", tag = "capabilities",
+    params(("capability_id" = String, Path)),
+    responses(
+        (status = 200, body = Capability),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn get_one(
     State(st): State<ProvidersApi>,
     _who: Principal,
@@ -224,11 +301,21 @@ async fn get_one(
     Ok(Json(overlay(vec![cap], &held).remove(0)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct HistoryQuery {
+    /// At least 1, default 100; more than 10000 reads 10000.
+    #[param(minimum = 1)]
     limit: Option<usize>,
 }
 
+/// A capability's health snapshots, newest first (any role).
+#[utoipa::path(get, path = "/capabilities/{capability_id}/health-history", tag = "capabilities",
+    params(("capability_id" = String, Path), HistoryQuery),
+    responses(
+        (status = 200, body = HealthHistory),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn health_history(
     State(st): State<ProvidersApi>,
     _who: Principal,

@@ -59,7 +59,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// One row of `capability_health_snapshots`: a capability's health at one
 /// instant (`GET /api/v1/capabilities/{id}/health-history`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HealthSnapshot {
     /// Increases with every row.
     pub snapshot_id: u64,
@@ -73,6 +73,7 @@ pub struct HealthSnapshot {
     pub message: Option<String>,
     /// Readings the provider reported (e.g. `output_voltage_v`).
     pub metrics: Option<Map<String, Value>>,
+    #[schema(value_type = String, format = DateTime)]
     pub recorded_at: Timestamp,
 }
 

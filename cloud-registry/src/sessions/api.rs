@@ -42,15 +42,16 @@ use axum::extract::{Path, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shared_protocol::api::Role;
+use shared_protocol::api::{ErrorBody, Role};
 use shared_protocol::artifact::CapabilityArtifact;
 use shared_protocol::session::{ActionInvokeRequest, CapabilitySession, SessionStatus};
 use shared_protocol::validate::check_id;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::partial::ContentRange;
 use super::{ArtifactFilter, SessionError, SessionFilter, Sessions, UploadReceipt};
@@ -74,26 +75,32 @@ const ARTIFACT_READ_ROLES: &[Role] = &[
 
 /// The routes, with `svc` as state; merge into the main router (under the
 /// authenticator layer).
-pub fn router(svc: Arc<Sessions>) -> Router {
-    Router::new()
-        .route("/api/v1/capability-leases/{lease_id}/actions", post(invoke))
-        .route(
-            "/api/v1/capability-leases/{lease_id}/sessions",
-            get(lease_sessions),
-        )
-        .route("/api/v1/sessions", get(list_sessions))
-        .route("/api/v1/sessions/{session_id}", get(get_session))
-        .route("/api/v1/artifacts", get(list_artifacts))
-        .route("/api/v1/artifacts/{artifact_id}", get(get_artifact))
-        .route(
-            "/api/v1/artifacts/{artifact_id}/content",
-            put(upload).get(download),
-        )
-        .route(
-            "/api/v1/artifacts/{artifact_id}/content/upload-status",
-            get(upload_status),
-        )
+pub fn router(svc: Arc<Sessions>) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(invoke))
+        .routes(routes!(lease_sessions))
+        .routes(routes!(list_sessions))
+        .routes(routes!(get_session))
+        .routes(routes!(list_artifacts))
+        .routes(routes!(get_artifact))
+        .routes(routes!(upload, download))
+        .routes(routes!(upload_status))
         .with_state(svc)
+}
+
+/// Answer of the session lists.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct SessionList {
+    /// Newest first.
+    sessions: Vec<CapabilitySession>,
+}
+
+/// Answer of `GET /api/v1/artifacts`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct ArtifactList {
+    artifacts: Vec<CapabilityArtifact>,
 }
 
 fn status_of(s: &CapabilitySession) -> StatusCode {
@@ -104,6 +111,21 @@ fn status_of(s: &CapabilitySession) -> StatusCode {
     }
 }
 
+/// Run an action on a leased capability (the lease holder).
+#[utoipa::path(post, path = "/api/v1/capability-leases/{lease_id}/actions", tag = "sessions",
+    params(("lease_id" = String, Path)),
+    request_body = ActionInvokeRequest,
+    responses(
+        (status = 200, description = "The session ended (look at `status` and `error_message`)", body = CapabilitySession),
+        (status = 202, description = "The session still runs", body = CapabilitySession),
+        (status = 403, description = "`not_lease_holder`, `provider_credentials_revoked` or `forbidden`", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such lease or capability", body = ErrorBody),
+        (status = 409, description = "`lease_not_usable`, `lease_expired` or `provider_conflict`", body = ErrorBody),
+        (status = 413, description = "`command_too_large`: the encoded command is over the MQTT packet limit", body = ErrorBody),
+        (status = 422, description = "`invalid_field` or `unsupported_action`", body = ErrorBody),
+        (status = 503, description = "`provider_offline` or `control_plane_unavailable`", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn invoke(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -115,12 +137,28 @@ async fn invoke(
     Ok((status_of(&session), Json(session)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct SessionQuery {
     lease_id: Option<String>,
     capability_id: Option<String>,
     provider_id: Option<String>,
+    #[param(value_type = Option<SessionStatus>)]
     status: Option<String>,
+    /// At least 1, default 500.
+    #[param(minimum = 1)]
+    limit: Option<usize>,
+}
+
+/// The filters of a lease's session list.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+struct LeaseSessionQuery {
+    #[param(value_type = Option<SessionStatus>)]
+    status: Option<String>,
+    /// At least 1, default 500.
+    #[param(minimum = 1)]
     limit: Option<usize>,
 }
 
@@ -128,6 +166,10 @@ fn nonempty(s: Option<String>) -> Option<String> {
     s.filter(|s| !s.is_empty())
 }
 
+/// Sessions, newest first (every role but `provider`).
+#[utoipa::path(get, path = "/api/v1/sessions", tag = "sessions",
+    params(SessionQuery),
+    responses((status = 200, body = SessionList)))]
 async fn list_sessions(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -146,6 +188,13 @@ async fn list_sessions(
     Ok(Json(json!({ "sessions": sessions })))
 }
 
+/// A lease's sessions, newest first (every role but `provider`).
+#[utoipa::path(get, path = "/api/v1/capability-leases/{lease_id}/sessions", tag = "sessions",
+    params(("lease_id" = String, Path), LeaseSessionQuery),
+    responses(
+        (status = 200, body = SessionList),
+        (status = 404, description = "`not_found`: no such lease", body = ErrorBody),
+    ))]
 async fn lease_sessions(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -167,6 +216,13 @@ async fn lease_sessions(
     Ok(Json(json!({ "sessions": sessions })))
 }
 
+/// One session (every role but `provider`).
+#[utoipa::path(get, path = "/api/v1/sessions/{session_id}", tag = "sessions",
+    params(("session_id" = String, Path)),
+    responses(
+        (status = 200, body = CapabilitySession),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn get_session(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -176,14 +232,22 @@ async fn get_session(
     Ok(Json(svc.get_session(&session_id).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ArtifactQuery {
     session_id: Option<String>,
     lease_id: Option<String>,
+    /// Only artifacts whose bytes did (`true`) or did not arrive.
     uploaded: Option<bool>,
+    /// At least 1, default 500.
+    #[param(minimum = 1)]
     limit: Option<usize>,
 }
 
+/// Artifact records (every role but `provider`).
+#[utoipa::path(get, path = "/api/v1/artifacts", tag = "artifacts",
+    params(ArtifactQuery),
+    responses((status = 200, body = ArtifactList)))]
 async fn list_artifacts(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -214,6 +278,14 @@ fn check_reader(who: &Principal, artifact_id: &str, owner: &str) -> Result<(), A
     Ok(())
 }
 
+/// One artifact's metadata (a provider: only its own).
+#[utoipa::path(get, path = "/api/v1/artifacts/{artifact_id}", tag = "artifacts",
+    params(("artifact_id" = String, Path)),
+    responses(
+        (status = 200, body = CapabilityArtifact),
+        (status = 403, description = "`not_artifact_owner` or `forbidden`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+    ))]
 async fn get_artifact(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -225,6 +297,16 @@ async fn get_artifact(
     Ok(Json(artifact))
 }
 
+/// The artifact's bytes, with its `Content-Type` and `X-Checksum-Sha256`.
+#[utoipa::path(get, path = "/api/v1/artifacts/{artifact_id}/content", tag = "artifacts",
+    params(("artifact_id" = String, Path)),
+    responses(
+        (status = 200, description = "The bytes, of the artifact's `content_type`", content_type = "application/octet-stream", body = crate::openapi::Binary,
+            headers(("X-Checksum-Sha256" = String, description = "sha256 of the bytes, lowercase hex"))),
+        (status = 403, description = "`not_artifact_owner` or `forbidden`", body = ErrorBody),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`artifact_not_uploaded`: only the metadata is known", body = ErrorBody),
+    ))]
 async fn download(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -245,11 +327,23 @@ async fn download(
     Ok(resp)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct StatusQuery {
+    /// The upload's sha256, when not in `X-Checksum-Sha256`.
     sha256: Option<String>,
 }
 
+/// What the registry holds of an upload (the uploading `provider`):
+/// `{artifact_id, checksum, complete, received_bytes, metadata_received}`.
+#[utoipa::path(get, path = "/api/v1/artifacts/{artifact_id}/content/upload-status", tag = "artifacts",
+    params(("artifact_id" = String, Path), StatusQuery,
+        ("X-Checksum-Sha256" = Option<String>, Header, description = "The upload's sha256, lowercase hex")),
+    responses(
+        (status = 200, body = serde_json::Value),
+        (status = 409, description = "A conflict with the upload's state", body = ErrorBody),
+        (status = 422, description = "`invalid_field`: `artifact_id` is no valid id, or `checksum_mismatch`", body = ErrorBody),
+    ))]
 async fn upload_status(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
@@ -271,6 +365,23 @@ async fn upload_status(
     ))
 }
 
+/// Upload artifact bytes (the producing `provider`); with `Content-Range`
+/// one piece of a resumable upload.
+#[utoipa::path(put, path = "/api/v1/artifacts/{artifact_id}/content", tag = "artifacts",
+    params(("artifact_id" = String, Path),
+        ("X-Checksum-Sha256" = Option<String>, Header, description = "sha256 of the whole artifact, lowercase hex"),
+        ("Content-Range" = Option<String>, Header, description = "`bytes START-END/TOTAL` for one piece of a resumable upload")),
+    request_body(content = crate::openapi::Binary, content_type = "application/octet-stream", description = "The bytes"),
+    responses(
+        (status = 200, description = "A repeat of bytes already stored", body = serde_json::Value),
+        (status = 201, description = "Stored: the artifact record (or, before its metadata, `{artifact_id, checksum, size_bytes, uploaded, metadata_received}`)", body = serde_json::Value),
+        (status = 202, description = "A piece stored: `{artifact_id, checksum, received_bytes, size_bytes, complete: false}`, header `Range: bytes=0-N`", body = serde_json::Value),
+        (status = 403, description = "`forbidden` or `not_artifact_owner`", body = ErrorBody),
+        (status = 409, description = "`upload_offset_mismatch`, `upload_in_progress`, `unbound_upload_limit` or `partial_upload_limit`", body = ErrorBody),
+        (status = 413, description = "`body_too_large`: over `sessions.max_artifact_bytes`", body = ErrorBody),
+        (status = 422, description = "`checksum_mismatch` (nothing stored) or `invalid_field`", body = ErrorBody),
+        (status = 507, description = "`storage_full`", body = ErrorBody),
+    ))]
 async fn upload(
     State(svc): State<Arc<Sessions>>,
     who: Principal,

@@ -24,15 +24,16 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::{Deserialize, Serialize};
-use shared_protocol::api::Role;
+use shared_protocol::api::{ErrorBody, Role};
 use shared_protocol::validate::{check_id, Validate, ValidationError};
 
 use crate::auth::{Principal, Revoked, TokenError, TokenInfo};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// What the token handlers use.
 #[derive(Clone)]
@@ -41,24 +42,24 @@ pub struct TokensApi {
 }
 
 /// The token routes (relative to `/api/v1`).
-pub fn routes(state: TokensApi) -> Router {
-    Router::new()
-        .route("/auth/whoami", get(whoami))
-        .route("/auth/tokens", post(create))
-        .route("/tokens", get(list))
-        .route("/tokens/{name}", delete(revoke))
+pub fn routes(state: TokensApi) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(whoami))
+        .routes(routes!(create))
+        .routes(routes!(list))
+        .routes(routes!(revoke))
         .with_state(state)
 }
 
 /// Answer of `GET /api/v1/tokens`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenList {
     /// Oldest first; revoked tokens included.
     pub tokens: Vec<TokenInfo>,
 }
 
 /// Answer of `DELETE /api/v1/tokens/{name}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokensRevoked {
     /// The principal.
     pub name: String,
@@ -67,7 +68,7 @@ pub struct TokensRevoked {
 }
 
 /// Answer of `GET /api/v1/auth/whoami`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WhoAmI {
     /// The token's principal name.
     pub principal: String,
@@ -75,6 +76,9 @@ pub struct WhoAmI {
     pub role: Role,
 }
 
+/// The calling token's principal and role.
+#[utoipa::path(get, path = "/auth/whoami", tag = "tokens",
+    responses((status = 200, body = WhoAmI)))]
 async fn whoami(who: Principal) -> Json<WhoAmI> {
     Json(WhoAmI {
         principal: who.name,
@@ -82,6 +86,9 @@ async fn whoami(who: Principal) -> Json<WhoAmI> {
     })
 }
 
+/// Every token, oldest first, never a secret (admin).
+#[utoipa::path(get, path = "/tokens", tag = "tokens",
+    responses((status = 200, body = TokenList)))]
 async fn list(State(st): State<TokensApi>, who: Principal) -> ApiResult<Json<TokenList>> {
     who.require(&[Role::Admin])?;
     Ok(Json(TokenList {
@@ -89,6 +96,15 @@ async fn list(State(st): State<TokensApi>, who: Principal) -> ApiResult<Json<Tok
     }))
 }
 
+/// Revoke every valid token of principal `name` (admin; only a
+/// `super_admin` revokes admin tokens).
+#[utoipa::path(delete, path = "/tokens/{name}", tag = "tokens",
+    params(("name" = String, Path, description = "The principal")),
+    responses(
+        (status = 200, body = TokensRevoked),
+        (status = 404, description = "`not_found`: no token was ever made for `name`", body = ErrorBody),
+        (status = 422, description = "`invalid_field`: `name` is no valid id", body = ErrorBody),
+    ))]
 async fn revoke(
     State(st): State<TokensApi>,
     who: Principal,
@@ -134,7 +150,7 @@ fn only_super_admin(who: &Principal, message: String) -> ApiError {
 }
 
 /// Body of `POST /api/v1/auth/tokens`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenCreateRequest {
     pub role: Role,
@@ -149,13 +165,21 @@ impl Validate for TokenCreateRequest {
 }
 
 /// Answer of `POST /api/v1/auth/tokens`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenCreated {
     pub token: String,
     pub principal: String,
     pub role: Role,
 }
 
+/// Mint a token; the secret is shown only in this answer (admin; only a
+/// `super_admin` mints `admin` or `super_admin` tokens).
+#[utoipa::path(post, path = "/auth/tokens", tag = "tokens",
+    request_body = TokenCreateRequest,
+    responses(
+        (status = 201, body = TokenCreated),
+        (status = 409, description = "`principal_role_conflict`: the name has tokens of another role", body = ErrorBody),
+    ))]
 async fn create(
     State(st): State<TokensApi>,
     who: Principal,

@@ -197,10 +197,13 @@ async fn main() -> anyhow::Result<()> {
             .create_token(Role::Operator, "bench-http")
             .await?;
         let app = Router::new()
-            .nest("/api/v1/agents", agents::router(Arc::clone(&svc)))
+            .nest(
+                "/api/v1/agents",
+                axum::Router::from(agents::router(Arc::clone(&svc))),
+            )
             .nest(
                 "/api/v1/visualization/geo",
-                agents::geo_router(Arc::clone(&svc)),
+                axum::Router::from(agents::geo_router(Arc::clone(&svc))),
             )
             .layer(Extension(authenticator));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
