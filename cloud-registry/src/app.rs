@@ -19,10 +19,11 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::DefaultBodyLimit;
 use axum::{Extension, Router};
+use ed25519_dalek::SigningKey;
 use rusqlite::Connection;
 use serde_json::json;
 use shared_protocol::api::Role;
@@ -121,6 +122,10 @@ pub enum AppError {
     Join(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Token(#[from] auth::TokenError),
+    #[error("event log signing key: {0}")]
+    SigningKey(String),
+    #[error("the event log's hash chain is broken at {0}; `cloud-registry audit-log verify` tells more; start with `serve --accept-broken-chain` to extend it anyway (docs/audit-trail.md)")]
+    ChainBroken(#[from] events::chain::ChainError),
 }
 
 /// Take an exclusive advisory lock on `{store}.lock`, so a second registry
@@ -222,7 +227,7 @@ async fn ensure_bootstrap_token(auth: &Authenticator, path: &Path) -> Result<Str
     Ok(token)
 }
 
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut f = std::fs::OpenOptions::new()
@@ -235,6 +240,74 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     writeln!(f, "{text}")?;
     f.sync_all()
+}
+
+/// Load (or create) the event log's signing key and verify the chain's
+/// tail with it (`audit_log.verify_at_start` events and the checkpoints
+/// among them).
+///
+/// Errors: a bad key file; a broken chain unless
+/// `audit_log.accept_broken_chain`.
+async fn open_chain(config: &Config, db: &Db) -> Result<Arc<SigningKey>, AppError> {
+    let key_path = config.audit_log.key_path(&config.store.path);
+    let key = tokio::task::spawn_blocking(move || {
+        events::chain::SigningKeyFile::load_or_create(&key_path)
+    })
+    .await?
+    .map_err(AppError::SigningKey)?;
+    let public = key.public_hex();
+    let n = config.audit_log.verify_at_start;
+    if n > 0 {
+        let t0 = Instant::now();
+        match db
+            .read(move |c| events::chain::verify_tail(c, n, Some(&public)))
+            .await?
+        {
+            Ok(v) => tracing::info!(
+                first = v.first,
+                last = v.last,
+                checkpoints = v.checkpoints,
+                ms = t0.elapsed().as_millis() as u64,
+                "event log chain verified"
+            ),
+            Err(e) if config.audit_log.accept_broken_chain => tracing::error!(
+                error = %e,
+                "the event log's hash chain is broken; extending it as accept_broken_chain says"
+            ),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Arc::new(key.key))
+}
+
+/// Sign a checkpoint of the chain head every `every` when it moved, and
+/// once more at shutdown.
+async fn run_checkpoints(
+    db: Db,
+    key: Arc<SigningKey>,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stopping = tokio::select! {
+            _ = tick.tick() => false,
+            _ = shutdown.changed() => true,
+        };
+        let k = key.clone();
+        match db.write(move |c| events::chain::checkpoint(c, &k)).await {
+            Ok(Ok(Some(c))) => {
+                tracing::debug!(event_id = c.event_id, "event log checkpoint signed")
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "event log checkpoint failed"),
+            Err(e) => tracing::warn!(error = %e, "event log checkpoint failed"),
+        }
+        if stopping || *shutdown.borrow() {
+            break;
+        }
+    }
 }
 
 /// The registry's link to the lease engine (see [`LeaseSync`]).
@@ -395,6 +468,7 @@ impl Registry {
         crate::storage::start_probe();
         let path = config.store.path.clone();
         let db = tokio::task::spawn_blocking(move || open_db(&path)).await??;
+        let signing = open_chain(&config, &db).await?;
         let auth = Authenticator::load(db.clone()).await?;
         let admin_token = match &config.auth.bootstrap_admin_token_file {
             Some(p) => Some(ensure_bootstrap_token(&auth, p).await?),
@@ -629,6 +703,12 @@ impl Registry {
         )];
         background.push(sessions.spawn_background(shutdown_rx.clone()));
         background.push(audit.spawn_sweeper(shutdown_rx.clone()));
+        background.push(tokio::spawn(run_checkpoints(
+            db.clone(),
+            signing,
+            Duration::from_secs(config.audit_log.checkpoint_interval_seconds),
+            shutdown_rx.clone(),
+        )));
         background.push(tokio::spawn(crate::broker::run_revocation_watch(
             db.clone(),
             kick,

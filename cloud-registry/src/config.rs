@@ -102,6 +102,11 @@ pub struct Config {
     pub heartbeat: HeartbeatConfig,
     pub health: HealthConfig,
     pub log: LogConfig,
+    /// `[audit_log]`: the event log's signing key and checkpoints
+    /// (`signing_key_file`, `checkpoint_interval_seconds`,
+    /// `verify_at_start`, `accept_broken_chain`; see
+    /// `crate::events::chain::AuditLogConfig`, docs/audit-trail.md).
+    pub audit_log: crate::events::chain::AuditLogConfig,
 }
 
 /// `[http]`: the API listener.
@@ -341,6 +346,9 @@ impl Config {
         if let Some(p) = self.auth.bootstrap_admin_token_file.as_mut() {
             fix(p);
         }
+        if let Some(p) = self.audit_log.signing_key_file.as_mut() {
+            fix(p);
+        }
     }
 
     /// Parse and check TOML text (the path in errors is empty).
@@ -431,6 +439,12 @@ impl Config {
         self.lease_problems(&mut bad);
         self.session_problems(&mut bad);
         self.heartbeat_problems(&mut bad);
+        if !(1..=86_400).contains(&self.audit_log.checkpoint_interval_seconds) {
+            bad(
+                "audit_log.checkpoint_interval_seconds",
+                "must be 1 to 86400 seconds".into(),
+            );
+        }
         out
     }
 

@@ -66,7 +66,15 @@ enum Command {
         /// reused across restarts). Overrides `auth.bootstrap_admin_token_file`.
         #[arg(long)]
         bootstrap_admin_token_file: Option<PathBuf>,
+        /// Start even when the event log's hash chain is broken, and
+        /// extend it (this once; `audit_log.accept_broken_chain` always).
+        #[arg(long)]
+        accept_broken_chain: bool,
     },
+    /// The event log's hash chain and signed checkpoints
+    /// (docs/audit-trail.md).
+    #[command(subcommand)]
+    AuditLog(AuditLogCommand),
     /// Manage bearer tokens.
     Token {
         #[command(subcommand)]
@@ -90,6 +98,41 @@ enum Command {
     /// Check a configuration file: prints every problem as
     /// `file:line: key: message`; exit status 0 when usable, 2 when not.
     CheckConfig {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditLogCommand {
+    /// Walk the whole chain from event 1 and check every checkpoint's
+    /// signature; exit 0 when sound, 1 naming the first bad event. Works
+    /// while the registry runs (it only reads).
+    Verify {
+        #[arg(long)]
+        config: PathBuf,
+        /// The registry's public key (64 hex digits); default: the
+        /// `.pub` file beside the signing key. An auditor passes the key
+        /// they were given, not the one in the store's directory.
+        #[arg(long)]
+        public_key: Option<String>,
+        /// Checkpoints kept apart from the store (JSON of `audit-log
+        /// checkpoint`), also checked: they catch events cut off the end
+        /// together with the store's own checkpoints.
+        #[arg(long)]
+        checkpoint: Vec<PathBuf>,
+        /// One JSON document instead of a sentence.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the newest signed checkpoint as JSON, to keep apart from the
+    /// store.
+    Checkpoint {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print the registry's public key (hex).
+    PublicKey {
         #[arg(long)]
         config: PathBuf,
     },
@@ -328,12 +371,17 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-async fn serve(config: PathBuf, token_file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve(
+    config: PathBuf,
+    token_file: Option<PathBuf>,
+    accept_broken_chain: bool,
+) -> anyhow::Result<()> {
     let mut cfg = Config::load(&config)?;
     init_logging(cfg.log.json);
     if let Some(p) = token_file {
         cfg.auth.bootstrap_admin_token_file = Some(p);
     }
+    cfg.audit_log.accept_broken_chain |= accept_broken_chain;
     let running = Registry::start(cfg)
         .await
         .context("starting the registry")?;
@@ -348,6 +396,102 @@ async fn serve(config: PathBuf, token_file: Option<PathBuf>) -> anyhow::Result<(
     quiet_broker_for_shutdown();
     running.shutdown().await;
     Ok(())
+}
+
+/// `cloud-registry audit-log ...`: read the store without migrating it
+/// (a read-only connection, beside a running registry too).
+fn audit_log(cmd: AuditLogCommand) -> anyhow::Result<std::process::ExitCode> {
+    use cloud_registry::events::chain::{self, Checkpoint, SigningKeyFile};
+    use rusqlite::{Connection, OpenFlags};
+    let open = |config: &std::path::Path| -> anyhow::Result<(Config, Connection)> {
+        let cfg = Config::load(config)?;
+        require_store(config, &cfg, "")?;
+        let conn = Connection::open_with_flags(
+            &cfg.store.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .with_context(|| format!("opening store {}", cfg.store.path.display()))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        Ok((cfg, conn))
+    };
+    let stored_public = |cfg: &Config| -> anyhow::Result<String> {
+        let p = SigningKeyFile::public_path(&cfg.audit_log.key_path(&cfg.store.path));
+        let text = std::fs::read_to_string(&p).with_context(|| {
+            format!(
+                "reading the public key {} (or pass --public-key)",
+                p.display()
+            )
+        })?;
+        Ok(text.trim().to_string())
+    };
+    match cmd {
+        AuditLogCommand::Verify {
+            config,
+            public_key,
+            checkpoint,
+            json,
+        } => {
+            let (cfg, conn) = open(&config)?;
+            let public_key = match public_key {
+                Some(k) => k,
+                None => stored_public(&cfg)?,
+            };
+            chain::parse_public_key(&public_key).map_err(anyhow::Error::msg)?;
+            let mut extra = Vec::new();
+            for f in &checkpoint {
+                let text = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading checkpoint {}", f.display()))?;
+                extra.push(
+                    serde_json::from_str::<Checkpoint>(&text)
+                        .with_context(|| format!("checkpoint {}", f.display()))?,
+                );
+            }
+            let t0 = std::time::Instant::now();
+            let outcome = chain::verify(&conn, 0, Some(&public_key), &extra);
+            let ms = t0.elapsed().as_millis() as u64;
+            let (text, code) = match outcome {
+                Ok(v) if json => (
+                    serde_json::json!({"ok": true, "verified": v, "ms": ms}).to_string(),
+                    std::process::ExitCode::SUCCESS,
+                ),
+                Ok(v) => (
+                    format!(
+                        "ok: events {}..{} chained, head {}; {} checkpoint(s) signed by {} verified{} ({ms} ms)",
+                        v.first,
+                        v.last,
+                        v.head_hash,
+                        v.checkpoints,
+                        public_key,
+                        v.newest_checkpoint
+                            .map(|c| format!(", the newest at event {c}"))
+                            .unwrap_or_default()
+                    ),
+                    std::process::ExitCode::SUCCESS,
+                ),
+                Err(e) if json => (
+                    serde_json::json!({"ok": false, "event_id": e.event_id(), "error": e.to_string()})
+                        .to_string(),
+                    std::process::ExitCode::FAILURE,
+                ),
+                Err(e) => (format!("broken: {e}"), std::process::ExitCode::FAILURE),
+            };
+            print_out(&text).context("writing to stdout")?;
+            Ok(code)
+        }
+        AuditLogCommand::Checkpoint { config } => {
+            let (_, conn) = open(&config)?;
+            let Some(c) = chain::latest_checkpoint(&conn)? else {
+                anyhow::bail!("the store has no checkpoint yet (the registry signs one at start and every audit_log.checkpoint_interval_seconds)");
+            };
+            print_out(&serde_json::to_string_pretty(&c)?).context("writing to stdout")?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        AuditLogCommand::PublicKey { config } => {
+            let cfg = Config::load(&config)?;
+            print_out(&stored_public(&cfg)?).context("writing to stdout")?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
 }
 
 /// Write `line` and a newline to stdout and flush. A reader that went away
@@ -419,10 +563,16 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Serve {
             config,
             bootstrap_admin_token_file,
+            accept_broken_chain,
         } => tokio::runtime::Runtime::new()
             .context("starting the async runtime")?
-            .block_on(serve(config, bootstrap_admin_token_file))
+            .block_on(serve(
+                config,
+                bootstrap_admin_token_file,
+                accept_broken_chain,
+            ))
             .map(ok),
+        Command::AuditLog(cmd) => audit_log(cmd),
         Command::Token {
             command:
                 TokenCommand::Create {

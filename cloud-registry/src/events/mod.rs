@@ -10,10 +10,13 @@
 //! - [`follow`]: lossless, ordered reading of the log (SSE, the MQTT
 //!   command forwarder, the sessions' lease follower);
 //! - [`api`]: `GET /api/v1/capability-events/stream` (SSE);
-//! - [`agent_sink`]: the agent runtime's run and proposal events.
+//! - [`agent_sink`]: the agent runtime's run and proposal events;
+//! - [`chain`]: the rows' hash chain and its signed checkpoints
+//!   (docs/audit-trail.md).
 
 pub mod agent_sink;
 pub mod api;
+pub mod chain;
 pub mod follow;
 
 use std::sync::Arc;
@@ -92,7 +95,9 @@ impl NewEvent {
 }
 
 /// Create the `events` table; UPDATE and DELETE on it are refused by
-/// triggers, which makes it the append-only audit log.
+/// triggers, which makes it the append-only audit log, and each row is
+/// chained to the one before ([`chain`]), which makes a change made
+/// around the triggers detectable.
 ///
 /// Only the primary key is indexed: every read goes by `event_id` (replay
 /// after an id, the last id). The former indexes on `lease_id` and
@@ -111,11 +116,16 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             session_id       TEXT,
             artifact_id      TEXT,
             audit_request_id TEXT,
-            data             TEXT NOT NULL
+            data             TEXT NOT NULL,
+            prev_hash        TEXT,
+            hash             TEXT
         );
         DROP INDEX IF EXISTS events_lease;
-        DROP INDEX IF EXISTS events_capability;
-        CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+        DROP INDEX IF EXISTS events_capability;",
+    )?;
+    chain::migrate(conn)?;
+    conn.execute_batch(
+        "CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
             BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;
         CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
             BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;",
@@ -123,42 +133,62 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 /// Append `ev` using `conn` (normally inside the caller's transaction) and
-/// return the stored event with its id.
+/// return the stored event with its id: the next after the log's head,
+/// chained to it ([`chain::row_hash`]).
 pub fn append(conn: &Connection, mut ev: NewEvent) -> rusqlite::Result<CapabilityEvent> {
     let event_type = ev
         .event_type
         .ok_or_else(|| rusqlite::Error::InvalidParameterName("event_type".into()))?;
     let now = Utc::now();
     let data = ev.data_json.take().unwrap_or_else(|| ev.data.to_string());
-    // Cached: this runs for every state change, on the writer thread.
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO events (event_type, occurred_at, actor, provider_id, capability_id,
-             lease_id, session_id, artifact_id, audit_request_id, data)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    )?;
-    stmt.execute(params![
-        event_type.as_str(),
-        now.to_rfc3339(),
-        ev.actor,
-        ev.provider_id,
-        ev.capability_id,
-        ev.lease_id,
-        ev.session_id,
-        ev.artifact_id,
-        ev.audit_request_id,
-        data,
-    ])?;
-    drop(stmt);
-    Ok(CapabilityEvent {
-        event_id: conn.last_insert_rowid() as u64,
-        event_type,
-        occurred_at: now,
+    let (head_id, prev_hash) = chain::head(conn)?;
+    let row = chain::ChainRow {
+        event_id: head_id + 1,
+        event_type: event_type.as_str().to_string(),
+        occurred_at: now.to_rfc3339(),
+        actor: std::mem::take(&mut ev.actor),
         provider_id: ev.provider_id,
         capability_id: ev.capability_id,
         lease_id: ev.lease_id,
         session_id: ev.session_id,
         artifact_id: ev.artifact_id,
         audit_request_id: ev.audit_request_id,
+        data,
+    };
+    let hash = chain::row_hash(&prev_hash, &row);
+    // Cached: this runs for every state change, on the writer thread.
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO events (event_id, event_type, occurred_at, actor, provider_id,
+             capability_id, lease_id, session_id, artifact_id, audit_request_id, data,
+             prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )?;
+    stmt.execute(params![
+        row.event_id as i64,
+        row.event_type,
+        row.occurred_at,
+        row.actor,
+        row.provider_id,
+        row.capability_id,
+        row.lease_id,
+        row.session_id,
+        row.artifact_id,
+        row.audit_request_id,
+        row.data,
+        prev_hash,
+        hash,
+    ])?;
+    drop(stmt);
+    Ok(CapabilityEvent {
+        event_id: row.event_id,
+        event_type,
+        occurred_at: now,
+        provider_id: row.provider_id,
+        capability_id: row.capability_id,
+        lease_id: row.lease_id,
+        session_id: row.session_id,
+        artifact_id: row.artifact_id,
+        audit_request_id: row.audit_request_id,
         data: ev.data,
     })
 }
