@@ -326,6 +326,9 @@ impl LeaseSync for EngineSync {
     async fn non_interruptible(&self, capability_id: &str, in_window: bool) {
         self.0.set_non_interruptible(capability_id, in_window).await;
     }
+    async fn health_changed(&self, capability_id: &str, unhealthy: bool) {
+        self.0.set_unhealthy(capability_id, unhealthy).await;
+    }
 }
 
 /// Build the whole HTTP router from `routes` (every feature's router,
@@ -660,6 +663,12 @@ impl Registry {
                 providers: providers.clone(),
                 leases: engine.clone(),
             }))
+            .merge(crate::policy::maintenance::routes(
+                crate::policy::maintenance::MaintenanceApi {
+                    providers: providers.clone(),
+                    leases: engine.clone(),
+                },
+            ))
             .merge(crate::leases::api::routes(LeasesApi {
                 leases: engine.clone(),
                 shutdown: shutdown_rx.clone(),

@@ -20,6 +20,7 @@
 //!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
 //!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
 //!   under one provider id).
+//! - [`policy`]: the lab's rules on grants (maintenance; docs/policy.md).
 //! - [`console`]: the web console's embedded assets under `/console/`.
 //! - Composition: [`api`] (what the features' routes share), [`health`]
 //!   (`/healthz`, `/metrics`, `/time`), [`app`] ([`app::Registry::start`]:
@@ -45,6 +46,7 @@ pub mod leases;
 pub mod live;
 pub mod mqtt;
 pub mod openapi;
+pub mod policy;
 pub mod providers;
 pub mod sessions;
 pub mod tokens;

@@ -215,6 +215,8 @@ impl Bench {
                     default_priority: 50,
                     online: true,
                     non_interruptible: false,
+                    maintenance: None,
+                    unhealthy: false,
                 })
                 .await;
         }
@@ -1411,6 +1413,8 @@ async fn a_requirement_no_registered_capability_can_serve_is_refused_at_creation
             default_priority: 50,
             online: true,
             non_interruptible: false,
+            maintenance: None,
+            unhealthy: false,
         })
         .await;
     b.register_thread("mac-01:thread-ui-22", "ui").await;

@@ -178,6 +178,8 @@ fn camera(id: &str) -> CapabilityInfo {
         default_priority: 50,
         online: true,
         non_interruptible: false,
+        maintenance: None,
+        unhealthy: false,
     }
 }
 

@@ -46,6 +46,17 @@ wire_enum! {
         /// A proposal was applied, rejected, failed, or an apply was
         /// refused; `data` as for `agent_proposal_created`. Admins only.
         AgentProposalUpdated = "agent_proposal_updated",
+        /// An admin put a capability into maintenance; `data` is
+        /// `{capability_id, provider_id, reason, previous_status, status}`.
+        /// Its holders get `lease_preempt_requested` with
+        /// `preempt_reason: "maintenance"` (docs/policy.md).
+        CapabilityMaintenanceStarted = "capability_maintenance_started",
+        /// An admin took a capability out of maintenance; `data` as for
+        /// `capability_maintenance_started`.
+        CapabilityMaintenanceEnded = "capability_maintenance_ended",
+        /// An admin removed a retired capability; `data` is the capability
+        /// as it was.
+        CapabilityRemoved = "capability_removed",
     }
 }
 

@@ -1145,6 +1145,7 @@ fn frees_capacity(ev: &CapabilityEvent) -> bool {
         }
         EventType::CapabilityRegistered
         | EventType::CapabilityHealthChanged
+        | EventType::CapabilityMaintenanceEnded
         | EventType::ProviderRegistered => true,
         _ => false,
     }

@@ -77,6 +77,8 @@ fn capability(id: String) -> CapabilityInfo {
         default_priority: 50,
         online: true,
         non_interruptible: false,
+        maintenance: None,
+        unhealthy: false,
     }
 }
 

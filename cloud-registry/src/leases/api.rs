@@ -653,6 +653,24 @@ impl From<LeaseError> for ApiError {
                 message,
             )
             .with_details(json!({ "capability_ids": capability_ids })),
+            LeaseError::CapabilityInMaintenance {
+                capability_id,
+                reason,
+            } => ApiError::conflict("capability_in_maintenance", message)
+                .with_details(json!({ "capability_id": capability_id, "reason": reason })),
+            LeaseError::CapabilityUnhealthy { capability_ids } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capability_unhealthy",
+                message,
+            )
+            .with_details(
+                json!({ "capability_ids": capability_ids, "health_status": "unhealthy" }),
+            ),
+            LeaseError::CapabilityInUse {
+                capability_id,
+                lease_ids,
+            } => ApiError::conflict("capability_leased", message)
+                .with_details(json!({ "capability_id": capability_id, "lease_ids": lease_ids })),
             LeaseError::NoMatchingCapability { field, selector } => {
                 let selector = serde_json::from_str::<serde_json::Value>(&selector)
                     .unwrap_or(serde_json::Value::String(selector));

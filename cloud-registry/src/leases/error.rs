@@ -50,6 +50,30 @@ pub enum LeaseError {
     #[error("capability {} is offline (its provider is not connected)", .capability_ids.join(", "))]
     CapabilityOffline { capability_ids: Vec<String> },
 
+    /// An admin put the capability into maintenance (docs/policy.md
+    /// "Maintenance"): nothing is granted on it until it is taken out.
+    /// HTTP 409 `capability_in_maintenance`.
+    #[error("capability `{capability_id}` is in maintenance{}", reason_suffix(.reason))]
+    CapabilityInMaintenance {
+        capability_id: String,
+        /// What the admin gave (empty when none is known).
+        reason: String,
+    },
+
+    /// The capability's provider reports it `unhealthy` and the request
+    /// asked not to wait (`queue_timeout_seconds: 0`; docs/policy.md
+    /// "Health gating"). HTTP 503 `capability_unhealthy`.
+    #[error("capability {} is unhealthy; the request asked not to wait", .capability_ids.join(", "))]
+    CapabilityUnhealthy { capability_ids: Vec<String> },
+
+    /// The capability cannot be removed while leases hold it or wait for
+    /// it by id. HTTP 409 `capability_leased`.
+    #[error("capability `{capability_id}` has live leases ({}); release them first", .lease_ids.join(", "))]
+    CapabilityInUse {
+        capability_id: String,
+        lease_ids: Vec<String>,
+    },
+
     /// No registered capability matches the selector or requirement given
     /// in `field`. HTTP 404.
     #[error("no registered capability matches `{field}`: {selector}")]
@@ -141,6 +165,14 @@ impl LeaseError {
             field: field.into(),
             message: message.into(),
         }
+    }
+}
+
+fn reason_suffix(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {reason}")
     }
 }
 

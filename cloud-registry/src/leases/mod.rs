@@ -107,7 +107,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use shared_protocol::capability::{Capability, CapabilityStatus, CapabilityType, LeaseMode};
+use shared_protocol::capability::{
+    Capability, CapabilityStatus, CapabilityType, HealthStatus, LeaseMode,
+};
 use shared_protocol::lease::{
     CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest, LeaseStatus,
 };
@@ -208,11 +210,21 @@ pub struct CapabilityInfo {
     /// Inside a non-interruptible window (seed 001 §6.4, from heartbeats):
     /// no preemption starts and no revocation or expiry happens meanwhile.
     pub non_interruptible: bool,
+    /// `Some(reason)` while an admin has it in maintenance (the reason may
+    /// be empty when not known, e.g. after a restart): never granted
+    /// meanwhile (docs/policy.md "Maintenance").
+    #[serde(default)]
+    pub maintenance: Option<String>,
+    /// Its provider last reported it `unhealthy`: never granted meanwhile
+    /// (docs/policy.md "Health gating").
+    #[serde(default)]
+    pub unhealthy: bool,
 }
 
 impl CapabilityInfo {
     /// The engine's view of a stored capability. `online`: its provider's
-    /// status (a capability in `maintenance` is treated as offline).
+    /// status; a stored `maintenance` status and an `unhealthy` health
+    /// keep it from being granted.
     pub fn from_capability(c: &Capability, online: bool) -> Self {
         Self {
             capability_id: c.capability_id.clone(),
@@ -224,9 +236,17 @@ impl CapabilityInfo {
             preemptible: c.preemptible,
             safety_locked: c.safety_locked,
             default_priority: c.default_priority,
-            online: online && c.status != CapabilityStatus::Maintenance,
+            online,
             non_interruptible: false,
+            maintenance: (c.status == CapabilityStatus::Maintenance).then(String::new),
+            unhealthy: c.health_status == HealthStatus::Unhealthy,
         }
+    }
+
+    /// True when a lease may be granted on it now: its provider is online,
+    /// it is not in maintenance and not `unhealthy`.
+    pub fn grantable(&self) -> bool {
+        self.online && self.maintenance.is_none() && !self.unhealthy
     }
 }
 
@@ -1241,8 +1261,14 @@ impl LeaseEngine {
     pub async fn upsert_capability(&self, mut info: CapabilityInfo) {
         self.directory_change("upsert_capability", |st| {
             let id = info.capability_id.clone();
-            if st.dir.get(&id).is_some_and(|old| old.non_interruptible) {
-                info.non_interruptible = true;
+            if let Some(old) = st.dir.get(&id) {
+                if old.non_interruptible {
+                    info.non_interruptible = true;
+                }
+                // The store knows the status, the engine the reason.
+                if info.maintenance.is_some() && old.maintenance.is_some() {
+                    info.maintenance = old.maintenance.clone();
+                }
             }
             st.dir.insert(id.clone(), info);
             st.refresh_candidates();
@@ -1279,6 +1305,104 @@ impl LeaseEngine {
                 None => tracing::debug!(capability_id, "window change for an unknown capability"),
             }
             HashSet::from([capability_id.to_string()])
+        })
+        .await
+    }
+
+    /// Put capabilities into maintenance (`reason: Some`) or take them out
+    /// (`None`); docs/policy.md "Maintenance". Entering: nothing is granted
+    /// on them meanwhile, and every holder gets a preemption-style notice
+    /// (`lease_preempt_requested`, `preempt_reason: "maintenance"`) and the
+    /// grace period, then is revoked as a preempted holder is. Leaving:
+    /// waiting requests may be granted on them. Unknown ids are skipped.
+    /// Returns the leases that were told, as committed.
+    ///
+    /// Errors: `Unavailable` (nothing was changed).
+    pub async fn set_maintenance(
+        &self,
+        capability_ids: &[String],
+        reason: Option<&str>,
+    ) -> Result<Vec<CapabilityLease>, LeaseError> {
+        let (told, rx) = {
+            let mut st = lock(&self.state);
+            Self::ready(&st)?;
+            let now = self.now();
+            let mut tx = Tx::default();
+            let mut told = Vec::new();
+            let mut dirty = HashSet::new();
+            for id in capability_ids {
+                let Some(info) = st.dir.get_mut(id) else {
+                    continue;
+                };
+                info.maintenance = reason.map(str::to_string);
+                dirty.insert(id.clone());
+                let Some(r) = reason else { continue };
+                let holders = st.holders.get(id).cloned().unwrap_or_default();
+                for h in holders {
+                    st.settle(&mut tx, &now, &self.cfg, &h);
+                    let before = st.leases.get(&h).map(|e| e.lease.status);
+                    st.start_withdrawal(&mut tx, &now, &self.cfg, &h, r);
+                    if st.leases.get(&h).map(|e| e.lease.status) != before {
+                        told.push(h);
+                    }
+                }
+            }
+            st.sweep(&mut tx, &now, &self.cfg, dirty);
+            let told: Vec<CapabilityLease> = told.iter().filter_map(|id| st.snapshot(id)).collect();
+            (told, Self::submit(&mut st, tx)?)
+        };
+        committed(rx).await?;
+        Ok(told)
+    }
+
+    /// A capability's reported health changed: `unhealthy` ones are not
+    /// granted (docs/policy.md "Health gating"); when it is healthy again
+    /// the queue may move. Existing leases are left as they are.
+    pub async fn set_unhealthy(&self, capability_id: &str, unhealthy: bool) {
+        self.directory_change("set_unhealthy", |st| {
+            if let Some(info) = st.dir.get_mut(capability_id) {
+                info.unhealthy = unhealthy;
+            }
+            HashSet::from([capability_id.to_string()])
+        })
+        .await
+    }
+
+    /// Check that `capability_id` may be removed: no lease holds it and no
+    /// waiting request names it by id.
+    ///
+    /// Errors: `CapabilityInUse` naming those leases.
+    pub fn check_removable(&self, capability_id: &str) -> Result<(), LeaseError> {
+        let st = lock(&self.state);
+        let mut lease_ids: Vec<String> = st.holders.get(capability_id).cloned().unwrap_or_default();
+        lease_ids.extend(
+            st.leases
+                .values()
+                .filter(|e| {
+                    e.lease.status == LeaseStatus::Requested
+                        && e.book.want.fixed_capability() == Some(capability_id)
+                })
+                .map(|e| e.lease.lease_id.clone()),
+        );
+        if lease_ids.is_empty() {
+            Ok(())
+        } else {
+            lease_ids.sort();
+            Err(LeaseError::CapabilityInUse {
+                capability_id: capability_id.to_string(),
+                lease_ids,
+            })
+        }
+    }
+
+    /// Forget a removed capability: selector requests no longer consider
+    /// it. Call after [`check_removable`](Self::check_removable) passed and
+    /// the store removed it.
+    pub async fn remove_capability(&self, capability_id: &str) {
+        self.directory_change("remove_capability", |st| {
+            st.dir.remove(capability_id);
+            st.refresh_candidates();
+            HashSet::new()
         })
         .await
     }
@@ -1363,11 +1487,7 @@ fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseErro
             Some(m) => m,
             None => info.lease_mode,
         };
-        if !info.online {
-            return Err(LeaseError::CapabilityOffline {
-                capability_ids: vec![id.clone()],
-            });
-        }
+        check_in_service(info, req.queue_timeout_seconds)?;
         return Ok(NewMember {
             want: Want::Capability {
                 capability_id: id.clone(),
@@ -1397,6 +1517,31 @@ fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseErro
         candidates,
     )?;
     Ok(member)
+}
+
+/// A request naming `info` by id: refused when its provider is offline
+/// (503 `capability_offline`) or it is in maintenance (409
+/// `capability_in_maintenance`); when it is `unhealthy`, it waits unless
+/// the request asked not to (`queue_timeout_seconds: 0`, 503
+/// `capability_unhealthy`).
+fn check_in_service(info: &CapabilityInfo, queue_timeout: Option<u32>) -> Result<(), LeaseError> {
+    if !info.online {
+        return Err(LeaseError::CapabilityOffline {
+            capability_ids: vec![info.capability_id.clone()],
+        });
+    }
+    if let Some(reason) = &info.maintenance {
+        return Err(LeaseError::CapabilityInMaintenance {
+            capability_id: info.capability_id.clone(),
+            reason: reason.clone(),
+        });
+    }
+    if info.unhealthy && queue_timeout == Some(0) {
+        return Err(LeaseError::CapabilityUnhealthy {
+            capability_ids: vec![info.capability_id.clone()],
+        });
+    }
+    Ok(())
 }
 
 /// A member for a selector or requirement, refused when nothing matches
@@ -1451,11 +1596,7 @@ fn resolve_group(st: &State, req: &LeaseGroupRequest) -> Result<Vec<NewMember>, 
             .ok_or_else(|| LeaseError::UnknownCapability {
                 capability_id: id.clone(),
             })?;
-        if !info.online {
-            return Err(LeaseError::CapabilityOffline {
-                capability_ids: vec![id.clone()],
-            });
-        }
+        check_in_service(info, req.queue_timeout_seconds)?;
         members.push(NewMember {
             want: Want::Capability {
                 capability_id: id.clone(),

@@ -120,3 +120,63 @@ impl State {
         );
     }
 }
+
+/// `preempt_reason` of the notice a holder gets when an admin puts its
+/// capability into maintenance.
+pub const MAINTENANCE_REASON: &str = "maintenance";
+
+impl State {
+    /// Start the grace period of `victim` because its capability went into
+    /// maintenance: the same notice and states as a preemption
+    /// ([`State::start_preemption`]) with `preempt_reason: "maintenance"`
+    /// and no preempting lease (`preempting_lease_id` empty); the event
+    /// also carries `maintenance_reason`. At the end of the grace period
+    /// the sweeper revokes it as it does a preempted lease.
+    pub fn start_withdrawal(
+        &mut self,
+        tx: &mut Tx,
+        now: &Now,
+        cfg: &LeaseConfig,
+        victim: &str,
+        maintenance_reason: &str,
+    ) {
+        let (grace_deadline, grace_until) = now.after(cfg.default_grace_period_seconds);
+        let Some(e) = self.leases.get_mut(victim) else {
+            return;
+        };
+        if e.being_preempted() || !e.lease.status.holds_capability() {
+            return;
+        }
+        e.lease.status = LeaseStatus::GracePeriod;
+        e.lease.preempted_by = None;
+        e.lease.preempt_reason = Some(MAINTENANCE_REASON.to_string());
+        e.lease.grace_until = Some(grace_until);
+        e.grace_deadline = Some(grace_deadline);
+        let notice = PreemptNotice {
+            lease_id: victim.to_string(),
+            capability_id: e.lease.capability_id.clone(),
+            preempting_lease_id: String::new(),
+            preempt_reason: MAINTENANCE_REASON.to_string(),
+            grace_until,
+        };
+        tracing::info!(
+            lease_id = victim,
+            capability_id = %notice.capability_id,
+            maintenance_reason,
+            %grace_until,
+            "capability into maintenance; holder's grace period started"
+        );
+        self.record(
+            tx,
+            victim,
+            Some((
+                EventType::LeasePreemptRequested,
+                SYSTEM_ACTOR,
+                vec![
+                    ("notice", json!(notice)),
+                    ("maintenance_reason", json!(maintenance_reason)),
+                ],
+            )),
+        );
+    }
+}

@@ -128,9 +128,10 @@ impl State {
             .unwrap_or(e.lease.mode)
     }
 
-    /// Known, online, and no conflicting holder.
+    /// Known, grantable (online, in service, not unhealthy), and no
+    /// conflicting holder.
     fn grantable(&self, capability_id: &str, e: &Entry) -> bool {
-        self.dir.get(capability_id).is_some_and(|i| i.online)
+        self.dir.get(capability_id).is_some_and(|i| i.grantable())
             && self
                 .conflicting_holders(capability_id, self.mode_on(e, capability_id))
                 .is_empty()
@@ -209,7 +210,7 @@ impl State {
                 if reserved.contains(c.as_str()) || used.contains(&c.as_str()) {
                     return None;
                 }
-                let info = self.dir.get(c).filter(|i| i.online)?;
+                let info = self.dir.get(c).filter(|i| i.grantable())?;
                 let mut take = Vec::new();
                 for h in self.conflicting_holders(c, self.mode_on(e, c)) {
                     if h.being_preempted() {

@@ -41,6 +41,11 @@ pub trait LeaseSync: Send + Sync + 'static {
     /// A capability entered (`true`) or left (`false`) a non-interruptible
     /// window (seed 001 §6.4): revocation waits while it is in one.
     async fn non_interruptible(&self, capability_id: &str, in_window: bool);
+    /// A capability's reported health changed; `unhealthy` ones are not
+    /// granted (docs/policy.md "Health gating"). Nothing by default.
+    async fn health_changed(&self, capability_id: &str, unhealthy: bool) {
+        let _ = (capability_id, unhealthy);
+    }
 }
 
 /// Callbacks for modules that own provider-side state (sessions). Every
@@ -374,6 +379,7 @@ impl Providers {
         };
         self.heard_from(&provider_id);
         self.bus.publish(out.events.clone());
+        self.tell_health(&out.changes).await;
         if !out.unknown_capabilities.is_empty() {
             tracing::warn!(provider_id, unknown = ?out.unknown_capabilities, "heartbeat named capabilities this provider has not registered; ignored");
         }
@@ -397,6 +403,18 @@ impl Providers {
             heartbeat_interval_seconds: self.settings.heartbeat_interval_seconds,
             server_time: Utc::now(),
         })
+    }
+
+    /// Tell the lease engine of health changes (whether each capability
+    /// is `unhealthy` now).
+    async fn tell_health(&self, changes: &[super::store::HealthChange]) {
+        use shared_protocol::capability::HealthStatus;
+        for c in changes {
+            if c.previous_health_status != c.health_status {
+                let is = c.health_status == HealthStatus::Unhealthy;
+                self.leases.health_changed(&c.capability_id, is).await;
+            }
+        }
     }
 
     /// A retained `status` message or the LWT.
@@ -466,6 +484,7 @@ impl Providers {
             self.heard_from(provider_id);
         }
         self.bus.publish(out.events.clone());
+        self.tell_health(&out.changes).await;
         if out.changed {
             tracing::info!(provider_id, online, reason, "provider status changed");
             self.leases.provider_online(provider_id, online).await;

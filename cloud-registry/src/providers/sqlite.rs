@@ -26,8 +26,8 @@ use shared_protocol::Timestamp;
 use super::cache::RowCache;
 use super::store::{
     CapabilitiesRegistered, CapabilityFilter, HealthChange, HealthSnapshot, HeartbeatRecorded,
-    OnlineTransition, ProviderFilter, ProviderRegistered, ProviderStore, StoreCounts, StoreError,
-    StoreResult,
+    MaintenanceChange, OnlineTransition, ProviderFilter, ProviderRegistered, ProviderStore,
+    StoreCounts, StoreError, StoreResult,
 };
 use crate::db::Db;
 use crate::events::{self, NewEvent};
@@ -701,8 +701,167 @@ fn set_online_tx(
     })
 }
 
+fn set_maintenance_tx(
+    conn: &mut Connection,
+    actor: &str,
+    capability_ids: &[String],
+    reason: Option<&str>,
+    now: Timestamp,
+) -> StoreResult<(MaintenanceChange, Vec<String>)> {
+    let tx = conn.transaction()?;
+    let mut caps = Vec::with_capacity(capability_ids.len());
+    let mut evs = Vec::new();
+    let mut providers = Vec::new();
+    for id in capability_ids {
+        let c = load_capability(&tx, id)?.ok_or_else(|| StoreError::NotFound {
+            kind: "capability",
+            id: id.clone(),
+        })?;
+        providers.push(c.provider_id.clone());
+        let next = match reason {
+            Some(_) => CapabilityStatus::Maintenance,
+            None if c.status != CapabilityStatus::Maintenance => c.status,
+            None => {
+                let online = load_provider(&tx, &c.provider_id)?
+                    .is_some_and(|p| p.online_status == OnlineStatus::Online);
+                if online {
+                    CapabilityStatus::Available
+                } else {
+                    CapabilityStatus::Offline
+                }
+            }
+        };
+        if next == c.status {
+            caps.push(c);
+            continue;
+        }
+        tx.execute(
+            "UPDATE capabilities SET status = ?2, updated_at = ?3 WHERE capability_id = ?1",
+            params![id, next.as_str(), ts(now)],
+        )?;
+        write_snapshot(
+            &tx,
+            SnapshotRow {
+                capability_id: id,
+                provider_id: &c.provider_id,
+                health_status: c.health_status,
+                status: next,
+                message: reason,
+                metrics: None,
+                now,
+            },
+        )?;
+        let event_type = if reason.is_some() {
+            EventType::CapabilityMaintenanceStarted
+        } else {
+            EventType::CapabilityMaintenanceEnded
+        };
+        evs.push(events::append(
+            &tx,
+            NewEvent::new(
+                event_type,
+                actor,
+                json!({
+                    "capability_id": id,
+                    "provider_id": c.provider_id,
+                    "reason": reason,
+                    "previous_status": c.status,
+                    "status": next,
+                }),
+            )
+            .provider(c.provider_id.clone())
+            .capability(id.clone()),
+        )?);
+        caps.push(load_capability(&tx, id)?.unwrap_or(c));
+    }
+    tx.commit()?;
+    Ok((
+        MaintenanceChange {
+            capabilities: caps,
+            events: evs,
+        },
+        providers,
+    ))
+}
+
+fn remove_capability_tx(
+    conn: &mut Connection,
+    actor: &str,
+    capability_id: &str,
+) -> StoreResult<(CapabilityEvent, String)> {
+    let tx = conn.transaction()?;
+    let c = load_capability(&tx, capability_id)?.ok_or_else(|| StoreError::NotFound {
+        kind: "capability",
+        id: capability_id.to_string(),
+    })?;
+    if c.status != CapabilityStatus::Maintenance {
+        return Err(StoreError::Conflict {
+            code: "capability_not_in_maintenance",
+            message: format!(
+                "capability `{capability_id}` is `{}`: put it into maintenance before removing it",
+                c.status
+            ),
+            details: json!({ "capability_id": capability_id, "status": c.status }),
+        });
+    }
+    tx.execute(
+        "DELETE FROM capabilities WHERE capability_id = ?1",
+        [capability_id],
+    )?;
+    let ev = events::append(
+        &tx,
+        NewEvent::new(EventType::CapabilityRemoved, actor, json!(c))
+            .provider(c.provider_id.clone())
+            .capability(capability_id.to_string()),
+    )?;
+    tx.commit()?;
+    Ok((ev, c.provider_id))
+}
+
 #[async_trait::async_trait]
 impl ProviderStore for SqliteProviderStore {
+    async fn set_maintenance(
+        &self,
+        actor: &str,
+        capability_ids: Vec<String>,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> StoreResult<MaintenanceChange> {
+        let actor = actor.to_string();
+        let cache = self.cache.clone();
+        self.db
+            .write(move |c| {
+                let done = set_maintenance_tx(c, &actor, &capability_ids, reason.as_deref(), now);
+                if let Ok((_, providers)) = &done {
+                    for p in providers {
+                        cache.forget(p);
+                    }
+                }
+                done.map(|(change, _)| change)
+            })
+            .await?
+    }
+
+    async fn remove_capability(
+        &self,
+        actor: &str,
+        capability_id: &str,
+        _now: Timestamp,
+    ) -> StoreResult<CapabilityEvent> {
+        let actor = actor.to_string();
+        let id = capability_id.to_string();
+        let cache = self.cache.clone();
+        self.db
+            .write(move |c| {
+                let done = remove_capability_tx(c, &actor, &id);
+                if let Ok((_, provider_id)) = &done {
+                    cache.forget(provider_id);
+                }
+                done.map(|(ev, _)| ev)
+            })
+            .await?
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         self.db
             .read(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))

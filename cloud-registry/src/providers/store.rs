@@ -168,6 +168,17 @@ pub struct OnlineTransition {
     pub events: Vec<CapabilityEvent>,
 }
 
+/// What [`ProviderStore::set_maintenance`] did.
+#[derive(Debug, Clone)]
+pub struct MaintenanceChange {
+    /// Every named capability as stored now (also those already in the
+    /// asked state).
+    pub capabilities: Vec<Capability>,
+    /// One `capability_maintenance_started` or `_ended` per capability
+    /// whose status changed.
+    pub events: Vec<CapabilityEvent>,
+}
+
 /// `GET /api/v1/capability-providers` filters.
 #[derive(Debug, Clone, Default)]
 pub struct ProviderFilter {
@@ -257,6 +268,32 @@ pub trait ProviderStore: Send + Sync + 'static {
         reason: &str,
         now: Timestamp,
     ) -> StoreResult<OnlineTransition>;
+
+    /// Put capabilities into maintenance (`reason: Some`) or take them
+    /// out (`None`: back to `available`, or `offline` when the provider
+    /// is); a change writes a snapshot and appends
+    /// `capability_maintenance_started` / `capability_maintenance_ended`.
+    /// Already in the asked state: nothing is written (idempotent).
+    ///
+    /// Errors: `NotFound` capability (nothing is written).
+    async fn set_maintenance(
+        &self,
+        actor: &str,
+        capability_ids: Vec<String>,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> StoreResult<MaintenanceChange>;
+
+    /// Delete a retired capability, which must be in `maintenance`, and
+    /// append `capability_removed` (its health history is kept).
+    ///
+    /// Errors: `NotFound`; `Conflict` `capability_not_in_maintenance`.
+    async fn remove_capability(
+        &self,
+        actor: &str,
+        capability_id: &str,
+        now: Timestamp,
+    ) -> StoreResult<CapabilityEvent>;
 
     async fn get_provider(&self, provider_id: &str) -> StoreResult<Option<CapabilityProvider>>;
 

@@ -1,0 +1,7 @@
+//! The lab's rules on who is granted what (docs/policy.md): maintenance
+//! (`maintenance.rs`: an admin takes a capability or a provider out of
+//! service and back, and removes retired capabilities). Health gating
+//! lives in the lease engine's directory ([`crate::leases::CapabilityInfo`]
+//! `unhealthy`, `maintenance`), fed by heartbeats.
+
+pub mod maintenance;

@@ -1,0 +1,226 @@
+//! The lab's grant rules over real HTTP (docs/policy.md): maintenance of a
+//! capability, removal of a retired one, and health gating.
+
+mod common;
+
+use benchlink_testkit::status_is;
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use shared_protocol::api::Role;
+
+fn lease_body(capability_id: &str, holder_ref: &str, queue_timeout: Option<u32>) -> Value {
+    let mut b = json!({
+        "capability_id": capability_id,
+        "holder_type": "audit_agent",
+        "holder_ref": holder_ref,
+        "project_id": "proj_policy",
+        "purpose": "policy test",
+        "priority": 50,
+        "requested_duration_seconds": 600,
+        "evidence_required": false,
+        "preempt_if_needed": false
+    });
+    if let Some(t) = queue_timeout {
+        b["queue_timeout_seconds"] = json!(t);
+    }
+    b
+}
+
+async fn delete(api: &Api, path: &str, token: &str) -> (StatusCode, Value) {
+    let resp = api
+        .http
+        .delete(format!("{}{path}", api.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("request sent");
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn live_leases(api: &Api, token: &str) -> Vec<Value> {
+    let (_, l) = api
+        .get(
+            "/api/v1/capability-leases?capability_id=cam-front-01&active_only=true",
+            Some(token),
+        )
+        .await;
+    l["leases"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn maintenance_tells_the_holder_refuses_new_requests_and_ends_cleanly() {
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
+    let a = new_token(&reg, Role::AuditAgent, "audit:a").await;
+    let (_, held) = status_is(
+        api.request_lease(&a, &lease_body("cam-front-01", "audit:a", None))
+            .await,
+        StatusCode::CREATED,
+    );
+    assert_eq!(held["status"], "granted");
+
+    // Only an admin may do it.
+    let (s, _) = api
+        .post(
+            "/api/v1/capabilities/cam-front-01/maintenance",
+            Some(&a),
+            &json!({"reason": "lens swap"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    let (_, m) = status_is(
+        api.post(
+            "/api/v1/capabilities/cam-front-01/maintenance",
+            Some(&admin),
+            &json!({"reason": "lens swap"}),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(m["capabilities"][0]["status"], "maintenance");
+    let told = &m["notified_leases"][0];
+    assert_eq!(told["lease_id"], held["lease_id"]);
+    assert_eq!(told["status"], "grace_period");
+    assert_eq!(told["preempt_reason"], "maintenance");
+    assert!(told["grace_until"].is_string());
+
+    // A new request by id is refused, naming the reason; no row is left.
+    let b = new_token(&reg, Role::AuditAgent, "audit:b").await;
+    let (s, e) = api
+        .request_lease(&b, &lease_body("cam-front-01", "audit:b", None))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(e["error"]["code"], "capability_in_maintenance");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("lens swap"),
+        "{e}"
+    );
+    assert_eq!(live_leases(&api, &admin).await.len(), 1);
+
+    // Removal is refused while the holder still holds it.
+    let (s, e) = delete(&api, "/api/v1/capabilities/cam-front-01", &admin).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(e["error"]["code"], "capability_leased");
+
+    // The events record the start and the notice.
+    let events = reg.bus.replay(0, 1000).await.unwrap();
+    let started = events
+        .iter()
+        .find(|e| e.event_type.as_str() == "capability_maintenance_started")
+        .expect("maintenance started event");
+    assert_eq!(started.data["reason"], "lens swap");
+    assert!(events.iter().any(|e| {
+        e.event_type.as_str() == "lease_preempt_requested"
+            && e.data["notice"]["preempt_reason"] == "maintenance"
+    }));
+
+    // Out of maintenance: grantable again once the holder let go.
+    api.lease_post(
+        &a,
+        held["lease_id"].as_str().unwrap(),
+        "release",
+        &json!({}),
+    )
+    .await;
+    let (_, m) = status_is(
+        delete(
+            &api,
+            "/api/v1/capabilities/cam-front-01/maintenance",
+            &admin,
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(m["capabilities"][0]["status"], "available");
+    let (_, g) = status_is(
+        api.request_lease(&b, &lease_body("cam-front-01", "audit:b", None))
+            .await,
+        StatusCode::CREATED,
+    );
+    assert_eq!(g["status"], "granted");
+    let events = reg.bus.replay(0, 1000).await.unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e.event_type.as_str() == "capability_maintenance_ended"));
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retired_capability_in_maintenance_is_removed() {
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
+    // Not in maintenance: refused, still there.
+    let (s, e) = delete(&api, "/api/v1/capabilities/thumb-robot-01", &admin).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(e["error"]["code"], "capability_not_in_maintenance");
+    status_is(
+        api.post(
+            "/api/v1/capabilities/thumb-robot-01/maintenance",
+            Some(&admin),
+            &json!({"reason": "retired"}),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    status_is(
+        delete(&api, "/api/v1/capabilities/thumb-robot-01", &admin).await,
+        StatusCode::OK,
+    );
+    let (s, _) = api
+        .get("/api/v1/capabilities/thumb-robot-01", Some(&admin))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let events = reg.bus.replay(0, 1000).await.unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e.event_type.as_str() == "capability_removed"));
+    reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unhealthy_capability_is_not_granted_until_healthy_again() {
+    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
+    let hb = |health: &str| {
+        json!({"provider_id": "p1", "boot_id": "boot-1", "capabilities": [
+            {"capability_id": "cam-front-01", "health_status": health}
+        ]})
+    };
+    status_is(
+        api.heartbeat(&admin, &hb("unhealthy")).await,
+        StatusCode::OK,
+    );
+    let a = new_token(&reg, Role::AuditAgent, "audit:a").await;
+
+    // Asked not to wait: refused with the reason, nothing queued.
+    let (s, e) = api
+        .request_lease(&a, &lease_body("cam-front-01", "audit:a", Some(0)))
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(e["error"]["code"], "capability_unhealthy");
+    assert!(live_leases(&api, &admin).await.is_empty());
+
+    // Otherwise it waits, and is granted when the capability is healthy.
+    let (_, w) = status_is(
+        api.request_lease(&a, &lease_body("cam-front-01", "audit:a", None))
+            .await,
+        StatusCode::ACCEPTED,
+    );
+    assert_eq!(w["status"], "requested");
+    status_is(api.heartbeat(&admin, &hb("healthy")).await, StatusCode::OK);
+    let id = w["lease_id"].as_str().unwrap();
+    let mut status = Value::Null;
+    for _ in 0..50 {
+        let (_, l) = api.lease(&a, id).await;
+        status = l["status"].clone();
+        if status == "granted" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "granted");
+    reg.shutdown().await;
+}
