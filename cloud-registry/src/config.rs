@@ -102,6 +102,21 @@ pub struct Config {
     pub heartbeat: HeartbeatConfig,
     pub health: HealthConfig,
     pub log: LogConfig,
+    /// `[policy]`: the lab's rules (docs/policy.md).
+    pub policy: PolicyConfig,
+}
+
+/// `[policy]`: the lab's rules on how the bench may be driven
+/// (docs/policy.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// `[policy.budgets]`: actuator actions per lease and per principal
+    /// (see `crate::budgets::BudgetsConfig`).
+    pub budgets: crate::budgets::BudgetsConfig,
+    /// `[policy.rate_limit]`: HTTP requests per principal (see
+    /// `crate::budgets::RateLimitConfig`).
+    pub rate_limit: crate::budgets::RateLimitConfig,
 }
 
 /// `[http]`: the API listener.
@@ -431,6 +446,8 @@ impl Config {
         self.lease_problems(&mut bad);
         self.session_problems(&mut bad);
         self.heartbeat_problems(&mut bad);
+        out.extend(self.policy.budgets.problems());
+        out.extend(self.policy.rate_limit.problems());
         out
     }
 
