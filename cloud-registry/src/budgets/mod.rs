@@ -261,6 +261,9 @@ impl ActionBudgets {
             }
             keys.push(key);
         }
+        if keys.is_empty() {
+            return Ok(None);
+        }
         for key in &keys {
             state.windows.entry(key.clone()).or_default().push_back(now);
         }
