@@ -228,7 +228,7 @@ impl ActionBudgets {
         ];
         let mut state = crate::leases::lock(&self.state);
         state.checks = state.checks.wrapping_add(1);
-        if state.checks % SWEEP_EVERY == 0 {
+        if state.checks.is_multiple_of(SWEEP_EVERY) {
             state.windows.retain(|_, w| {
                 w.back()
                     .is_some_and(|last| now.saturating_duration_since(*last) < window)
