@@ -629,6 +629,9 @@ impl Registry {
         );
         sessions.attach_commands(mqtt.command_sender());
         sessions.attach_twins(providers.twins().clone());
+        sessions.attach_budgets(Arc::new(crate::budgets::ActionBudgets::new(
+            config.policy.budgets.clone(),
+        )));
         sessions.set_hearing(mqtt.hearing(), config.heartbeat.offline_after());
         sessions.set_max_command_bytes(max_packet);
         let connected = mqtt.wait_connected(Duration::from_secs(5)).await;
@@ -697,6 +700,14 @@ impl Registry {
         );
         let routes = routes.merge(crate::console::router());
         tracing::debug!(paths = document.paths.paths.len(), "OpenAPI document built");
+        // Inside the authenticator layer, which it reads.
+        let routes = match crate::budgets::RateLimiter::new(&config.policy.rate_limit) {
+            Some(limiter) => routes.layer(axum::middleware::from_fn_with_state(
+                limiter,
+                crate::budgets::RateLimiter::middleware,
+            )),
+            None => routes,
+        };
         let app = build_router(routes, auth.clone(), config.http.body_limit_bytes);
         let limits = http_limits(&config);
         let http = tokio::spawn(crate::http_server::serve(

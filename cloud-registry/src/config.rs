@@ -107,6 +107,21 @@ pub struct Config {
     /// `verify_at_start`, `accept_broken_chain`; see
     /// `crate::events::chain::AuditLogConfig`, docs/audit-trail.md).
     pub audit_log: crate::events::chain::AuditLogConfig,
+    /// `[policy]`: the lab's rules (docs/policy.md).
+    pub policy: PolicyConfig,
+}
+
+/// `[policy]`: the lab's rules on how the bench may be driven
+/// (docs/policy.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// `[policy.budgets]`: actuator actions per lease and per principal
+    /// (see `crate::budgets::BudgetsConfig`).
+    pub budgets: crate::budgets::BudgetsConfig,
+    /// `[policy.rate_limit]`: HTTP requests per principal (see
+    /// `crate::budgets::RateLimitConfig`).
+    pub rate_limit: crate::budgets::RateLimitConfig,
 }
 
 /// `[http]`: the API listener.
@@ -445,6 +460,8 @@ impl Config {
                 "must be 1 to 86400 seconds".into(),
             );
         }
+        out.extend(self.policy.budgets.problems());
+        out.extend(self.policy.rate_limit.problems());
         out
     }
 

@@ -15,7 +15,8 @@
 //!   and artifacts); [`events`] (the append-only log, live bus, SSE);
 //!   [`tokens`] (token routes); [`audit`] (audit tasks); [`agents`]
 //!   (`registry-agents`: the agent runtime and the Earth command,
-//!   docs/earth-command.md).
+//!   docs/earth-command.md); [`budgets`] (actuator action budgets and
+//!   the per-principal request rate limit, docs/policy.md).
 //! - MQTT: [`broker`] / [`broker_log`] (the embedded broker and its
 //!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
 //!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
@@ -35,6 +36,7 @@ pub mod app;
 pub mod audit;
 pub mod broker;
 pub mod broker_log;
+pub mod budgets;
 pub mod config;
 pub mod console;
 pub mod events;

@@ -115,6 +115,9 @@ pub struct LabOptions {
     /// connection put in (see [`adapt_edge_config`]). It must declare
     /// eight capabilities, like the generated bench.
     pub edge_config_template: Option<PathBuf>,
+    /// TOML appended to the registry's configuration (e.g. `[policy]`
+    /// tables).
+    pub registry_extra_toml: String,
 }
 
 impl Default for LabOptions {
@@ -139,6 +142,7 @@ impl Default for LabOptions {
             edge_state_dir: None,
             registry_store_dir: None,
             edge_config_template: None,
+            registry_extra_toml: String::new(),
         }
     }
 }
@@ -317,7 +321,7 @@ impl Lab {
                  [mqtt]\n{mqtt_section}topic_prefix = \"{prefix}\"\nkeep_alive_seconds = 5\n\n\
                  [leases]\ndefault_grace_period_seconds = {grace}\nsweep_interval_ms = 100\n\n\
                  [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n{clear}\n\
-                 [sessions]\n{result_grace}",
+                 [sessions]\n{result_grace}\n{extra}",
                 store = store_path.display(),
                 admin = root.join("registry/admin.token").display(),
                 prefix = opts.topic_prefix,
@@ -332,6 +336,7 @@ impl Lab {
                     .result_grace_ms
                     .map(|ms| format!("result_grace_ms = {ms}\n"))
                     .unwrap_or_default(),
+                extra = opts.registry_extra_toml,
             ),
         )?;
         let registry_bin = lab_bin(opts.bin_dir.as_deref(), "cloud-registry")?;

@@ -134,6 +134,8 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// The JSON error body; a 429 whose `details.retry_after_seconds` is a
+/// whole number also gets a `Retry-After` header with it.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
@@ -143,7 +145,17 @@ impl IntoResponse for ApiError {
                 details: self.details,
             },
         };
-        (self.status, axum::Json(body)).into_response()
+        let retry_after = (self.status == StatusCode::TOO_MANY_REQUESTS)
+            .then(|| body.error.details.get("retry_after_seconds"))
+            .flatten()
+            .and_then(Value::as_u64);
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        // A 429 tells when to come back (RFC 9110 §10.2.3, whole seconds).
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }
 

@@ -6,7 +6,9 @@
 //!   `admin`). Answers the session: `200` once it has ended (completed or
 //!   failed: look at `status` and `error_message`), `202` while it still
 //!   runs (`wait_ms` 0, the wait ran out, or the registry began to shut
-//!   down during the wait);
+//!   down during the wait); `429 action_budget_exceeded` with
+//!   `Retry-After` when an actuator action is over a `[policy.budgets]`
+//!   budget (nothing sent);
 //! - `GET /api/v1/capability-leases/{lease_id}/sessions`: the lease's
 //!   sessions, newest first;
 //! - `GET /api/v1/sessions[?lease_id=&capability_id=&provider_id=&status=&limit=]`,
@@ -607,6 +609,19 @@ impl From<SessionError> for ApiError {
                     "encoded_bytes": size,
                     "limit_bytes": limit,
                 })),
+            SessionError::BudgetExceeded(b) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "action_budget_exceeded",
+                message,
+            )
+            .with_details(json!({
+                "budget": b.budget,
+                "limit": b.limit,
+                "window_seconds": b.window_seconds,
+                "retry_after_seconds": b.retry_after_seconds,
+                "capability_type": b.capability_type,
+                "action": b.action,
+            })),
             SessionError::SessionNotFound { session_id } => {
                 ApiError::not_found("session", &session_id)
             }

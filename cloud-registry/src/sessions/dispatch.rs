@@ -6,7 +6,8 @@
 //! checks, in this order, that the caller holds the lease (the one lease
 //! check, [`LeaseEngine::check_action`]), that the capability supports the
 //! action, that its provider is online and the registry's MQTT link is up,
-//! and finally commits the lease's use ([`LeaseEngine::begin_action`]:
+//! that an actuator action fits the lab's budgets (`crate::budgets`: 429
+//! `action_budget_exceeded`), and finally commits the lease's use ([`LeaseEngine::begin_action`]:
 //! refused when the lease is not in a holding status) — only then is a
 //! session stored (`running`, event `session_started`) and `action_invoke`
 //! published on the provider's `commands` topic. A refusal leaves no
@@ -168,7 +169,8 @@ impl Sessions {
     /// Errors: [`SessionError::Lease`] (404, 403 `not_lease_holder`, 409
     /// with the lease status), `CapabilityNotLeased`, `UnknownCapability`,
     /// `UnsupportedAction` (422), `CommandTooLarge` (413: the command
-    /// would not fit the MQTT packet limit), `ProviderOffline`,
+    /// would not fit the MQTT packet limit), `BudgetExceeded` (429),
+    /// `ProviderOffline`,
     /// `ControlPlaneDown` (503), `Store`. No session exists after an error.
     pub async fn invoke(
         &self,
@@ -195,14 +197,36 @@ impl Sessions {
             .filter(|c| c.connected())
             .ok_or(SessionError::ControlPlaneDown)?
             .clone();
-        let authorized = self.leases.begin_action(lease_id, &capability_id).await?;
-        let (command, invoked) = self.prepare(who, &authorized, capability_id, provider_id, req)?;
+        // Counted before the lease's use is committed, given back when a
+        // later check refuses: a refused action spends no budget.
+        let spent = match self.budgets.get() {
+            Some(b) => b.spend(
+                req.action.capability_type(),
+                req.action,
+                lease_id,
+                &who.name,
+            )?,
+            None => None,
+        };
+        let refund = |e: SessionError| {
+            if let (Some(b), Some(s)) = (self.budgets.get(), spent) {
+                b.refund(s);
+            }
+            e
+        };
+        let prepared = async {
+            let authorized = self.leases.begin_action(lease_id, &capability_id).await?;
+            let (command, invoked) =
+                self.prepare(who, &authorized, capability_id, provider_id, req)?;
+            let stored = invoked.row.clone();
+            let started = self
+                .db
+                .write_grouped(move |c| sql::insert_session(c, &stored))
+                .await??;
+            Ok::<_, SessionError>((command, invoked, started))
+        };
+        let (command, invoked, started) = prepared.await.map_err(refund)?;
         let session_id = command.session_id.clone();
-        let stored = invoked.row.clone();
-        let started = self
-            .db
-            .write_grouped(move |c| sql::insert_session(c, &stored))
-            .await??;
         self.track(&command, &invoked);
         // Wait before the command leaves, so the end cannot be missed.
         let ended = (invoked.wait_ms > 0).then(|| self.await_final(&session_id));

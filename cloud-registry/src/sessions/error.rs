@@ -94,6 +94,14 @@ pub enum SessionError {
         limit: usize,
     },
 
+    /// The action is over one of the lab's action budgets
+    /// (`[policy.budgets]`): nothing was sent and no session was created.
+    /// HTTP 429 `action_budget_exceeded` with `Retry-After`, details
+    /// naming the budget (`budget`, `limit`, `window_seconds`,
+    /// `retry_after_seconds`, `capability_type`, `action`).
+    #[error(transparent)]
+    BudgetExceeded(#[from] crate::budgets::BudgetExceeded),
+
     /// No session has this id. HTTP 404.
     #[error("session `{session_id}` not found")]
     SessionNotFound { session_id: String },

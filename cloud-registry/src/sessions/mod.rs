@@ -42,6 +42,7 @@ pub use error::SessionError;
 pub use sql::{ArtifactFilter, SessionFilter};
 pub use uploads::{UploadPermit, UploadReceipt};
 
+use crate::budgets::ActionBudgets;
 use crate::db::{Db, DbError};
 use crate::events::EventBus;
 use crate::leases::LeaseEngine;
@@ -180,6 +181,9 @@ pub struct Sessions {
     deadlines: Mutex<Deadlines>,
     /// Unfinished resumable uploads (see [`partial`]).
     partials: partial::Partials,
+    /// The lab's actuator budgets (`[policy.budgets]`), checked before
+    /// an action is sent; see [`Sessions::attach_budgets`].
+    budgets: OnceLock<Arc<ActionBudgets>>,
 }
 
 impl Sessions {
@@ -214,6 +218,7 @@ impl Sessions {
             partials: partial::Partials::new(&blobs.staging_dir()),
             blobs,
             resync_after_full: Mutex::new(HashSet::new()),
+            budgets: OnceLock::new(),
         })
     }
 
@@ -222,6 +227,13 @@ impl Sessions {
     /// `control_plane_unavailable`.
     pub fn attach_commands(&self, sender: CommandSender) {
         let _ = self.commands.set(sender);
+    }
+
+    /// Give the service the lab's action budgets (once): an actuator
+    /// action over one is refused with 429 `action_budget_exceeded`
+    /// before anything is sent (docs/policy.md "Action budgets").
+    pub fn attach_budgets(&self, budgets: Arc<ActionBudgets>) {
+        let _ = self.budgets.set(budgets);
     }
 
     /// Give the service the registry's twin detection (once): actions on
