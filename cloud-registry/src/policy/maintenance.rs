@@ -24,13 +24,13 @@ use shared_protocol::lease::CapabilityLease;
 use shared_protocol::validate::{check_display_text, Validate, ValidationError};
 
 use crate::auth::Principal;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ValidJson;
 use crate::leases::LeaseEngine;
 use crate::providers::store::CapabilityFilter;
 use crate::providers::Providers;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// Longest maintenance reason, characters.
 pub const MAX_REASON_CHARS: usize = 500;
