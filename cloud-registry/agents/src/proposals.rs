@@ -212,13 +212,7 @@ pub fn apply_sync(
     fallback_current: &Value,
 ) -> Result<AgentProposal, ApplyError> {
     let tx = conn.transaction().map_err(StoreError::from)?;
-    let p = store::get_proposal_sync(&tx, id)?.ok_or(ApplyError::NotFound(id))?;
-    if !matches!(p.status, ProposalStatus::Pending | ProposalStatus::Approved) {
-        return Err(ApplyError::NotPending {
-            id,
-            status: p.status,
-        });
-    }
+    let p = open_proposal(&tx, id)?;
     let a = policy::assess_proposal(
         p.proposal_type,
         &p.target,
@@ -295,6 +289,20 @@ pub fn apply_sync(
     Ok(saved)
 }
 
+/// Proposal `id` when it may still be applied, failed or rejected.
+///
+/// Errors: not found; not pending or approved.
+fn open_proposal(conn: &Connection, id: i64) -> Result<AgentProposal, ApplyError> {
+    let p = store::get_proposal_sync(conn, id)?.ok_or(ApplyError::NotFound(id))?;
+    if !matches!(p.status, ProposalStatus::Pending | ProposalStatus::Approved) {
+        return Err(ApplyError::NotPending {
+            id,
+            status: p.status,
+        });
+    }
+    Ok(p)
+}
+
 /// Mark pending or approved proposal `id` `failed` with `error` without
 /// writing its setting (its side effect could not be carried out: a
 /// datasource that cannot be fetched or parsed). Errors: not found, not
@@ -307,13 +315,7 @@ pub fn fail_sync(
     error: &str,
 ) -> Result<AgentProposal, ApplyError> {
     let tx = conn.transaction().map_err(StoreError::from)?;
-    let p = store::get_proposal_sync(&tx, id)?.ok_or(ApplyError::NotFound(id))?;
-    if !matches!(p.status, ProposalStatus::Pending | ProposalStatus::Approved) {
-        return Err(ApplyError::NotPending {
-            id,
-            status: p.status,
-        });
-    }
+    let p = open_proposal(&tx, id)?;
     let mut pr = p.policy_result.as_object().cloned().unwrap_or_default();
     pr.insert("stage".into(), json!("apply"));
     pr.insert("applied_mode".into(), json!(mode));
@@ -343,13 +345,7 @@ pub fn reject_sync(
     reason: &str,
 ) -> Result<AgentProposal, ApplyError> {
     let tx = conn.transaction().map_err(StoreError::from)?;
-    let p = store::get_proposal_sync(&tx, id)?.ok_or(ApplyError::NotFound(id))?;
-    if !matches!(p.status, ProposalStatus::Pending | ProposalStatus::Approved) {
-        return Err(ApplyError::NotPending {
-            id,
-            status: p.status,
-        });
-    }
+    let p = open_proposal(&tx, id)?;
     let mut pr = p.policy_result.as_object().cloned().unwrap_or_default();
     pr.insert("decision".into(), json!("rejected"));
     pr.insert("rejected_by".into(), json!(by));
