@@ -22,6 +22,7 @@ packages=(
   jq               # the same
   chromium         # tests: the console's browser tests (tests/browser)
   fonts-wqy-microhei # a CJK font, so the Earth page's Chinese text shows in chromium's screenshots
+  systemd          # tests: systemd-analyze verify / security on the shipped units
 )
 
 missing=()

@@ -783,6 +783,43 @@ impl RunningRegistry {
         self.db.path().to_path_buf()
     }
 
+    /// What keeps the registry from serving, if anything, for the systemd
+    /// watchdog ([`crate::notify`]): the HTTP server has stopped, a lease
+    /// engine task has stopped, the engine's state is not free within
+    /// `limit`, or the store's writer does not take the write lock within
+    /// `limit` (`BEGIN IMMEDIATE; ROLLBACK`, which writes nothing, so a
+    /// full disk is not a problem here; `/healthz` reports that). An
+    /// unreachable external broker is not one either: a restart would not
+    /// bring it back.
+    pub async fn health_problem(&self, limit: Duration) -> Option<String> {
+        if self.http.is_finished() {
+            return Some("the HTTP server has stopped".into());
+        }
+        if let Err(e) = self.leases.tasks_alive() {
+            return Some(e.into());
+        }
+        let leases = self.leases.clone();
+        let engine = tokio::task::spawn_blocking(move || leases.queue_len());
+        if !matches!(tokio::time::timeout(limit, engine).await, Ok(Ok(_))) {
+            return Some(format!(
+                "the lease engine's state is not free within {} ms",
+                limit.as_millis()
+            ));
+        }
+        let probe = self
+            .db
+            .write(|c| c.execute_batch("BEGIN IMMEDIATE; ROLLBACK"));
+        match tokio::time::timeout(limit, probe).await {
+            Ok(Ok(Ok(()))) => None,
+            Ok(Ok(Err(e))) => Some(format!("the store does not take writes: {e}")),
+            Ok(Err(e)) => Some(format!("the store's writer: {e}")),
+            Err(_) => Some(format!(
+                "the store's writer does not answer within {} ms",
+                limit.as_millis()
+            )),
+        }
+    }
+
     /// Stop: signal every task, let HTTP finish in-flight requests (SSE
     /// streams end), disconnect MQTT, stop the lease engine.
     pub async fn shutdown(self) {

@@ -47,6 +47,7 @@ pub mod http_server;
 pub mod leases;
 pub mod live;
 pub mod mqtt;
+pub mod notify;
 pub mod openapi;
 pub mod policy;
 pub mod providers;

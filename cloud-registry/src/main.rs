@@ -391,7 +391,13 @@ async fn serve(
     if let Err(e) = print_out(&running.ready_line()) {
         tracing::warn!(error = %e, "cannot write the ready line to stdout");
     }
-    stop.await;
+    let watchdog = cloud_registry::notify::Watchdog::from_env();
+    watchdog.ready(&format!("serving HTTP on {}", running.http_addr));
+    tokio::select! {
+        _ = stop => {}
+        _ = watchdog.run(&running) => {}
+    }
+    watchdog.stopping("stopping: finishing HTTP requests and lease commits");
     tracing::info!("shutdown signal received");
     quiet_broker_for_shutdown();
     running.shutdown().await;

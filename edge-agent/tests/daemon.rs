@@ -712,3 +712,80 @@ fn the_binary_tells_systemd_ready_watchdog_and_stopping() {
     );
     assert_eq!(status.code(), Some(0));
 }
+
+/// systemd restarts a hung daemon only if the pings stop: while another
+/// process keeps the outbox database locked (no evidence could be stored)
+/// the daemon withholds them and says why; once let go they come back.
+#[test]
+fn a_locked_outbox_withholds_the_watchdog_ping_until_it_is_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = bench_config(dir.path());
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("WATCHDOG_PID=$$ exec \"$0\" run --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_edge-agent"))
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut messages: Vec<(Instant, String)> = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut collect = |messages: &mut Vec<(Instant, String)>, for_: Duration| {
+        let until = Instant::now() + for_;
+        while Instant::now() < until {
+            if let Ok(n) = sock.recv(&mut buf) {
+                messages.push((
+                    Instant::now(),
+                    String::from_utf8_lossy(&buf[..n]).into_owned(),
+                ));
+            }
+        }
+    };
+    let pings_since = |messages: &[(Instant, String)], t: Instant| {
+        messages
+            .iter()
+            .filter(|(at, m)| *at >= t && m.contains("WATCHDOG=1"))
+            .count()
+    };
+    let started = Instant::now();
+    collect(&mut messages, Duration::from_secs(4));
+    assert!(
+        pings_since(&messages, started) >= 2,
+        "pings while healthy: {messages:?}"
+    );
+
+    let other = rusqlite::Connection::open(dir.path().join("state/outbox.sqlite3")).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // A probe that had already passed may still ping once.
+    collect(&mut messages, Duration::from_millis(1500));
+    let locked_at = Instant::now();
+    collect(&mut messages, Duration::from_secs(6));
+    assert_eq!(
+        pings_since(&messages, locked_at),
+        0,
+        "no ping while the outbox is locked: {messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|(_, m)| m.contains("STATUS=unhealthy: the outbox database")),
+        "{messages:?}"
+    );
+
+    other.execute_batch("ROLLBACK").unwrap();
+    let released_at = Instant::now();
+    collect(&mut messages, Duration::from_secs(12));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        pings_since(&messages, released_at) >= 1,
+        "pings resume once the outbox is free: {messages:?}"
+    );
+}

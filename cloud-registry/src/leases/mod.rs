@@ -1216,6 +1216,16 @@ impl LeaseEngine {
         }
     }
 
+    /// Whether the engine still works: its committer and sweeper tasks are
+    /// running (they end only at [`LeaseEngine::shutdown`]). For the
+    /// service watchdog (`crate::notify`); `Err` names what stopped.
+    pub fn tasks_alive(&self) -> Result<(), &'static str> {
+        if lock(&self.tasks).iter().any(|t| t.is_finished()) {
+            return Err("a lease engine task (committer or sweeper) has stopped");
+        }
+        Ok(())
+    }
+
     /// Number of waiting requests (a group counts once).
     pub fn queue_len(&self) -> usize {
         lock(&self.state).queue_len()

@@ -184,9 +184,12 @@ impl Outbox {
         self.with_conn(|c| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);"))
     }
 
-    /// True when the database answers (watchdog health check).
+    /// True when the database takes writes (watchdog health check): the
+    /// write lock is taken and given back (`BEGIN IMMEDIATE; ROLLBACK`,
+    /// nothing written), so a database another process keeps locked, or
+    /// a connection stuck in a write, answers false or not at all.
     pub fn ping(&self) -> bool {
-        self.with_conn(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
+        self.with_conn(|c| c.execute_batch("BEGIN IMMEDIATE; ROLLBACK"))
             .is_ok()
     }
 }
