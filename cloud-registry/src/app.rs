@@ -480,6 +480,12 @@ impl Registry {
         let bus = EventBus::new(db.clone());
         let store = Arc::new(SqliteProviderStore::new(db.clone()));
         let engine = LeaseEngine::start(db.clone(), bus.clone(), config.leases.clone()).await?;
+        engine.set_principal_policy(crate::policy::principal::PrincipalPolicy::new(
+            crate::policy::principal::PrincipalPolicyConfig {
+                roles: config.policy.roles.clone(),
+                principals: config.policy.principals.clone(),
+            },
+        ));
         let providers = Providers::new(
             store,
             bus.clone(),

@@ -122,6 +122,15 @@ pub struct PolicyConfig {
     /// `[policy.rate_limit]`: HTTP requests per principal (see
     /// `crate::budgets::RateLimitConfig`).
     pub rate_limit: crate::budgets::RateLimitConfig,
+    /// `[policy.roles.<role>]`: lease limits for every principal of a role
+    /// (see `crate::policy::principal::LimitsConfig`).
+    pub roles: std::collections::BTreeMap<
+        shared_protocol::api::Role,
+        crate::policy::principal::LimitsConfig,
+    >,
+    /// `[policy.principals."<name>"]`: one principal's limits, overriding
+    /// its role's field by field.
+    pub principals: std::collections::BTreeMap<String, crate::policy::principal::LimitsConfig>,
 }
 
 /// `[http]`: the API listener.
@@ -462,6 +471,12 @@ impl Config {
         }
         out.extend(self.policy.budgets.problems());
         out.extend(self.policy.rate_limit.problems());
+        for (role, l) in &self.policy.roles {
+            out.extend(l.problems(&format!("policy.roles.{role}")));
+        }
+        for (name, l) in &self.policy.principals {
+            out.extend(l.problems(&format!("policy.principals.\"{name}\"")));
+        }
         out
     }
 

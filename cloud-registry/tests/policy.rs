@@ -224,3 +224,196 @@ async fn an_unhealthy_capability_is_not_granted_until_healthy_again() {
     assert_eq!(status, "granted");
     reg.shutdown().await;
 }
+
+/// A lease request body on a selector.
+fn selector_body(selector: Value, priority: u8) -> Value {
+    let mut b = lease_body("unused", "audit:limited", Some(0));
+    b.as_object_mut().unwrap().remove("capability_id");
+    b["capability_selector"] = selector;
+    b["priority"] = json!(priority);
+    b
+}
+
+/// The refusal a principal beyond its policy sees: 403 `policy_denied`
+/// naming the rule, and no lease left behind.
+fn assert_denied(got: &(StatusCode, Value), rule: &str) {
+    assert_error(got, StatusCode::FORBIDDEN, "policy_denied");
+    assert_eq!(got.1["error"]["details"]["rule"], rule, "{}", got.1);
+    let msg = got.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains(rule), "the message names the rule: {msg}");
+}
+
+#[tokio::test]
+async fn principal_policy_refuses_each_rule_with_403_naming_it() {
+    let (_dir, reg, api, admin) = registry_with_p1(|cfg| {
+        let mut role = cloud_registry::policy::principal::LimitsConfig {
+            max_priority: Some(60),
+            max_concurrent_leases: Some(1),
+            max_lease_seconds: Some(900),
+            allowed_capability_types: Some(vec!["camera".parse().unwrap()]),
+            allowed_tags: Some(vec!["front".into()]),
+            allowed_preempt_reasons: Some(vec!["higher_priority_audit".into()]),
+        };
+        cfg.policy.roles.insert(Role::AuditAgent, role.clone());
+        role = cloud_registry::policy::principal::LimitsConfig {
+            max_priority: Some(90),
+            ..Default::default()
+        };
+        cfg.policy.principals.insert("audit:trusted".into(), role);
+    })
+    .await;
+    let limited = new_token(&reg, Role::AuditAgent, "audit:limited").await;
+    let trusted = new_token(&reg, Role::AuditAgent, "audit:trusted").await;
+    let by_id = |id: &str, priority: u8, seconds: u32| {
+        let mut b = lease_body(id, "audit:limited", Some(0));
+        b["priority"] = json!(priority);
+        b["requested_duration_seconds"] = json!(seconds);
+        b
+    };
+
+    let got = api
+        .request_lease(&limited, &by_id("cam-front-01", 61, 600))
+        .await;
+    assert_denied(&got, "roles.audit_agent.max_priority");
+    assert_eq!(got.1["error"]["details"]["limit"], 60);
+    assert_eq!(got.1["error"]["details"]["value"], 61);
+
+    let got = api
+        .request_lease(&limited, &by_id("cam-front-01", 50, 901))
+        .await;
+    assert_denied(&got, "roles.audit_agent.max_lease_seconds");
+
+    let got = api
+        .request_lease(&limited, &by_id("thumb-robot-01", 50, 600))
+        .await;
+    assert_denied(&got, "roles.audit_agent.allowed_capability_types");
+
+    let mut preempting = by_id("cam-front-01", 50, 600);
+    preempting["preempt_if_needed"] = json!(true);
+    preempting["preempt_reason"] = json!("because");
+    let got = api.request_lease(&limited, &preempting).await;
+    assert_denied(&got, "roles.audit_agent.allowed_preempt_reasons");
+
+    // A selector must name an allowed tag, so it can only match
+    // capabilities the principal may use.
+    let got = api
+        .request_lease(
+            &limited,
+            &selector_body(json!({"capability_type": "camera"}), 50),
+        )
+        .await;
+    assert_denied(&got, "roles.audit_agent.allowed_tags");
+
+    // Nothing of the refusals was stored.
+    assert!(live_leases(&api, &admin).await.is_empty());
+
+    // Within the policy: granted; a second lease is one too many.
+    let (_, held) = status_is(
+        api.request_lease(
+            &limited,
+            &selector_body(json!({"capability_type": "camera", "tags": ["front"]}), 50),
+        )
+        .await,
+        StatusCode::CREATED,
+    );
+    assert_eq!(held["status"], "granted");
+    assert_eq!(held["capability_id"], "cam-front-01");
+    let got = api
+        .request_lease(&limited, &by_id("cam-front-01", 50, 600))
+        .await;
+    assert_denied(&got, "roles.audit_agent.max_concurrent_leases");
+    assert_eq!(live_leases(&api, &admin).await.len(), 1);
+
+    // Its own table raises the priority ceiling and keeps the role's other
+    // rules; an operator has no table and is not limited.
+    let mut t = by_id("thumb-robot-01", 85, 600);
+    t["holder_ref"] = json!("audit:trusted");
+    let got = api.request_lease(&trusted, &t).await;
+    assert_denied(&got, "roles.audit_agent.allowed_capability_types");
+    let mut t = by_id("cam-front-01", 95, 600);
+    t["holder_ref"] = json!("audit:trusted");
+    let got = api.request_lease(&trusted, &t).await;
+    assert_denied(&got, "principals.\"audit:trusted\".max_priority");
+    let op = new_token(&reg, Role::Operator, "op:one").await;
+    let mut o = by_id("thumb-robot-01", 100, 3600);
+    o["holder_type"] = json!("human_operator");
+    o["holder_ref"] = json!("op:one");
+    let (_, robot) = status_is(api.request_lease(&op, &o).await, StatusCode::CREATED);
+    assert_eq!(robot["status"], "granted");
+
+    // Renewing beyond the longest lease is refused too.
+    let lease_id = held["lease_id"].as_str().unwrap();
+    let got = api
+        .lease_post(
+            &limited,
+            lease_id,
+            "renew",
+            &json!({"requested_duration_seconds": 1200}),
+        )
+        .await;
+    assert_denied(&got, "roles.audit_agent.max_lease_seconds");
+}
+
+#[tokio::test]
+async fn a_group_request_is_checked_member_by_member_and_counted_whole() {
+    let (_dir, reg, api, admin) = registry_with_p1(|cfg| {
+        cfg.policy.roles.insert(
+            Role::AuditAgent,
+            cloud_registry::policy::principal::LimitsConfig {
+                max_concurrent_leases: Some(1),
+                allowed_capability_types: Some(vec!["camera".parse().unwrap()]),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let a = new_token(&reg, Role::AuditAgent, "audit:g").await;
+    let group = |ids: Value, requirements: Value| {
+        json!({
+            "capability_ids": ids,
+            "requirements": requirements,
+            "holder_type": "audit_agent",
+            "holder_ref": "audit:g",
+            "project_id": "proj_policy",
+            "purpose": "group policy test",
+            "priority": 50,
+            "requested_duration_seconds": 600,
+            "evidence_required": false,
+            "preempt_if_needed": false,
+            "queue_timeout_seconds": 0
+        })
+    };
+    let got = api
+        .post(
+            "/api/v1/capability-leases/request-group",
+            Some(&a),
+            &group(
+                json!(["cam-front-01"]),
+                json!([{"capability_type": "thumb_robot", "mode": "exclusive"}]),
+            ),
+        )
+        .await;
+    assert_denied(&got, "roles.audit_agent.allowed_capability_types");
+    let got = api
+        .post(
+            "/api/v1/capability-leases/request-group",
+            Some(&a),
+            &group(json!(["cam-front-01", "thumb-robot-01"]), json!([])),
+        )
+        .await;
+    assert_denied(&got, "roles.audit_agent.allowed_capability_types");
+    // Two cameras' worth of members against a limit of one lease.
+    let got = api
+        .post(
+            "/api/v1/capability-leases/request-group",
+            Some(&a),
+            &group(
+                json!(["cam-front-01"]),
+                json!([{"capability_type": "camera", "mode": "exclusive", "fallback_allowed": true}]),
+            ),
+        )
+        .await;
+    assert_denied(&got, "roles.audit_agent.max_concurrent_leases");
+    assert_eq!(got.1["error"]["details"]["value"], 2);
+    assert!(live_leases(&api, &admin).await.is_empty());
+}

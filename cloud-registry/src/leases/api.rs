@@ -409,7 +409,7 @@ fn created_or_accepted(status: LeaseStatus) -> StatusCode {
     responses(
         (status = 201, description = "Granted", body = CapabilityLease),
         (status = 202, description = "Queued (`status: requested`)", body = CapabilityLease),
-        (status = 403, description = "`forbidden`, or `not_lease_holder` for a `holder_ref` the caller may not name", body = ErrorBody),
+        (status = 403, description = "`forbidden`; `not_lease_holder` for a `holder_ref` the caller may not name; `policy_denied` beyond the principal policy (`details.rule`, docs/policy.md)", body = ErrorBody),
         (status = 404, description = "`not_found` (capability) or `no_matching_capability` for a selector", body = ErrorBody),
         (status = 422, description = "`invalid_field` naming the field, or `idempotency_key_reused`", body = ErrorBody),
         (status = 503, description = "`capability_offline`, `queue_full` or `unavailable`", body = ErrorBody),
@@ -456,7 +456,7 @@ async fn request(
     responses(
         (status = 201, description = "Granted", body = LeaseGroup),
         (status = 202, description = "Queued (`status: requested`)", body = LeaseGroup),
-        (status = 403, description = "`forbidden`, or `not_lease_holder` for a `holder_ref` the caller may not name", body = ErrorBody),
+        (status = 403, description = "`forbidden`; `not_lease_holder` for a `holder_ref` the caller may not name; `policy_denied` beyond the principal policy (`details.rule`, docs/policy.md)", body = ErrorBody),
         (status = 404, description = "`not_found` (capability) or `no_matching_capability` for a selector", body = ErrorBody),
         (status = 422, description = "`invalid_field` naming the field, or `idempotency_key_reused`", body = ErrorBody),
         (status = 503, description = "`capability_offline`, `queue_full` or `unavailable`", body = ErrorBody),
@@ -515,7 +515,7 @@ async fn request_group(
     request_body(content = Option<LeaseRenewRequest>, description = "Optional; empty keeps the lease's duration"),
     responses(
         (status = 200, body = CapabilityLease),
-        (status = 403, description = "`not_lease_holder`: another principal holds the lease", body = ErrorBody),
+        (status = 403, description = "`not_lease_holder`: another principal holds the lease; `policy_denied`: longer than the principal policy's `max_lease_seconds`", body = ErrorBody),
         (status = 404, description = "`not_found`: no such lease", body = ErrorBody),
         (status = 409, description = "`lease_not_usable` or `lease_expired` (`details.lease_status`)", body = ErrorBody),
         (status = 503, description = "`unavailable`", body = ErrorBody),
@@ -614,7 +614,7 @@ async fn get_one(
 
 impl From<LeaseError> for ApiError {
     /// 404 `not_found` (lease, capability) / `no_matching_capability`,
-    /// 403 `not_lease_holder`, 409 `lease_not_usable` / `lease_expired`
+    /// 403 `not_lease_holder` / `policy_denied` (`details.rule`), 409 `lease_not_usable` / `lease_expired`
     /// with `details.lease_status`, 422 `invalid_field` naming the field,
     /// 422 `idempotency_key_reused`,
     /// 503 `capability_offline` / `queue_full` / `unavailable`, 507
@@ -666,6 +666,10 @@ impl From<LeaseError> for ApiError {
             .with_details(
                 json!({ "capability_ids": capability_ids, "health_status": "unhealthy" }),
             ),
+            LeaseError::PolicyDenied {
+                rule, limit, value, ..
+            } => ApiError::new(StatusCode::FORBIDDEN, "policy_denied", message)
+                .with_details(json!({ "rule": rule, "limit": limit, "value": value })),
             LeaseError::CapabilityInUse {
                 capability_id,
                 lease_ids,

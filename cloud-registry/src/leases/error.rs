@@ -66,6 +66,18 @@ pub enum LeaseError {
     #[error("capability {} is unhealthy; the request asked not to wait", .capability_ids.join(", "))]
     CapabilityUnhealthy { capability_ids: Vec<String> },
 
+    /// The lab's principal policy refuses the request (docs/policy.md
+    /// "Principal policy"). HTTP 403 `policy_denied` with `details.rule`
+    /// (e.g. `roles.audit_agent.max_priority`), `details.limit` and
+    /// `details.value` (what was asked).
+    #[error("{message}")]
+    PolicyDenied {
+        rule: String,
+        limit: serde_json::Value,
+        value: serde_json::Value,
+        message: String,
+    },
+
     /// The capability cannot be removed while leases hold it or wait for
     /// it by id. HTTP 409 `capability_leased`.
     #[error("capability `{capability_id}` has live leases ({}); release them first", .lease_ids.join(", "))]

@@ -346,6 +346,9 @@ pub struct LeaseEngine {
     view: Arc<Mutex<View>>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The lab's principal policy (`crate::policy::principal`), set once
+    /// after start; unset: no limits.
+    principal_policy: std::sync::OnceLock<crate::policy::principal::PrincipalPolicy>,
     counters: Arc<Counters>,
     /// Answered and given-up requests.
     answers: unanswered::AnswerCounters,
@@ -448,6 +451,7 @@ impl LeaseEngine {
             view: Arc::new(Mutex::new(view)),
             stop,
             tasks: Mutex::new(Vec::new()),
+            principal_policy: std::sync::OnceLock::new(),
             counters: Arc::new(Counters::default()),
             answers: Default::default(),
             keys: Mutex::new(keys),
@@ -471,6 +475,19 @@ impl LeaseEngine {
         ));
         lock(&engine.tasks).extend([committer, sweeper]);
         Ok(engine)
+    }
+
+    /// Enforce `policy` on every request from now on (once; a second call
+    /// is ignored). An empty policy is not installed.
+    pub fn set_principal_policy(&self, policy: crate::policy::principal::PrincipalPolicy) {
+        if !policy.is_empty() {
+            let _ = self.principal_policy.set(policy);
+        }
+    }
+
+    /// The principal policy's limits for `holder`, if any apply.
+    fn limits(&self, holder: &Principal) -> Option<crate::policy::principal::Limits> {
+        self.principal_policy.get()?.limits(holder)
     }
 
     /// The settings in force.
@@ -583,6 +600,15 @@ impl LeaseEngine {
         self.check_duration(req.requested_duration_seconds)?;
         req.validate()?;
         check_holder_ref(holder, &req.holder_ref)?;
+        let limits = self.limits(holder);
+        if let Some(l) = &limits {
+            l.check_request(
+                req.priority,
+                req.requested_duration_seconds,
+                req.preempt_if_needed,
+                req.preempt_reason.as_deref(),
+            )?;
+        }
         let fingerprint = key.map(|_| idempotency::fingerprint("request", &req));
         let admitted = {
             let mut st = lock(&self.state);
@@ -592,6 +618,18 @@ impl LeaseEngine {
                 Some(replay) => Err(replay),
                 None => {
                     let member = resolve_single(&st, &req)?;
+                    if let Some(l) = &limits {
+                        match (&req.capability_id, &req.capability_selector) {
+                            (Some(id), _) => {
+                                if let Some(info) = st.dir.get(id) {
+                                    l.check_capability(info)?;
+                                }
+                            }
+                            (None, Some(s)) => l.check_selector(s)?,
+                            (None, None) => {}
+                        }
+                        l.check_concurrent(st.live_leases_of(&holder.name), 1)?;
+                    }
                     let mut tx = Tx::default();
                     let ids = st.admit(
                         &mut tx,
@@ -760,6 +798,20 @@ impl LeaseEngine {
                 format!("{count} capabilities asked; at most {MAX_GROUP_MEMBERS} per group"),
             ));
         }
+        let limits = self.limits(holder);
+        if let Some(l) = &limits {
+            let preempting =
+                req.preempt_if_needed || req.requirements.iter().any(|r| r.preempt_if_needed);
+            l.check_request(
+                req.priority,
+                req.requested_duration_seconds,
+                preempting,
+                req.preempt_reason.as_deref(),
+            )?;
+            for r in &req.requirements {
+                l.check_requirement(r)?;
+            }
+        }
         let fingerprint = key.map(|_| idempotency::fingerprint("request-group", &req));
         let group_id = format!("lgrp_{}", uuid::Uuid::new_v4().simple());
         let admitted = {
@@ -770,6 +822,14 @@ impl LeaseEngine {
                 Some(replay) => Err(replay),
                 None => {
                     let members = resolve_group(&st, &req)?;
+                    if let Some(l) = &limits {
+                        for id in &req.capability_ids {
+                            if let Some(info) = st.dir.get(id) {
+                                l.check_capability(info)?;
+                            }
+                        }
+                        l.check_concurrent(st.live_leases_of(&holder.name), members.len())?;
+                    }
                     let preempt_if_needed = req.preempt_if_needed
                         || req.requirements.iter().any(|r| r.preempt_if_needed);
                     let mut tx = Tx::default();
@@ -1018,6 +1078,9 @@ impl LeaseEngine {
     ) -> Result<CapabilityLease, LeaseError> {
         if let Some(d) = req.requested_duration_seconds {
             self.check_duration(d)?;
+            if let Some(l) = self.limits(holder) {
+                l.check_duration(d)?;
+            }
         }
         req.validate()?;
         let cfg = self.cfg.clone();

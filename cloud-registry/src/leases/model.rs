@@ -430,6 +430,15 @@ impl State {
         (w.members, touched)
     }
 
+    /// How many live leases (waiting or holding) `principal` has, for
+    /// `max_concurrent_leases` (docs/policy.md "Principal policy").
+    pub fn live_leases_of(&self, principal: &str) -> usize {
+        self.leases
+            .values()
+            .filter(|e| e.lease.principal == principal && !e.lease.status.is_final())
+            .count()
+    }
+
     /// Leases (live or final-but-uncommitted) by id, as the caller would
     /// see them now.
     pub fn snapshot(&self, id: &str) -> Option<CapabilityLease> {

@@ -2,6 +2,9 @@
 //! (`maintenance.rs`: an admin takes a capability or a provider out of
 //! service and back, and removes retired capabilities). Health gating
 //! lives in the lease engine's directory ([`crate::leases::CapabilityInfo`]
-//! `unhealthy`, `maintenance`), fed by heartbeats.
+//! `unhealthy`, `maintenance`), fed by heartbeats. Principal policy
+//! (`principal.rs`: per role and principal limits on lease requests) is
+//! checked by the lease engine at admission.
 
 pub mod maintenance;
+pub mod principal;
