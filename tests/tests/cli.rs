@@ -2,13 +2,14 @@
 //! a group lease of the camera and the serial console, actions on both,
 //! an artifact download checked against the bench's sha256, release; the
 //! conflict exit code for a capability someone else holds; `watch`
-//! showing a preemption as it happens. Every command runs with `--json`
-//! and its stdout must parse.
+//! showing a preemption as it happens; maintenance of a capability and of
+//! the whole bench, and removing a retired capability. Every command runs
+//! with `--json` and its stdout must parse.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use benchlink_e2e::bench::{caps, Lab, LabOptions, CHIEF_AGENT, HW_AGENT};
+use benchlink_e2e::bench::{caps, Lab, LabOptions, CHIEF_AGENT, HW_AGENT, PROVIDER_ID};
 use benchlink_e2e::client::{sha256_hex, Agent};
 use benchlink_e2e::workspace_bin;
 use serde_json::Value;
@@ -433,6 +434,239 @@ async fn watch_shows_a_preemption_as_it_happens() {
     .await;
     assert_eq!(r.code, 5, "stderr {}", r.stderr);
     assert!(r.stderr.contains("lease_not_usable"), "{}", r.stderr);
+}
+
+/// The `status` of `capability_id` in `benchlink --json caps`, `None`
+/// when it is not listed.
+async fn listed_status(lab: &Lab, cfg: &std::path::Path, capability_id: &str) -> Option<String> {
+    let listed = ok(lab, &lab.admin_token, cfg, &["--json", "caps"]).await;
+    listed["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["capability_id"] == capability_id)
+        .map(|c| c["status"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_start_end_and_removing_a_retired_capability() {
+    let _one = ONE_LAB_AT_A_TIME.lock().await;
+    let lab = Lab::start(LabOptions::default()).await.expect("lab");
+    let cfg = tempfile::tempdir().unwrap();
+    let c = cfg.path();
+    let admin = lab.admin_token.clone();
+
+    // A held camera into maintenance: the line names it, the reason and
+    // the holder told to give way.
+    let hw_agent = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let held = hw_agent
+        .lease_ok(caps::CAMERA, "cli maintenance")
+        .await
+        .unwrap();
+    let r = bl(
+        &lab,
+        &admin,
+        c,
+        &[
+            "maintenance",
+            "start",
+            caps::CAMERA,
+            "--reason",
+            "lens swap",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "stderr: {}", r.stderr);
+    assert_eq!(
+        r.stdout.trim(),
+        format!(
+            "{} is in maintenance (lens swap); 1 holder told to give way: {held}",
+            caps::CAMERA
+        ),
+        "stderr: {}",
+        r.stderr
+    );
+    assert_eq!(
+        listed_status(&lab, c, caps::CAMERA).await.as_deref(),
+        Some("maintenance")
+    );
+    hw_agent.release(&held).await.unwrap();
+    let ended = ok(
+        &lab,
+        &admin,
+        c,
+        &["--json", "maintenance", "end", caps::CAMERA],
+    )
+    .await;
+    assert_eq!(ended["capabilities"][0]["status"], "available", "{ended}");
+    assert_eq!(
+        listed_status(&lab, c, caps::CAMERA).await.as_deref(),
+        Some("available")
+    );
+
+    // The same with --json and no holder; the human end line.
+    let started = ok(
+        &lab,
+        &admin,
+        c,
+        &[
+            "--json",
+            "maintenance",
+            "start",
+            caps::SCREEN,
+            "--reason",
+            "recalibration",
+        ],
+    )
+    .await;
+    assert_eq!(
+        started["capabilities"][0]["status"], "maintenance",
+        "{started}"
+    );
+    assert_eq!(
+        started["notified_leases"],
+        serde_json::json!([]),
+        "{started}"
+    );
+    let r = bl(&lab, &admin, c, &["maintenance", "end", caps::SCREEN]).await;
+    assert_eq!(r.code, 0, "stderr: {}", r.stderr);
+    assert_eq!(
+        r.stdout.trim(),
+        format!("{} is out of maintenance: available", caps::SCREEN)
+    );
+
+    // Not an admin: refused, exit 3, the code on stderr; nothing changed.
+    let r = bl(
+        &lab,
+        &lab.hw_token,
+        c,
+        &["maintenance", "start", caps::SCREEN, "--reason", "mine now"],
+    )
+    .await;
+    assert_eq!(r.code, 3, "stderr: {}", r.stderr);
+    assert!(r.stderr.contains("403 forbidden"), "{}", r.stderr);
+    let r = bl(
+        &lab,
+        &lab.hw_token,
+        c,
+        &["capability", "remove", caps::SCREEN],
+    )
+    .await;
+    assert_eq!(r.code, 3, "stderr: {}", r.stderr);
+    assert_eq!(
+        listed_status(&lab, c, caps::SCREEN).await.as_deref(),
+        Some("available")
+    );
+
+    // No reason, or both a capability and --provider: usage, exit 2.
+    let r = bl(&lab, &admin, c, &["maintenance", "start", caps::SCREEN]).await;
+    assert_eq!(r.code, 2, "stderr: {}", r.stderr);
+    let r = bl(
+        &lab,
+        &admin,
+        c,
+        &[
+            "maintenance",
+            "end",
+            caps::SCREEN,
+            "--provider",
+            PROVIDER_ID,
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 2, "stderr: {}", r.stderr);
+
+    // Removing one not in maintenance: 409, exit 5, the code in the
+    // message and in the --json answer.
+    let r = bl(&lab, &admin, c, &["capability", "remove", caps::SPEAKER]).await;
+    assert_eq!(r.code, 5, "stderr: {}", r.stderr);
+    assert!(
+        r.stderr.contains("409 capability_not_in_maintenance"),
+        "{}",
+        r.stderr
+    );
+    let r = bl(
+        &lab,
+        &admin,
+        c,
+        &["--json", "capability", "remove", caps::SPEAKER],
+    )
+    .await;
+    assert_eq!(r.code, 5);
+    let answer = r.json();
+    assert_eq!(answer["error"]["exit_code"], 5, "{answer}");
+    assert_eq!(
+        answer["error"]["answer"]["error"]["code"], "capability_not_in_maintenance",
+        "{answer}"
+    );
+
+    // The whole bench in and out.
+    let r = bl(
+        &lab,
+        &admin,
+        c,
+        &[
+            "maintenance",
+            "start",
+            "--provider",
+            PROVIDER_ID,
+            "--reason",
+            "rewiring",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "stderr: {}", r.stderr);
+    assert!(
+        r.stdout.starts_with(&format!(
+            "{} capabilities of {PROVIDER_ID} in maintenance (rewiring): ",
+            caps::ALL.len()
+        )) && r.stdout.contains(caps::ROBOT),
+        "{}",
+        r.stdout
+    );
+    for cap in caps::ALL {
+        assert_eq!(
+            listed_status(&lab, c, cap).await.as_deref(),
+            Some("maintenance"),
+            "{cap}"
+        );
+    }
+    let ended = ok(
+        &lab,
+        &admin,
+        c,
+        &["--json", "maintenance", "end", "--provider", PROVIDER_ID],
+    )
+    .await;
+    let statuses: Vec<&str> = ended["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["status"].as_str())
+        .collect();
+    assert_eq!(statuses, vec!["available"; caps::ALL.len()], "{ended}");
+
+    // Retire the speaker: into maintenance, removed, gone from `caps`.
+    ok(
+        &lab,
+        &admin,
+        c,
+        &[
+            "--json",
+            "maintenance",
+            "start",
+            caps::SPEAKER,
+            "--reason",
+            "retired",
+        ],
+    )
+    .await;
+    let r = bl(&lab, &admin, c, &["capability", "remove", caps::SPEAKER]).await;
+    assert_eq!(r.code, 0, "stderr: {}", r.stderr);
+    assert_eq!(r.stdout.trim(), format!("{} removed", caps::SPEAKER));
+    assert_eq!(listed_status(&lab, c, caps::SPEAKER).await, None);
+    let r = bl(&lab, &admin, c, &["capability", "remove", caps::SPEAKER]).await;
+    assert_eq!(r.code, 4, "removed twice: {}", r.stderr);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 /// Lease lab test hardware from a Benchlink registry and drive it.
 #[derive(Debug, Parser)]
@@ -93,6 +93,13 @@ pub enum Command {
         /// The command text.
         text: String,
     },
+    /// Take a capability, or a whole bench, out of service and back
+    /// (admin; docs/policy.md "Maintenance").
+    #[command(subcommand)]
+    Maintenance(MaintenanceCommand),
+    /// Manage capabilities (admin): remove a retired one.
+    #[command(subcommand)]
+    Capability(CapabilityCommand),
     /// Print shell completions (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -240,5 +247,48 @@ pub enum AuditCommand {
         audit_request_id: String,
         /// The AuditTaskResult JSON.
         file: PathBuf,
+    },
+}
+
+/// What a maintenance change applies to: one capability, or every
+/// capability of a provider (exactly one of the two).
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["capability_id", "provider"])))]
+pub struct MaintenanceTarget {
+    /// The capability id.
+    pub capability_id: Option<String>,
+    /// Every capability of this provider (a whole bench) instead.
+    #[arg(long, value_name = "PROVIDER_ID")]
+    pub provider: Option<String>,
+}
+
+/// `maintenance` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum MaintenanceCommand {
+    /// Put it into maintenance: nothing more is granted on it, and its
+    /// holders are told to give way (they keep the grace period).
+    Start {
+        #[command(flatten)]
+        target: MaintenanceTarget,
+        /// Why (1..=500 characters; shown to holders and in refusals).
+        #[arg(long, required = true)]
+        reason: String,
+    },
+    /// Take it out of maintenance: back to `available` (or `offline`
+    /// when its provider is).
+    End {
+        #[command(flatten)]
+        target: MaintenanceTarget,
+    },
+}
+
+/// `capability` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CapabilityCommand {
+    /// Remove a retired capability; it must be in maintenance and neither
+    /// held nor waited for (else 409, exit 5).
+    Remove {
+        /// The capability id.
+        capability_id: String,
     },
 }

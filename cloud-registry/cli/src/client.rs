@@ -140,6 +140,18 @@ impl Agent {
         Self::answer(resp).await
     }
 
+    /// DELETE `path` (no body).
+    pub async fn delete(&self, path: &str) -> Result<(StatusCode, Value)> {
+        let resp = self
+            .http
+            .delete(format!("{}{path}", self.base_url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("DELETE {path}"))?;
+        Self::answer(resp).await
+    }
+
     /// GET that must answer 200.
     pub async fn get_ok(&self, path: &str) -> Result<Value> {
         let (s, v) = self.get(path).await?;

@@ -6,7 +6,7 @@
 //! | 2 | usage: a bad flag or argument, a missing URL or token, a token file others may read |
 //! | 3 | refused: 401 `unauthenticated` or 403 (`forbidden`, `not_lease_holder`, ...) |
 //! | 4 | not found: 404 |
-//! | 5 | conflict: 409 (a held capability, a lease no longer usable, ...) |
+//! | 5 | conflict: 409 (a held capability, a lease no longer usable, removing a capability not in maintenance, ...) |
 //! | 6 | any other API error (4xx/5xx), or an action that ended `failed` |
 //! | 7 | the registry could not be reached |
 
@@ -32,9 +32,10 @@ pub const CONNECTION: u8 = 7;
 pub const TABLE: &str = "Exit codes:
   0  done
   2  usage: bad arguments, no URL or token, a token file others may read
-  3  refused: 401 unauthenticated or 403 forbidden / not_lease_holder
+  3  refused: 401 unauthenticated or 403 forbidden (e.g. not an admin) / not_lease_holder
   4  not found (404)
-  5  conflict (409): e.g. the capability is held by someone else
+  5  conflict (409): e.g. the capability is held by someone else, or
+     capability_not_in_maintenance
   6  other API error, or an action that ended failed
   7  the registry could not be reached";
 

@@ -54,8 +54,17 @@ impl Ctx {
         Ok((s, v))
     }
 
+    /// DELETE `path`; an answer other than 200 is a [`Failure`].
+    pub async fn delete(&self, path: &str) -> Result<Value, Failure> {
+        let (s, v) = self.agent.delete(path).await?;
+        if s != StatusCode::OK {
+            return Err(Failure::from_answer(&format!("DELETE {path}"), s, &v));
+        }
+        Ok(v)
+    }
+
     /// Print `v` as pretty JSON (for `--json`).
-    fn print_json(&self, v: &Value) {
+    pub(crate) fn print_json(&self, v: &Value) {
         println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     }
 
@@ -70,7 +79,7 @@ impl Ctx {
 }
 
 /// A JSON field as table text (`-` when absent).
-fn cell(v: &Value) -> String {
+pub(crate) fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) if s.is_empty() => "-".into(),
@@ -224,6 +233,8 @@ pub async fn run(ctx: &Ctx, command: Command) -> Outcome {
             }
             Ok(())
         }
+        Command::Maintenance(m) => crate::maintenance::maintenance(ctx, m).await,
+        Command::Capability(c) => crate::maintenance::capability(ctx, c).await,
         Command::Completions { .. } | Command::Man | Command::Mcp => {
             Err(Failure::usage("not a registry command"))
         }
