@@ -123,6 +123,16 @@ struct Args {
     /// Seconds the registry idles before each RSS reading.
     #[arg(long, default_value_t = 3)]
     idle_seconds: u64,
+    /// Instead of the full run: lease cycles with the lab policy
+    /// configured ([`POLICY_ON`]: principal policy, action budgets, the
+    /// rate limit) against none, on two fresh registries, alternating
+    /// off/on `--policy-rounds` times, `own` capabilities at each
+    /// `--clients` count; prints registry CPU per cycle side by side.
+    #[arg(long)]
+    policy_compare: bool,
+    /// Rounds of the policy comparison (each runs off, then on).
+    #[arg(long, default_value_t = 3)]
+    policy_rounds: usize,
     /// Keep the registry's directory (config, SQLite file, log) here
     /// instead of a temporary one that is removed at the end.
     #[arg(long)]
@@ -133,6 +143,32 @@ struct Args {
 const LEASE_PROVIDER: &str = "bench-lease-provider";
 /// The capability every client of the `one` scenario wants.
 const CONTENDED: &str = "bench-cap-contended";
+
+/// The lab policy of `--policy-compare`'s "on" registry: every limit set,
+/// none reached by the benchmark's cycles (priority 50, 60 s, one lease per
+/// client, relays tagged `bench`), so each request pays for every check.
+const POLICY_ON: &str = r#"
+[policy.roles.audit_agent]
+max_priority = 60
+max_concurrent_leases = 4
+max_lease_seconds = 600
+allowed_capability_types = ["relay", "camera"]
+allowed_tags = ["bench", "lab"]
+allowed_preempt_reasons = ["higher_priority_audit"]
+
+[policy.principals."audit:bench-client-0000"]
+max_priority = 70
+
+[policy.budgets]
+window_seconds = 60
+[policy.budgets.relay]
+per_lease = 30
+per_principal = 60
+
+[policy.rate_limit]
+requests_per_minute = 6000000
+burst = 1000000
+"#;
 
 /// Reference figures: the labgrid 26 coordinator measured on this machine.
 const LABGRID: &str = "labgrid 26 coordinator (same machine): 1 client ~100 cycles/s, p50 10 ms; \
@@ -211,7 +247,7 @@ struct ReadyLine {
 impl RegistryProcess {
     /// Write the configuration into `dir`, start `bin serve`, wait for the
     /// ready line (at most 120 s: the Earth entity data loads first).
-    fn start(bin: &Path, dir: &Path) -> Result<Self> {
+    fn start(bin: &Path, dir: &Path, extra_config: &str) -> Result<Self> {
         let db_path = dir.join("registry.sqlite3");
         let token_path = dir.join("admin.token");
         let log_path = dir.join("registry.log");
@@ -222,7 +258,7 @@ impl RegistryProcess {
              [store]\npath = {}\n\n\
              [auth]\nbootstrap_admin_token_file = {}\n\n\
              [mqtt]\nmode = \"embedded\"\nlisten = \"127.0.0.1:0\"\n\n\
-             [sessions]\nartifact_dir = {}\n",
+             [sessions]\nartifact_dir = {}\n\n{extra_config}",
             quoted(&db_path),
             quoted(&token_path),
             quoted(&dir.join("artifacts")),
@@ -1244,7 +1280,14 @@ async fn main() -> Result<()> {
         ),
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let registry = RegistryProcess::start(&bin, &dir)?;
+    if args.policy_compare {
+        let outcome = policy_compare(&bin, &dir, &args).await;
+        if outcome.is_ok() && remove {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return outcome;
+    }
+    let registry = RegistryProcess::start(&bin, &dir, "")?;
     let outcome = bench(&registry, &args).await;
     let log = registry.log_path.clone();
     let stopped = registry.stop();
@@ -1257,30 +1300,16 @@ async fn main() -> Result<()> {
     stopped
 }
 
-async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
-    let started = Utc::now();
-    let pid = registry.pid;
-    let idle_cpu_from = cpu_seconds(&registry.pid_str()).unwrap_or(0.0);
-    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let idle_cpu = (cpu_seconds(&registry.pid_str()).unwrap_or(0.0) - idle_cpu_from)
-        / args.idle_seconds.max(1) as f64;
-    let rss_start = rss_mb(pid).context("registry RSS")?;
-
-    let http = http_client()?;
+/// Register the lease provider (one relay per client, plus the contended
+/// one), keep it online, and mint an `audit_agent` token per client.
+async fn lease_lab(
+    registry: &RegistryProcess,
+    http: &reqwest::Client,
+    max_clients: usize,
+    args: &Args,
+) -> Result<(LeaseSetup, tokio::task::JoinHandle<()>)> {
+    let http = http.clone();
     let base = registry.base.clone();
-    let max_clients = args
-        .clients
-        .iter()
-        .copied()
-        .chain([if args.paced_rates.is_empty() {
-            1
-        } else {
-            args.paced_clients
-        }])
-        .max()
-        .unwrap_or(1)
-        .max(1);
-
     // Lease provider: one capability per client, plus the contended one.
     let provider_token = mint_token(
         &http,
@@ -1318,6 +1347,108 @@ async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
             None
         },
     };
+    Ok((setup, keepalive))
+}
+
+/// `--policy-compare`: see [`Args::policy_compare`].
+async fn policy_compare(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1).max(1);
+    let http = http_client()?;
+    let mut labs = Vec::new();
+    for (mode, extra) in [("off", ""), ("on", POLICY_ON)] {
+        let d = dir.join(format!("policy-{mode}"));
+        std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+        let registry = RegistryProcess::start(bin, &d, extra)?;
+        let (setup, keepalive) = lease_lab(&registry, &http, max_clients, args).await?;
+        labs.push((mode, registry, setup, keepalive));
+    }
+    println!(
+        "Lab policy on versus off: request (?wait_seconds=60) + release per cycle, `own` capabilities, \
+         {} s warm-up, {} s measured per run, {} rounds of off then on",
+        args.warmup, args.seconds, args.policy_rounds
+    );
+    println!("machine:  {}", machine());
+    println!(
+        "{:<6} {:>7} {:>9} {:>9} {:>7} {:>7} {:>15} {:>6}",
+        "policy", "clients", "cycles", "cycles/s", "p50 ms", "p99 ms", "reg CPU/cycle", "errors"
+    );
+    for &clients in &args.clients {
+        // (cycles, registry CPU seconds) per mode, over every round.
+        let mut totals = [(0usize, 0.0f64), (0, 0.0)];
+        for _ in 0..args.policy_rounds.max(1) {
+            for (i, (mode, registry, setup, _)) in labs.iter().enumerate() {
+                let r = run_leases(
+                    setup,
+                    &registry.pid_str(),
+                    args,
+                    Scenario::Own,
+                    clients,
+                    None,
+                )
+                .await?;
+                println!(
+                    "{:<6} {:>7} {:>9} {:>9.0} {:>7.2} {:>7.2} {:>12.1} us {:>6}",
+                    mode,
+                    clients,
+                    r.cycles,
+                    r.rate(),
+                    r.ms(50.0),
+                    r.ms(99.0),
+                    r.per_cycle(r.registry_cpu_s) * 1e6,
+                    r.errors
+                );
+                if let Some(e) = &r.first_error {
+                    println!("       first error: {e}");
+                }
+                totals[i].0 += r.cycles;
+                totals[i].1 += r.registry_cpu_s;
+            }
+        }
+        let per = |(cycles, cpu): (usize, f64)| {
+            if cycles == 0 {
+                0.0
+            } else {
+                cpu / cycles as f64 * 1e6
+            }
+        };
+        let (off, on) = (per(totals[0]), per(totals[1]));
+        println!(
+            "{clients} clients, all rounds: registry CPU per cycle {off:.1} us off, {on:.1} us on: \
+             {:+.1} % (target: under +5 %)",
+            if off > 0.0 { (on / off - 1.0) * 100.0 } else { 0.0 }
+        );
+    }
+    for (_, registry, _, keepalive) in labs {
+        keepalive.abort();
+        registry.stop()?;
+    }
+    Ok(())
+}
+
+async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
+    let started = Utc::now();
+    let pid = registry.pid;
+    let idle_cpu_from = cpu_seconds(&registry.pid_str()).unwrap_or(0.0);
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let idle_cpu = (cpu_seconds(&registry.pid_str()).unwrap_or(0.0) - idle_cpu_from)
+        / args.idle_seconds.max(1) as f64;
+    let rss_start = rss_mb(pid).context("registry RSS")?;
+
+    let http = http_client()?;
+    let max_clients = args
+        .clients
+        .iter()
+        .copied()
+        .chain([if args.paced_rates.is_empty() {
+            1
+        } else {
+            args.paced_clients
+        }])
+        .max()
+        .unwrap_or(1)
+        .max(1);
+
+    let (setup, keepalive) = lease_lab(registry, &http, max_clients, args).await?;
 
     println!(
         "Benchlink registry benchmark, {}",
