@@ -3,9 +3,21 @@
 //! and `docs/zh/X.md` ↔ `docs/X.md`. Two pages are in step when their
 //! headings have the same levels in the same order and each heading's
 //! `code spans` are the same (the prose of a heading is translated, its
-//! identifiers are not).
+//! identifiers are not). The operator pages in [`OPERATOR_PAGES`] must
+//! have their `docs/zh/` page.
 
 use std::path::{Path, PathBuf};
+
+/// The operator-facing pages that must exist in Chinese under `docs/zh/`.
+const OPERATOR_PAGES: [&str; 7] = [
+    "install-edge-agent",
+    "devices",
+    "http-api",
+    "actions",
+    "audit-protocol",
+    "earth-command",
+    "console",
+];
 
 fn docs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs")
@@ -98,6 +110,11 @@ fn pairs() -> (Vec<(PathBuf, PathBuf)>, Vec<String>) {
             missing.push(format!(
                 "docs/technical/zh/{name} has no docs/technical/en/{name}"
             ));
+        }
+    }
+    for page in OPERATOR_PAGES {
+        if !root.join("zh").join(format!("{page}.md")).exists() {
+            missing.push(format!("docs/{page}.md has no docs/zh/{page}.md"));
         }
     }
     if root.join("zh").is_dir() {
