@@ -417,3 +417,61 @@ async fn a_group_request_is_checked_member_by_member_and_counted_whole() {
     assert_eq!(got.1["error"]["details"]["value"], 2);
     assert!(live_leases(&api, &admin).await.is_empty());
 }
+
+#[tokio::test]
+async fn an_audit_task_beyond_the_claimers_policy_is_refused_and_stays_claimable() {
+    let (_dir, reg, api, admin) = registry_with_p1(|cfg| {
+        let camera_only = cloud_registry::policy::principal::LimitsConfig {
+            allowed_capability_types: Some(vec!["camera".parse().unwrap()]),
+            ..Default::default()
+        };
+        cfg.policy
+            .principals
+            .insert("audit:camera-only".into(), camera_only);
+    })
+    .await;
+    let limited = new_token(&reg, Role::AuditAgent, "audit:camera-only").await;
+    let other = new_token(&reg, Role::AuditAgent, "audit:other").await;
+    let mut req = audit_request("audit_policy_001", "software", 50);
+    req["capability_requirements"] =
+        json!([{ "capability_type": "thumb_robot", "mode": "exclusive" }]);
+    status_is(
+        api.post("/api/v1/audit-requests", Some(&admin), &req).await,
+        StatusCode::CREATED,
+    );
+    let claim =
+        |agent: &str| json!({ "audit_types": ["software"], "agent_ref": agent, "wait_ms": 0 });
+
+    let got = api
+        .post(
+            "/api/v1/audit-requests/claim",
+            Some(&limited),
+            &claim("audit:camera-only"),
+        )
+        .await;
+    assert_denied(
+        &got,
+        "principals.\"audit:camera-only\".allowed_capability_types",
+    );
+    assert!(live_leases(&api, &admin).await.is_empty());
+    let (_, record) = status_is(
+        api.get("/api/v1/audit-requests/audit_policy_001", Some(&admin))
+            .await,
+        StatusCode::OK,
+    );
+    assert_eq!(record["status"], "queued", "{record}");
+
+    let (_, task) = status_is(
+        api.post(
+            "/api/v1/audit-requests/claim",
+            Some(&other),
+            &claim("audit:other"),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    assert_eq!(
+        task["claim"]["audit_request_id"], "audit_policy_001",
+        "{task}"
+    );
+}
