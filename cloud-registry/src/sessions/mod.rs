@@ -82,6 +82,12 @@ pub struct SessionsConfig {
     /// milliseconds (15 000). A non-interruptible action holds up
     /// revocation until it finishes, so this only covers the report.
     pub revoke_grace_ms: u64,
+    /// After a lease with `evidence_required` ends, how long its sessions'
+    /// artifact bytes may still take to arrive before those sessions
+    /// become `incomplete_evidence`, milliseconds (30 000; seed 001 §5.4,
+    /// docs/policy.md "Evidence at lease end"). A session returns to
+    /// `completed` when its last bytes arrive later.
+    pub evidence_grace_ms: u64,
     /// How long bytes that no artifact binds are kept from their first
     /// upload, seconds (604800, 7 days). Bytes uploaded before their metadata must
     /// be bound within this time (the metadata arrives), or they are
@@ -110,6 +116,7 @@ impl Default for SessionsConfig {
             default_timeout_ms: 30_000,
             result_grace_ms: 15_000,
             revoke_grace_ms: 15_000,
+            evidence_grace_ms: 30_000,
             unbound_upload_ttl_seconds: 7 * 24 * 3600,
             max_unbound_bytes_per_provider: 1024 * 1024 * 1024,
             max_partial_bytes_per_provider: 2 * 1024 * 1024 * 1024,
@@ -184,6 +191,10 @@ pub struct Sessions {
     /// The lab's actuator budgets (`[policy.budgets]`), checked before
     /// an action is sent; see [`Sessions::attach_budgets`].
     budgets: OnceLock<Arc<ActionBudgets>>,
+    /// Ended leases with `evidence_required` whose sessions' evidence is
+    /// judged once the monotonic instant passes (`evidence_grace_ms`
+    /// after the end): lease id by due instant.
+    evidence_due: Mutex<Vec<(std::time::Instant, String)>>,
 }
 
 impl Sessions {
@@ -219,6 +230,7 @@ impl Sessions {
             blobs,
             resync_after_full: Mutex::new(HashSet::new()),
             budgets: OnceLock::new(),
+            evidence_due: Mutex::new(Vec::new()),
         })
     }
 

@@ -1050,6 +1050,60 @@ pub fn provider_lost(
     Ok(events)
 }
 
+/// The lease `lease_id` (with `evidence_required`) ended at least
+/// `evidence_grace_ms` ago (seed 001 §5.4): its completed sessions whose
+/// artifacts' bytes have not all arrived become `incomplete_evidence`
+/// (each returns to `completed` when its last bytes arrive, see
+/// [`record_upload`]). Sessions still open are left to their deadlines.
+/// Appends one `session_failed` per session changed.
+pub fn lease_evidence_due(
+    conn: &mut Connection,
+    lease_id: &str,
+    grace_ms: u64,
+) -> rusqlite::Result<Vec<CapabilityEvent>> {
+    let tx = conn.transaction()?;
+    let rows: Vec<SessionRow> = {
+        let mut stmt = tx.prepare_cached(&format!(
+            "SELECT {SESSION_COLUMNS} FROM capability_sessions
+             WHERE lease_id = ?1 AND status = 'completed' AND session_id IN
+                (SELECT session_id FROM capability_artifacts WHERE uploaded = 0)"
+        ))?;
+        let rows = stmt.query_map(params![lease_id], read_session)?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let mut events = Vec::new();
+    for mut row in rows {
+        let missing = missing_uploads(&tx, &row.session.session_id)?;
+        row.session.status = SessionStatus::IncompleteEvidence;
+        row.session.error_message = Some(format!(
+            "lease `{lease_id}` requires evidence and ended {grace_ms} ms ago with {missing} \
+             artifact(s) of this session not uploaded"
+        ));
+        update_session_row(&tx, &row)?;
+        events.push(append(
+            &tx,
+            session_event(EventType::SessionFailed, "system", &row),
+        )?);
+    }
+    tx.commit()?;
+    Ok(events)
+}
+
+/// Leases with `evidence_required` that have ended and still have a
+/// completed session missing artifact bytes, with their `ended_at` (wall
+/// clock): what [`lease_evidence_due`] has yet to judge after a restart.
+pub fn leases_awaiting_evidence(conn: &Connection) -> rusqlite::Result<Vec<(String, Timestamp)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT l.lease_id, l.ended_at FROM capability_leases l
+         WHERE l.evidence_required = 1 AND l.ended_at IS NOT NULL AND EXISTS
+            (SELECT 1 FROM capability_sessions s JOIN capability_artifacts a
+                 ON a.session_id = s.session_id
+             WHERE s.lease_id = l.lease_id AND s.status = 'completed' AND a.uploaded = 0)",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, get_ts(r, 1)?)))?;
+    rows.collect()
+}
+
 /// What a `session_sync` to `provider_id` lists, at most `limit`: its
 /// sessions still open (`pending` or `running`), oldest first, then those
 /// the registry ended by presumption (provider offline, deadline) at or
