@@ -471,11 +471,38 @@ impl Config {
         }
         out.extend(self.policy.budgets.problems());
         out.extend(self.policy.rate_limit.problems());
-        for (role, l) in &self.policy.roles {
-            out.extend(l.problems(&format!("policy.roles.{role}")));
-        }
-        for (name, l) in &self.policy.principals {
-            out.extend(l.problems(&format!("policy.principals.\"{name}\"")));
+        let tables = self
+            .policy
+            .roles
+            .iter()
+            .map(|(role, l)| (format!("policy.roles.{role}"), l))
+            .chain(
+                self.policy
+                    .principals
+                    .iter()
+                    .map(|(name, l)| (format!("policy.principals.\"{name}\""), l)),
+            );
+        for (prefix, l) in tables {
+            out.extend(l.problems(&prefix));
+            // A policy narrows `[leases]`; a wider value would never apply.
+            let max = self.leases.max_duration_seconds;
+            if l.max_lease_seconds.is_some_and(|s| s > max) {
+                out.push((
+                    format!("{prefix}.max_lease_seconds"),
+                    format!("must not exceed leases.max_duration_seconds ({max})"),
+                ));
+            }
+            let whitelist = &self.leases.preempt_reason_whitelist;
+            for r in l.allowed_preempt_reasons.iter().flatten() {
+                if !whitelist.contains(r) {
+                    out.push((
+                        format!("{prefix}.allowed_preempt_reasons"),
+                        format!(
+                            "`{r}` is not in leases.preempt_reason_whitelist, so it never applies"
+                        ),
+                    ));
+                }
+            }
         }
         out
     }

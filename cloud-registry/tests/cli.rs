@@ -411,6 +411,38 @@ fn token_commands_refuse_a_missing_store_unless_told_to_create_it() {
 }
 
 #[test]
+fn check_config_refuses_a_policy_wider_than_the_leases_table() {
+    let dir = TempDir::new().unwrap();
+    let config = write_config(
+        &dir,
+        "[leases]\nmax_duration_seconds = 600\n\
+         [policy.roles.audit_agent]\nmax_lease_seconds = 900\n\
+         [policy.principals.\"audit:x\"]\nallowed_preempt_reasons = [\"safety_stop\", \"lunch\"]\n",
+    );
+    let out = registry()
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines.iter().any(|l| l.contains(
+            "policy.roles.audit_agent.max_lease_seconds: must not exceed leases.max_duration_seconds (600)"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("policy.principals.\"audit:x\".allowed_preempt_reasons: `lunch`")),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn check_config_reports_every_problem_and_exits_2() {
     let dir = TempDir::new().unwrap();
     let config = write_config(

@@ -352,6 +352,18 @@ async fn principal_policy_refuses_each_rule_with_403_naming_it() {
         )
         .await;
     assert_denied(&got, "roles.audit_agent.max_lease_seconds");
+    // Someone else renewing it is told it is not theirs, not the limit.
+    let (_, body) = status_is(
+        api.lease_post(
+            &trusted,
+            lease_id,
+            "renew",
+            &json!({"requested_duration_seconds": 1200}),
+        )
+        .await,
+        StatusCode::FORBIDDEN,
+    );
+    assert_eq!(body["error"]["code"], "not_lease_holder", "{body}");
 }
 
 #[tokio::test]

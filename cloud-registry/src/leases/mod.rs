@@ -1078,15 +1078,18 @@ impl LeaseEngine {
     ) -> Result<CapabilityLease, LeaseError> {
         if let Some(d) = req.requested_duration_seconds {
             self.check_duration(d)?;
-            if let Some(l) = self.limits(holder) {
-                l.check_duration(d)?;
-            }
         }
         req.validate()?;
         let cfg = self.cfg.clone();
         let actor = holder.name.clone();
+        // The lab's policy is checked once the caller is known to hold the
+        // lease: anyone else is told `NotHolder`, not the holder's limits.
+        let limits = self.limits(holder);
         let done = self
             .on_live(Some(holder), lease_id, "renew", false, |st, tx, now| {
+                if let (Some(l), Some(d)) = (&limits, req.requested_duration_seconds) {
+                    l.check_duration(d)?;
+                }
                 st.renew(
                     tx,
                     now,
@@ -1592,21 +1595,22 @@ fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseErro
     Ok(member)
 }
 
-/// A request naming `info` by id: refused when its provider is offline
-/// (503 `capability_offline`) or it is in maintenance (409
-/// `capability_in_maintenance`); when it is `unhealthy`, it waits unless
+/// A request naming `info` by id: refused when it is in maintenance (409
+/// `capability_in_maintenance`, whether its provider is online or not:
+/// an admin's decision outlasts an outage) or its provider is offline
+/// (503 `capability_offline`); when it is `unhealthy`, it waits unless
 /// the request asked not to (`queue_timeout_seconds: 0`, 503
 /// `capability_unhealthy`).
 fn check_in_service(info: &CapabilityInfo, queue_timeout: Option<u32>) -> Result<(), LeaseError> {
-    if !info.online {
-        return Err(LeaseError::CapabilityOffline {
-            capability_ids: vec![info.capability_id.clone()],
-        });
-    }
     if let Some(reason) = &info.maintenance {
         return Err(LeaseError::CapabilityInMaintenance {
             capability_id: info.capability_id.clone(),
             reason: reason.clone(),
+        });
+    }
+    if !info.online {
+        return Err(LeaseError::CapabilityOffline {
+            capability_ids: vec![info.capability_id.clone()],
         });
     }
     if info.unhealthy && queue_timeout == Some(0) {
