@@ -479,7 +479,11 @@ impl Registry {
         };
         let bus = EventBus::new(db.clone());
         let store = Arc::new(SqliteProviderStore::new(db.clone()));
-        let engine = LeaseEngine::start(db.clone(), bus.clone(), config.leases.clone()).await?;
+        let lease_config = crate::leases::LeaseConfig {
+            queue_aging: config.policy.queue_aging.clone(),
+            ..config.leases.clone()
+        };
+        let engine = LeaseEngine::start(db.clone(), bus.clone(), lease_config).await?;
         engine.set_principal_policy(crate::policy::principal::PrincipalPolicy::new(
             crate::policy::principal::PrincipalPolicyConfig {
                 roles: config.policy.roles.clone(),

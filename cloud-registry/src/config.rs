@@ -131,6 +131,10 @@ pub struct PolicyConfig {
     /// `[policy.principals."<name>"]`: one principal's limits, overriding
     /// its role's field by field.
     pub principals: std::collections::BTreeMap<String, crate::policy::principal::LimitsConfig>,
+    /// `[policy.queue_aging]`: a waiting request's priority rises with its
+    /// age (`priority_per_minute`, `max_boost`; see
+    /// `crate::leases::QueueAging`). Absent: no aging.
+    pub queue_aging: Option<crate::leases::QueueAging>,
 }
 
 /// `[http]`: the API listener.
@@ -503,6 +507,9 @@ impl Config {
                     ));
                 }
             }
+        }
+        if let Some(aging) = &self.policy.queue_aging {
+            out.extend(aging.problems());
         }
         out
     }

@@ -501,6 +501,59 @@ fn check_config_reports_every_problem_and_exits_2() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
+#[test]
+fn check_config_refuses_bad_queue_aging_values_naming_the_key() {
+    let dir = TempDir::new().unwrap();
+    let cases = [
+        (
+            "priority_per_minute = 0.0\nmax_boost = 50",
+            "priority_per_minute",
+        ),
+        (
+            "priority_per_minute = -1.5\nmax_boost = 50",
+            "priority_per_minute",
+        ),
+        (
+            "priority_per_minute = nan\nmax_boost = 50",
+            "priority_per_minute",
+        ),
+        (
+            "priority_per_minute = inf\nmax_boost = 50",
+            "priority_per_minute",
+        ),
+        ("priority_per_minute = 10.0\nmax_boost = 0", "max_boost"),
+        ("priority_per_minute = 10.0\nmax_boost = 101", "max_boost"),
+        ("priority_per_minute = 10.0\nmax_boost = -5", "max_boost"),
+        ("priority_per_minute = 10.0", "max_boost"),
+        (
+            "priority_per_minute = 10.0\nmax_boost = 50\nrate = 1",
+            "rate",
+        ),
+    ];
+    for (body, key) in cases {
+        let config = write_config(&dir, &format!("[policy.queue_aging]\n{body}\n"));
+        let out = registry()
+            .args(["check-config", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{body}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("policy.queue_aging"), "{body}: {stderr}");
+        assert!(stderr.contains(key), "{body}: {stderr}");
+    }
+    let config = write_config(
+        &dir,
+        "[policy.queue_aging]\npriority_per_minute = 0.5\nmax_boost = 100\n",
+    );
+    let out = registry()
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
 /// `token create` keeps a principal to one role, like the HTTP API: a
 /// second token of the same role is fine, another role is refused with a
 /// message naming the principal and its role, and nothing is created.

@@ -680,6 +680,200 @@ async fn queue_grants_by_priority_then_by_age() {
     assert_eq!(lab.status(&id_of("e20")).await, LeaseStatus::Granted);
 }
 
+/// Queue aging of 10 points a minute, at most 50.
+fn aging() -> LeaseConfig {
+    LeaseConfig {
+        queue_aging: Some(leases::QueueAging {
+            priority_per_minute: 10.0,
+            max_boost: 50,
+        }),
+        ..LeaseConfig::default()
+    }
+}
+
+/// Release `holder`'s `lease_id` and name who among `waiting` got the
+/// capability.
+async fn next_granted(
+    lab: &Lab,
+    holder: &str,
+    lease_id: &str,
+    waiting: &[(&str, String)],
+) -> String {
+    lab.release(holder, lease_id).await;
+    let mut granted = Vec::new();
+    for (name, id) in waiting {
+        if lab.status(id).await == LeaseStatus::Granted {
+            granted.push(name.to_string());
+        }
+    }
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    granted.remove(0)
+}
+
+#[tokio::test]
+async fn an_aged_request_ranks_by_priority_plus_its_boost_then_by_arrival() {
+    let lab = Lab::manual(aging()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let h = lab.ask("h", "cam-01", 50, 600).await;
+    let old10 = lab.ask("old10", "cam-01", 10, 600).await;
+    // Two minutes: 10 + 20 = 30.
+    lab.advance(120).await;
+    let new30 = lab.ask("new30", "cam-01", 30, 600).await;
+    let new31 = lab.ask("new31", "cam-01", 31, 600).await;
+    let new29 = lab.ask("new29", "cam-01", 29, 600).await;
+    let waiting = [
+        ("old10", old10.lease_id.clone()),
+        ("new30", new30.lease_id.clone()),
+        ("new31", new31.lease_id.clone()),
+        ("new29", new29.lease_id.clone()),
+    ];
+    let mut order = Vec::new();
+    let (mut holder, mut holder_id) = ("h".to_string(), h.lease_id);
+    for _ in 0..waiting.len() {
+        let name = next_granted(&lab, &holder, &holder_id, &waiting).await;
+        holder_id = waiting.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+        order.push(name.clone());
+        holder = name;
+    }
+    // 31 beats the aged 30; the aged 30 arrived before the fresh 30.
+    assert_eq!(order, ["new31", "old10", "new30", "new29"]);
+    // The wire keeps the request's own priority.
+    assert_eq!(lab.engine.get(&old10.lease_id).await.unwrap().priority, 10);
+}
+
+#[tokio::test]
+async fn aging_passes_a_steady_stream_of_higher_requests_within_its_bound() {
+    let lab = Lab::manual(aging()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let mut holder = (
+        "h0".to_string(),
+        lab.ask("h0", "cam-01", 50, 600).await.lease_id,
+    );
+    let low = lab.ask("low", "cam-01", 10, 600).await;
+    // Every 60 s a fresh priority-50 request arrives and the holder
+    // releases. The bound: (50 - 10) / 10 = 4 minutes, plus one holding
+    // period.
+    let mut granted_at = None;
+    for t in 1..=10u64 {
+        lab.advance(60).await;
+        let name = format!("s{t}");
+        let fresh = lab.ask(&name, "cam-01", 50, 600).await;
+        assert_eq!(fresh.status, LeaseStatus::Requested);
+        let waiting = [
+            ("low", low.lease_id.clone()),
+            (name.as_str(), fresh.lease_id.clone()),
+        ];
+        let next = next_granted(&lab, &holder.0, &holder.1, &waiting).await;
+        if next == "low" {
+            granted_at = Some(t * 60);
+            break;
+        }
+        holder = (name, fresh.lease_id);
+    }
+    let at = granted_at.expect("the low request was granted");
+    assert!(at <= 4 * 60 + 60, "granted after {at} s");
+    assert!(at >= 4 * 60, "not before its boost reached 50: {at} s");
+}
+
+#[tokio::test]
+async fn without_aging_the_same_stream_starves_the_low_request() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let mut holder = (
+        "h0".to_string(),
+        lab.ask("h0", "cam-01", 50, 600).await.lease_id,
+    );
+    let low = lab.ask("low", "cam-01", 10, 600).await;
+    for t in 1..=10u64 {
+        lab.advance(60).await;
+        let name = format!("s{t}");
+        let fresh = lab.ask(&name, "cam-01", 50, 600).await;
+        let waiting = [
+            ("low", low.lease_id.clone()),
+            (name.as_str(), fresh.lease_id.clone()),
+        ];
+        assert_eq!(
+            next_granted(&lab, &holder.0, &holder.1, &waiting).await,
+            name
+        );
+        holder = (name, fresh.lease_id);
+    }
+    assert_eq!(lab.status(&low.lease_id).await, LeaseStatus::Requested);
+}
+
+#[tokio::test]
+async fn a_boosted_waiter_never_preempts_a_holder_its_own_priority_does_not_beat() {
+    let lab = Lab::manual(aging()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let holder = lab.ask("h", "cam-01", 50, 3600).await;
+    let low = lab
+        .engine
+        .request(
+            &who("low"),
+            preempting(ask("low", "cam-01", 10, 600), "safety_stop"),
+        )
+        .await
+        .expect("queued");
+    assert_eq!(low.status, LeaseStatus::Requested);
+    // Ten minutes: boosted to 60, above the holder's 50.
+    for _ in 0..10 {
+        lab.advance(60).await;
+    }
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::Granted);
+    assert!(lab
+        .events_of(EventType::LeasePreemptRequested)
+        .await
+        .is_empty());
+    // Preemption does work here: a fresh 61, ranked above the aged 60,
+    // preempts the holder.
+    let high = lab
+        .engine
+        .request(
+            &who("high"),
+            preempting(ask("high", "cam-01", 61, 600), "safety_stop"),
+        )
+        .await
+        .expect("queued");
+    assert_eq!(high.status, LeaseStatus::Requested);
+    let notices = lab.events_of(EventType::LeasePreemptRequested).await;
+    assert_eq!(notices.len(), 1);
+    assert_eq!(notices[0].data["preempted_by"], high.lease_id.as_str());
+    lab.release("h", &holder.lease_id).await;
+    assert_eq!(lab.status(&high.lease_id).await, LeaseStatus::Granted);
+    assert_eq!(lab.status(&low.lease_id).await, LeaseStatus::Requested);
+}
+
+#[tokio::test]
+async fn a_waiter_aged_past_a_group_takes_the_capability_the_group_reserved() {
+    let lab = Lab::manual(aging()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine.upsert_capability(camera("cam-02")).await;
+    lab.ask("h", "cam-02", 40, 3600).await;
+    // The group (40) waits for cam-02 and reserves the free cam-01.
+    let mut g = group("g", &["cam-01", "cam-02"], 600);
+    g.priority = 40;
+    let g = lab
+        .engine
+        .request_group(&who("g"), g)
+        .await
+        .expect("queued");
+    assert_eq!(g.status, LeaseStatus::Requested);
+    lab.advance(60).await;
+    let x = lab.ask("x", "cam-01", 45, 600).await;
+    assert_eq!(x.status, LeaseStatus::Requested, "behind the reservation");
+    // At 5.5 minutes the group is capped at 40 + 50 = 90 and x, 4.5
+    // minutes old, has 45 + 45 = 90: the group arrived first.
+    lab.advance(270).await;
+    assert_eq!(lab.status(&x.lease_id).await, LeaseStatus::Requested);
+    // Half a minute later x has 95: it ranks first and the sweep grants
+    // it the reserved camera.
+    lab.advance(30).await;
+    let x = lab.engine.get(&x.lease_id).await.unwrap();
+    assert_eq!(x.status, LeaseStatus::Granted);
+    assert_eq!(x.capability_id, "cam-01");
+    assert_eq!(x.priority, 45);
+}
+
 #[tokio::test]
 async fn queue_timeout_fails_the_waiting_request() {
     let lab = Lab::manual(LeaseConfig::default()).await;

@@ -79,6 +79,10 @@
 //!   (see `idempotency.rs`).
 //! - Queue timeout: the lease becomes `failed` with event `lease_expired`
 //!   and `reason: "queue_timeout"` (seed 001 §7 has no `lease_failed`).
+//! - Queue aging (`[policy.queue_aging]`, `aging.rs`): a waiting request
+//!   ranks by its own priority plus a boost that grows with its age on
+//!   the monotonic clock (across a restart: since its stored
+//!   `requested_at`); preemption ignores the boost.
 //! - `granted` → `active` (first action, [`LeaseEngine::begin_action`])
 //!   is persisted without an event (§7 has none; the session records it).
 //!
@@ -90,6 +94,7 @@
 //! `lease_release_requested` / `lease_released` when the holder gave one.
 //! Events caused by the engine itself carry actor `system`.
 
+mod aging;
 pub mod api;
 mod clock;
 mod commit;
@@ -117,6 +122,7 @@ use shared_protocol::Validate;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+pub use aging::QueueAging;
 pub use clock::{LeaseClock, ManualClock, SystemClock};
 pub use error::LeaseError;
 pub use idempotency::{IdempotencyKey, KEY_TTL as IDEMPOTENCY_KEY_TTL};
@@ -161,6 +167,10 @@ pub struct LeaseConfig {
     /// Most requests that may wait at once (a group counts once); more are
     /// refused with [`LeaseError::QueueFull`] (10 000).
     pub max_queue_len: usize,
+    /// Queue aging, from `[policy.queue_aging]` (not a `[leases]` key);
+    /// `None`: waiters rank by their own priority only.
+    #[serde(skip)]
+    pub queue_aging: Option<QueueAging>,
 }
 
 impl Default for LeaseConfig {
@@ -178,6 +188,7 @@ impl Default for LeaseConfig {
             .to_vec(),
             sweep_interval_ms: 250,
             max_queue_len: 10_000,
+            queue_aging: None,
         }
     }
 }

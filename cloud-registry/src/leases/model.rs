@@ -37,7 +37,9 @@ pub(crate) const SYSTEM_ACTOR: &str = "system";
 /// merged into the lease JSON.
 pub(crate) type EventSpec<'a> = (EventType, &'a str, Vec<(&'static str, Value)>);
 
-/// Queue order: higher priority first, then arrival (`queue_seq`).
+/// Queue order: higher priority first, then arrival (`queue_seq`). The
+/// priority is the waiter's effective one: its own, plus its boost when
+/// queue aging is on (see `aging.rs`).
 pub(crate) type RankKey = (Reverse<u8>, u64);
 
 /// What a request asked for, kept so that a waiting request can be matched
@@ -207,7 +209,12 @@ impl Entry {
 pub(crate) struct Waiter {
     /// Lease ids, in request order.
     pub members: Vec<String>,
+    /// The request's own priority (preemption compares this one; the
+    /// queue ranks by the aged one in the key).
     pub priority: u8,
+    /// When it arrived, on the engine's monotonic clock (its age for
+    /// queue aging).
+    pub enqueued_at: Instant,
     pub preempt_if_needed: bool,
     pub preempt_reason: Option<String>,
     pub queue_deadline: Option<Instant>,
@@ -258,6 +265,11 @@ pub(crate) struct State {
     pub queue: BTreeMap<RankKey, Waiter>,
     /// Lease id → its waiter's key, for waiting leases.
     pub rank_of: HashMap<String, RankKey>,
+    /// Earliest time a waiter's aged priority may change (`None`: never,
+    /// or queue aging off); see [`State::rerank`].
+    pub next_rerank: Option<Instant>,
+    /// Candidates of waiters moved by a rerank and not scheduled since.
+    pub reranked: HashSet<String>,
     /// Leases that reached a final status and whose row is not committed
     /// yet (the committer removes them), so that an operation on them
     /// answers with the final status.
@@ -291,6 +303,8 @@ impl State {
             leases: HashMap::new(),
             queue: BTreeMap::new(),
             rank_of: HashMap::new(),
+            next_rerank: None,
+            reranked: HashSet::new(),
             recent_final: HashMap::new(),
             next_seq: 1,
             next_generation: 1,
@@ -307,6 +321,9 @@ impl State {
         self.leases.clear();
         self.queue.clear();
         self.rank_of.clear();
+        self.reranked.clear();
+        // Ages come from the stored `requested_at`: rerank at once.
+        self.next_rerank = Some(now.instant);
         self.recent_final.clear();
         self.next_seq = self.next_seq.max(next_seq);
         self.next_generation = self.next_generation.max(next_generation);
@@ -334,6 +351,9 @@ impl State {
                 let w = waiters.entry(key).or_insert_with(|| Waiter {
                     members: Vec::new(),
                     priority: entry.lease.priority,
+                    // Its age across a restart, as deadlines are, from the
+                    // stored wall time.
+                    enqueued_at: now.instant_at(entry.lease.requested_at),
                     preempt_if_needed: entry.book.preempt_if_needed,
                     preempt_reason: entry.book.request_preempt_reason.clone(),
                     queue_deadline: entry.book.queue_deadline.map(|w| now.instant_at(w)),

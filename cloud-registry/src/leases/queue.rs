@@ -2,7 +2,11 @@
 //!
 //! Waiters are ordered by priority (higher first), then by arrival
 //! (`queue_seq`, FIFO within a priority). A waiter is one request, or a
-//! whole group request (all of its capabilities or none).
+//! whole group request (all of its capabilities or none). With queue
+//! aging (`aging.rs`) the priority is the *effective* one, which rises
+//! while the request waits; waiters are moved to their new place when it
+//! changes, before each scheduling pass. Preemption still compares own
+//! priorities only.
 //!
 //! Scheduling walks the queue in that order with a set of *reserved*
 //! capabilities: every capability a blocked waiter could use is reserved
@@ -326,6 +330,8 @@ impl State {
         cfg: &LeaseConfig,
         mut dirty: HashSet<String>,
     ) {
+        self.rerank(now.instant, cfg.queue_aging.as_ref());
+        dirty.extend(std::mem::take(&mut self.reranked));
         let mut reserved: HashSet<String> = HashSet::new();
         let mut cursor: Option<RankKey> = None;
         loop {
@@ -375,6 +381,9 @@ impl State {
         cfg: &LeaseConfig,
         adm: Admission,
     ) -> Result<Vec<String>, LeaseError> {
+        // Aged ranks first, so that the new request is placed among the
+        // others as they rank now.
+        self.rerank(now.instant, cfg.queue_aging.as_ref());
         let seq = self.next_seq;
         let key: RankKey = (std::cmp::Reverse(adm.priority), seq);
         let queue_deadline = adm.queue_timeout_seconds.map(|s| now.after(s));
@@ -428,6 +437,7 @@ impl State {
             Waiter {
                 members: ids.clone(),
                 priority: adm.priority,
+                enqueued_at: now.instant,
                 preempt_if_needed: adm.preempt_if_needed,
                 preempt_reason: adm.preempt_reason.clone(),
                 queue_deadline: queue_deadline.map(|(at, _)| at),
@@ -446,6 +456,7 @@ impl State {
             });
         }
         self.next_seq += 1;
+        self.note_arrival(adm.priority, now.instant, cfg.queue_aging.as_ref());
         for id in &ids {
             self.record(
                 tx,
@@ -465,6 +476,10 @@ impl State {
                 self.apply_preempt(tx, now, cfg, &key, pins, victims)
             }
             Decision::Block => {}
+        }
+        if !self.reranked.is_empty() {
+            // Waiters the rerank moved ahead may take what is free now.
+            self.schedule(tx, now, cfg, HashSet::new());
         }
         Ok(ids)
     }
