@@ -732,6 +732,12 @@ impl Registry {
                 .run_liveness_monitor(mqtt.hearing(), shutdown_rx.clone()),
         )];
         background.push(sessions.spawn_background(shutdown_rx.clone()));
+        background.push(crate::safe_state::spawn(
+            engine.clone(),
+            sessions.clone(),
+            bus.clone(),
+            shutdown_rx.clone(),
+        ));
         background.push(audit.spawn_sweeper(shutdown_rx.clone()));
         background.push(tokio::spawn(run_checkpoints(
             db.clone(),

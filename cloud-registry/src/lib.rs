@@ -21,7 +21,8 @@
 //!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
 //!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
 //!   under one provider id).
-//! - [`policy`]: the lab's rules on grants (maintenance; docs/policy.md).
+//! - [`policy`]: the lab's rules on grants (maintenance; docs/policy.md);
+//!   [`safe_state`]: `on_release` actions run when a lease ends.
 //! - [`console`]: the web console's embedded assets under `/console/`.
 //! - Composition: [`api`] (what the features' routes share), [`health`]
 //!   (`/healthz`, `/metrics`, `/time`), [`app`] ([`app::Registry::start`]:
@@ -51,6 +52,7 @@ pub mod notify;
 pub mod openapi;
 pub mod policy;
 pub mod providers;
+pub mod safe_state;
 pub mod sessions;
 pub mod tokens;
 pub mod twins;

@@ -180,6 +180,8 @@ fn camera(id: &str) -> CapabilityInfo {
         non_interruptible: false,
         maintenance: None,
         unhealthy: false,
+        on_release: Vec::new(),
+        check_unhealthy: None,
     }
 }
 
@@ -1904,4 +1906,208 @@ async fn a_failed_commit_changes_nothing_and_the_engine_recovers() {
     assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::Granted);
     let all = lab.engine.list(LeaseFilter::default()).await;
     assert_eq!(all.len(), 2, "only the two committed leases exist: {all:?}");
+}
+
+/// A capability whose last lease ending hands it to the safe-state holder
+/// (docs/policy.md "Safe state on release").
+fn with_on_release(id: &str) -> CapabilityInfo {
+    CapabilityInfo {
+        on_release: vec![leases::ReleaseAction {
+            action: shared_protocol::capability::CapabilityAction::PowerOff,
+            params: Default::default(),
+        }],
+        ..camera(id)
+    }
+}
+
+/// The live leases of the safe-state holder on `capability_id`.
+async fn safe_state_leases(lab: &Lab, capability_id: &str) -> Vec<CapabilityLease> {
+    lab.active(Some(capability_id))
+        .await
+        .into_iter()
+        .filter(|l| l.principal == leases::SAFE_STATE_PRINCIPAL)
+        .collect()
+}
+
+/// A preempted holder keeps its grace period; when it is revoked the
+/// capability goes to the safe-state holder, not to the preemptor, in the
+/// same commit; the preemptor cannot preempt that lease, and is granted
+/// only once it is released.
+#[tokio::test]
+async fn a_revoked_holder_hands_the_capability_to_the_safe_state_holder_first() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine
+        .upsert_capability(with_on_release("psu-01"))
+        .await;
+    let holder = lab.ask("worker-a", "psu-01", 50, 600).await;
+    let newcomer = lab
+        .engine
+        .request(
+            &who("operator-b"),
+            preempting(ask("operator-b", "psu-01", 90, 60), "safety_stop"),
+        )
+        .await
+        .expect("newcomer");
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::GracePeriod);
+    assert!(
+        safe_state_leases(&lab, "psu-01").await.is_empty(),
+        "grace first"
+    );
+
+    lab.advance(11).await;
+    assert_eq!(lab.status(&holder.lease_id).await, LeaseStatus::Revoked);
+    assert_eq!(lab.status(&newcomer.lease_id).await, LeaseStatus::Requested);
+    let system = safe_state_leases(&lab, "psu-01").await;
+    assert_eq!(system.len(), 1, "{system:?}");
+    let system = &system[0];
+    assert_eq!(system.status, LeaseStatus::Granted);
+    assert_eq!(system.holder_type, HolderType::System);
+    assert_eq!(system.purpose, leases::SAFE_STATE_PURPOSE);
+    assert!(
+        system.generation > holder.generation,
+        "fences the old holder"
+    );
+    let pending = lab.engine.pending_safe_states();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].1.len(), 1, "the capability's on_release actions");
+
+    // Nothing preempts it, nor do further sweeps end it.
+    let third = lab
+        .engine
+        .request(
+            &who("operator-c"),
+            preempting(ask("operator-c", "psu-01", 100, 60), "safety_stop"),
+        )
+        .await
+        .expect("third");
+    lab.advance(30).await;
+    assert_eq!(lab.status(&system.lease_id).await, LeaseStatus::Granted);
+    assert_eq!(lab.status(&third.lease_id).await, LeaseStatus::Requested);
+
+    let ended = lab
+        .engine
+        .end_safe_state(&system.lease_id, "safe_state_done")
+        .await
+        .expect("end");
+    assert_eq!(ended.status, LeaseStatus::Released);
+    // The highest waiter gets it; nothing is handed to a new safe-state run.
+    assert_eq!(lab.status(&third.lease_id).await, LeaseStatus::Granted);
+    assert_eq!(safe_state_leases(&lab, "psu-01").await.len(), 0);
+    assert_eq!(
+        max_simultaneous_holders(&lab.events().await).get("psu-01"),
+        Some(&1)
+    );
+}
+
+/// Release and expiry hand over too; a capability without `on_release`
+/// goes straight to the next waiter.
+#[tokio::test]
+async fn release_and_expiry_hand_over_and_plain_capabilities_do_not() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine
+        .upsert_capability(with_on_release("psu-01"))
+        .await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+
+    let a = lab.ask("worker-a", "psu-01", 50, 600).await;
+    let b = lab.ask("worker-b", "psu-01", 50, 5).await;
+    lab.release("worker-a", &a.lease_id).await;
+    assert_eq!(lab.status(&b.lease_id).await, LeaseStatus::Requested);
+    let first = safe_state_leases(&lab, "psu-01").await;
+    assert_eq!(first.len(), 1);
+    lab.engine
+        .end_safe_state(&first[0].lease_id, "safe_state_done")
+        .await
+        .expect("end");
+    assert_eq!(lab.status(&b.lease_id).await, LeaseStatus::Granted);
+
+    lab.advance(6).await;
+    assert_eq!(lab.status(&b.lease_id).await, LeaseStatus::Expired);
+    assert_eq!(
+        safe_state_leases(&lab, "psu-01").await.len(),
+        1,
+        "after expiry"
+    );
+
+    let c = lab.ask("worker-a", "cam-01", 50, 600).await;
+    let d = lab.ask("worker-b", "cam-01", 50, 600).await;
+    lab.release("worker-a", &c.lease_id).await;
+    assert_eq!(lab.status(&d.lease_id).await, LeaseStatus::Granted);
+    assert!(safe_state_leases(&lab, "cam-01").await.is_empty());
+}
+
+/// The registry's verdict keeps a capability from being granted until it
+/// is cleared; heartbeats (the provider's health) do not clear it.
+#[tokio::test]
+async fn a_check_verdict_gates_grants_until_cleared_and_heartbeats_do_not_clear_it() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    assert!(
+        lab.engine
+            .set_check_unhealthy("cam-01", true, "on_release power_off: failed")
+            .await
+    );
+    let mut now_only = ask("worker-a", "cam-01", 50, 60);
+    now_only.queue_timeout_seconds = Some(0);
+    match lab.engine.request(&who("worker-a"), now_only.clone()).await {
+        Err(LeaseError::CapabilityUnhealthy { capability_ids }) => {
+            assert_eq!(capability_ids, vec!["cam-01".to_string()])
+        }
+        other => panic!("expected capability_unhealthy, got {other:?}"),
+    }
+    let waiting = lab.ask("worker-b", "cam-01", 50, 60).await;
+    assert_eq!(waiting.status, LeaseStatus::Requested);
+
+    lab.engine.set_unhealthy("cam-01", false).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Requested);
+
+    assert!(lab.engine.set_check_unhealthy("cam-01", false, "").await);
+    assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Granted);
+}
+
+/// A safe-state lease is persisted like any lease: after a restart it
+/// still holds the capability and is pending again.
+#[tokio::test]
+async fn a_pending_safe_state_run_survives_a_restart() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine
+        .upsert_capability(with_on_release("psu-01"))
+        .await;
+    let a = lab.ask("worker-a", "psu-01", 50, 600).await;
+    let b = lab.ask("worker-b", "psu-01", 50, 60).await;
+    lab.release("worker-a", &a.lease_id).await;
+    let system = safe_state_leases(&lab, "psu-01").await;
+    assert_eq!(system.len(), 1);
+    lab.engine.shutdown().await;
+
+    let db = open_db(&lab.path).await;
+    let engine = LeaseEngine::start_with_clock(
+        db.clone(),
+        EventBus::new(db),
+        LeaseConfig {
+            sweep_interval_ms: LONG_SWEEP_MS,
+            ..LeaseConfig::default()
+        },
+        lab.clock.clone(),
+    )
+    .await
+    .expect("restart");
+    engine.upsert_capability(with_on_release("psu-01")).await;
+    engine.sweep_now().await;
+    let pending = engine.pending_safe_states();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].0.lease_id, system[0].lease_id);
+    assert_eq!(
+        engine.get(&b.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Requested)
+    );
+    engine
+        .end_safe_state(&system[0].lease_id, "safe_state_done")
+        .await
+        .expect("end");
+    assert_eq!(
+        engine.get(&b.lease_id).await.map(|l| l.status),
+        Some(LeaseStatus::Granted)
+    );
 }

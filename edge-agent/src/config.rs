@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use shared_protocol::artifact::ArtifactType;
-use shared_protocol::capability::{CapabilityType, LeaseMode};
+use shared_protocol::capability::{CapabilityAction, CapabilityType, LeaseMode};
 use shared_protocol::mqtt::DEFAULT_TOPIC_PREFIX;
 use shared_protocol::validate::check_id;
 use shared_protocol::validate::limits::{
@@ -205,6 +205,29 @@ pub struct CapabilityConfig {
     pub evidence_modes: Vec<ArtifactType>,
     /// `[capabilities.driver]`: backend name and its settings.
     pub driver: DriverSpec,
+    /// `on_release`: actions the registry runs whenever a lease on it ends
+    /// (docs/policy.md "Safe state on release"); sent at registration as
+    /// `metadata_json.on_release`. Empty: none.
+    pub on_release: Vec<OnReleaseAction>,
+}
+
+/// Most `on_release` actions one capability may list.
+pub const MAX_ON_RELEASE_ACTIONS: usize = 8;
+
+/// One `on_release = [{ action = "power_off" }, ...]` entry: an action the
+/// capability supports and its parameters (docs/actions.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnReleaseAction {
+    pub action: CapabilityAction,
+    /// The action's `params` (a TOML table, as JSON); empty when not given.
+    pub params: Map<String, Value>,
+}
+
+impl OnReleaseAction {
+    /// The registration form: `{"action": "power_off", "params": {...}}`.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({ "action": self.action, "params": self.params })
+    }
 }
 
 /// One thing wrong in a config file.
@@ -345,6 +368,16 @@ struct RawCapability {
     #[serde(default)]
     evidence_modes: Option<Vec<ArtifactType>>,
     driver: toml::Table,
+    #[serde(default)]
+    on_release: Vec<RawOnRelease>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOnRelease {
+    action: String,
+    #[serde(default)]
+    params: Option<toml::Table>,
 }
 
 /// Evidence a capability type produces when the file does not list its
@@ -822,6 +855,7 @@ fn resolve_capability(
             String::new()
         }
     };
+    let on_release = resolve_on_release(i, c.capability_type, &c.on_release, v);
     let mut settings = toml_table_to_json(&c.driver);
     settings.remove("backend");
     let driver = DriverSpec {
@@ -845,7 +879,64 @@ fn resolve_capability(
             .evidence_modes
             .unwrap_or_else(|| default_evidence_modes(c.capability_type)),
         driver,
+        on_release,
     }
+}
+
+/// `capabilities[i].on_release`: each action must be one of the type's
+/// actions; `params`, when given, a table.
+fn resolve_on_release(
+    i: usize,
+    kind: CapabilityType,
+    raw: &[RawOnRelease],
+    v: &mut Checker<'_, '_>,
+) -> Vec<OnReleaseAction> {
+    if raw.len() > MAX_ON_RELEASE_ACTIONS {
+        v.issue(
+            format!("capabilities[{i}].on_release"),
+            format!(
+                "has {} entries; at most {MAX_ON_RELEASE_ACTIONS} are allowed",
+                raw.len()
+            ),
+        );
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    for (j, r) in raw.iter().enumerate() {
+        let key = format!("capabilities[{i}].on_release[{j}].action");
+        let supported = || {
+            kind.supported_actions()
+                .iter()
+                .map(|a| a.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match r.action.parse::<CapabilityAction>() {
+            Ok(action) if kind.supports(action) => out.push(OnReleaseAction {
+                action,
+                params: r
+                    .params
+                    .as_ref()
+                    .map(toml_table_to_json)
+                    .unwrap_or_default(),
+            }),
+            Ok(action) => v.issue(
+                key,
+                format!(
+                    "{kind} does not support `{action}`; supported: {}",
+                    supported()
+                ),
+            ),
+            Err(_) => v.issue(
+                key,
+                format!(
+                    "unknown action `{}`; {kind} supports: {}",
+                    r.action,
+                    supported()
+                ),
+            ),
+        }
+    }
+    out
 }
 
 /// A driver build error as a config issue at `capabilities[i].driver.<key>`.

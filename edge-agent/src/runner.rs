@@ -359,9 +359,16 @@ impl Runners {
                 .name(format!("cap-{}", cap.id))
                 .stack_size(512 * 1024)
                 .spawn(move || runner_main(ctx, driver, rx, info_tx))?;
-            let (supported, metadata) = info_rx
+            let (supported, mut metadata) = info_rx
                 .recv_timeout(Duration::from_secs(30))
                 .unwrap_or_else(|_| (cap.capability_type.supported_actions().to_vec(), Map::new()));
+            if !cap.on_release.is_empty() {
+                // For the registry's safe-state runs (docs/policy.md).
+                metadata.insert(
+                    "on_release".into(),
+                    Value::Array(cap.on_release.iter().map(|a| a.to_json()).collect()),
+                );
+            }
             registrations.push(CapabilityRegistration {
                 capability_id: cap.id.clone(),
                 capability_type: cap.capability_type,

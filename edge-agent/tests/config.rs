@@ -401,3 +401,62 @@ fn labels_and_tags_over_the_registrys_limits_are_refused_here() {
     assert_eq!(issue.key, "capabilities[0].tags", "{issue:?}");
     assert!(issue.message.contains("at most 64"), "{issue:?}");
 }
+
+/// `GOOD` with a relay capability whose table has `on_release = <value>`.
+fn with_relay_on_release(value: &str) -> String {
+    format!(
+        "{GOOD}\n[[capabilities]]\nid = \"relay-01\"\ntype = \"relay\"\non_release = {value}\n[capabilities.driver]\nbackend = \"sim\"\n"
+    )
+}
+
+#[test]
+fn on_release_actions_are_kept_in_order_with_their_params() {
+    let cfg = parse(&with_relay_on_release(
+        r#"[{ action = "switch_off", params = { channel = 1 } }, { action = "switch_off", params = { channel = 2 } }]"#,
+    ))
+    .expect("valid");
+    let relay = cfg
+        .capabilities
+        .iter()
+        .find(|c| c.id == "relay-01")
+        .expect("relay");
+    let json: Vec<_> = relay.on_release.iter().map(|a| a.to_json()).collect();
+    assert_eq!(
+        serde_json::Value::Array(json),
+        serde_json::json!([
+            {"action": "switch_off", "params": {"channel": 1}},
+            {"action": "switch_off", "params": {"channel": 2}},
+        ])
+    );
+    assert!(cfg.capabilities[0].on_release.is_empty(), "default: none");
+}
+
+#[test]
+fn an_on_release_action_the_type_does_not_support_is_named_with_its_line() {
+    let text = with_relay_on_release(r#"[{ action = "power_off" }]"#);
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "capabilities[1].on_release[0].action");
+    assert_eq!(issue.line, Some(line_of(&text, "on_release")));
+    assert!(
+        issue.message.contains("relay does not support `power_off`")
+            && issue.message.contains("switch_off"),
+        "{}",
+        issue.message
+    );
+    let issue = only_issue(&with_relay_on_release(r#"[{ action = "explode" }]"#));
+    assert!(
+        issue.message.contains("unknown action `explode`"),
+        "{}",
+        issue.message
+    );
+}
+
+#[test]
+fn on_release_params_must_be_a_table() {
+    let err = parse(&with_relay_on_release(
+        r#"[{ action = "switch_off", params = 1 }]"#,
+    ))
+    .expect_err("refused");
+    let text = err.to_string();
+    assert!(text.contains("on_release"), "{text}");
+}

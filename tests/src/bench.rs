@@ -118,6 +118,9 @@ pub struct LabOptions {
     /// TOML appended to the registry's configuration (e.g. `[policy]`
     /// tables).
     pub registry_extra_toml: String,
+    /// Capability id → the TOML value of its `on_release` key (e.g.
+    /// `[{ action = "power_off" }]`), put into the bench TOML.
+    pub on_release: BTreeMap<String, String>,
 }
 
 impl Default for LabOptions {
@@ -143,6 +146,7 @@ impl Default for LabOptions {
             registry_store_dir: None,
             edge_config_template: None,
             registry_extra_toml: String::new(),
+            on_release: BTreeMap::new(),
         }
     }
 }
@@ -399,6 +403,10 @@ impl Lab {
                 &devices,
             ),
         };
+        for (cap, value) in &opts.on_release {
+            let line = format!("id = \"{cap}\"\n");
+            toml = toml.replace(&line, &format!("{line}on_release = {value}\n"));
+        }
         if let Some(d) = &opts.outbox_durability {
             toml = toml.replace("[outbox]\n", &format!("[outbox]\ndurability = \"{d}\"\n"));
         }
@@ -465,10 +473,21 @@ impl Lab {
     /// (bench-sim's `--journal`), oldest first: `{"channel", "on",
     /// "changed", "at_unix_ms"}`.
     pub fn relay_switches(&self) -> Vec<Value> {
+        self.journal("lcus")
+    }
+
+    /// Every command the simulated Korad PSU received so far (bench-sim's
+    /// `--journal`), oldest first: `{"command": "OUT0", "at_unix_ms"}`.
+    pub fn psu_commands(&self) -> Vec<Value> {
+        self.journal("korad")
+    }
+
+    fn journal(&self, device: &str) -> Vec<Value> {
         std::fs::read_to_string(self.root.join("sim/journal.jsonl"))
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["device"] == device)
             .collect()
     }
 

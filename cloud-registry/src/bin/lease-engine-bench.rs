@@ -79,6 +79,8 @@ fn capability(id: String) -> CapabilityInfo {
         non_interruptible: false,
         maintenance: None,
         unhealthy: false,
+        on_release: Vec::new(),
+        check_unhealthy: None,
     }
 }
 

@@ -104,6 +104,7 @@ mod lifecycle;
 mod model;
 mod preemption;
 mod queue;
+mod safe_state;
 mod sql;
 mod unanswered;
 
@@ -126,6 +127,10 @@ pub use aging::QueueAging;
 pub use clock::{LeaseClock, ManualClock, SystemClock};
 pub use error::LeaseError;
 pub use idempotency::{IdempotencyKey, KEY_TTL as IDEMPOTENCY_KEY_TTL};
+pub use safe_state::{
+    is_safe_state, principal as safe_state_principal, release_actions, CheckUnhealthy,
+    ReleaseAction, SAFE_STATE_PRINCIPAL, SAFE_STATE_PURPOSE,
+};
 
 /// Create the lease engine's tables (leases, idempotency keys);
 /// idempotent. [`LeaseEngine::start`] runs it too.
@@ -230,6 +235,16 @@ pub struct CapabilityInfo {
     /// (docs/policy.md "Health gating").
     #[serde(default)]
     pub unhealthy: bool,
+    /// Actions run by the safe-state holder whenever the last lease on it
+    /// ends (from `metadata_json.on_release`; docs/policy.md "Safe state
+    /// on release").
+    #[serde(default)]
+    pub on_release: Vec<ReleaseAction>,
+    /// The registry found it unhealthy (a failed safe-state run or check):
+    /// never granted meanwhile; heartbeats do not clear it, only
+    /// [`LeaseEngine::set_check_unhealthy`].
+    #[serde(default)]
+    pub check_unhealthy: Option<CheckUnhealthy>,
 }
 
 impl CapabilityInfo {
@@ -251,13 +266,21 @@ impl CapabilityInfo {
             non_interruptible: false,
             maintenance: (c.status == CapabilityStatus::Maintenance).then(String::new),
             unhealthy: c.health_status == HealthStatus::Unhealthy,
+            on_release: release_actions(&c.capability_id, &c.metadata_json),
+            check_unhealthy: None,
         }
     }
 
     /// True when a lease may be granted on it now: its provider is online,
-    /// it is not in maintenance and not `unhealthy`.
+    /// it is not in maintenance and not `unhealthy` (as reported, or as
+    /// the registry found).
     pub fn grantable(&self) -> bool {
-        self.online && self.maintenance.is_none() && !self.unhealthy
+        self.online && self.maintenance.is_none() && !self.is_unhealthy()
+    }
+
+    /// Reported `unhealthy` by its provider, or found so by the registry.
+    pub fn is_unhealthy(&self) -> bool {
+        self.unhealthy || self.check_unhealthy.is_some()
     }
 }
 
@@ -1356,6 +1379,8 @@ impl LeaseEngine {
                 if info.maintenance.is_some() && old.maintenance.is_some() {
                     info.maintenance = old.maintenance.clone();
                 }
+                // The registry's own verdict outlives re-registrations.
+                info.check_unhealthy = old.check_unhealthy.clone();
             }
             st.dir.insert(id.clone(), info);
             st.refresh_candidates();
@@ -1425,7 +1450,12 @@ impl LeaseEngine {
                 dirty.insert(id.clone());
                 let Some(r) = reason else { continue };
                 let holders = st.holders.get(id).cloned().unwrap_or_default();
-                for h in holders {
+                // A safe-state run finishes first: it is what makes the
+                // capability safe to work on.
+                let holders = holders
+                    .into_iter()
+                    .filter(|h| st.leases.get(h).is_none_or(|e| !is_safe_state(&e.lease)));
+                for h in holders.collect::<Vec<_>>() {
                     st.settle(&mut tx, &now, &self.cfg, &h);
                     let before = st.leases.get(&h).map(|e| e.lease.status);
                     st.start_withdrawal(&mut tx, &now, &self.cfg, &h, r);
@@ -1453,6 +1483,85 @@ impl LeaseEngine {
             HashSet::from([capability_id.to_string()])
         })
         .await
+    }
+
+    /// The registry's own health verdict on `capability_id` (a safe-state
+    /// run or a health check): `unhealthy: true` keeps it from being
+    /// granted, as a provider-reported `unhealthy` does (waiting requests
+    /// stay queued; a request by id with `queue_timeout_seconds: 0` is
+    /// refused with 503 `capability_unhealthy`), until a call with
+    /// `false`. Heartbeats and re-registrations do not change it. `reason`
+    /// is kept for the logs and [`directory`](Self::directory). Returns
+    /// whether the verdict changed. Unknown ids are ignored (`false`).
+    pub async fn set_check_unhealthy(
+        &self,
+        capability_id: &str,
+        unhealthy: bool,
+        reason: &str,
+    ) -> bool {
+        let mut changed = false;
+        self.directory_change("set_check_unhealthy", |st| {
+            if let Some(info) = st.dir.get_mut(capability_id) {
+                let verdict = unhealthy.then(|| CheckUnhealthy {
+                    reason: reason.to_string(),
+                });
+                changed = info.check_unhealthy.is_some() != verdict.is_some();
+                info.check_unhealthy = verdict;
+            }
+            HashSet::from([capability_id.to_string()])
+        })
+        .await;
+        if changed {
+            tracing::warn!(
+                capability_id,
+                unhealthy,
+                reason,
+                "registry health verdict changed"
+            );
+        }
+        changed
+    }
+
+    /// Safe-state runs that may start now: committed, holding leases of
+    /// [`SAFE_STATE_PRINCIPAL`] whose capability's provider is online,
+    /// each with its capability's `on_release` actions (empty when the
+    /// capability no longer has any, or is unknown), oldest first.
+    pub fn pending_safe_states(&self) -> Vec<(CapabilityLease, Vec<ReleaseAction>)> {
+        let committed: Vec<CapabilityLease> = lock(&self.view)
+            .leases
+            .values()
+            .filter(|l| is_safe_state(l) && l.status.holds_capability())
+            .cloned()
+            .collect();
+        let st = lock(&self.state);
+        let mut runs: Vec<(CapabilityLease, Vec<ReleaseAction>)> = committed
+            .into_iter()
+            .filter(|l| st.leases.contains_key(&l.lease_id))
+            .filter_map(|l| match st.dir.get(&l.capability_id) {
+                Some(info) if !info.online => None,
+                Some(info) => {
+                    let actions = info.on_release.clone();
+                    Some((l, actions))
+                }
+                None => Some((l, Vec::new())),
+            })
+            .collect();
+        runs.sort_by(|a, b| a.0.lease_id.cmp(&b.0.lease_id));
+        runs
+    }
+
+    /// End safe-state lease `lease_id` (`released`, actor
+    /// [`SAFE_STATE_PRINCIPAL`], `reason`); its capability goes to the next
+    /// waiter in the same commit.
+    ///
+    /// Errors: as [`release`](Self::release).
+    pub async fn end_safe_state(
+        &self,
+        lease_id: &str,
+        reason: &str,
+    ) -> Result<CapabilityLease, LeaseError> {
+        self.release(&safe_state::principal(), lease_id, Some(reason.to_string()))
+            .await
     }
 
     /// Check that `capability_id` may be removed: no lease holds it and no
@@ -1624,7 +1733,7 @@ fn check_in_service(info: &CapabilityInfo, queue_timeout: Option<u32>) -> Result
             capability_ids: vec![info.capability_id.clone()],
         });
     }
-    if info.unhealthy && queue_timeout == Some(0) {
+    if info.is_unhealthy() && queue_timeout == Some(0) {
         return Err(LeaseError::CapabilityUnhealthy {
             capability_ids: vec![info.capability_id.clone()],
         });

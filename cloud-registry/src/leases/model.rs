@@ -400,7 +400,9 @@ impl State {
 
     /// Move live lease `id` to a final `status`, drop it from holders and
     /// from the live set, record it with `event`. Returns the capability it
-    /// held, if it held one (its holders changed).
+    /// held, if it held one (its holders changed). A capability with
+    /// `on_release` actions that nobody holds any more goes to the
+    /// safe-state holder at once (`safe_state.rs`).
     ///
     /// The caller removes a waiting lease's waiter first.
     pub fn finish(
@@ -429,6 +431,11 @@ impl State {
             }
         }
         self.record_entry(tx, &e, Some(event));
+        if held {
+            // In the same transaction as the end, before anyone is
+            // scheduled (safe_state.rs).
+            self.hand_to_safe_state(tx, now, &e.lease);
+        }
         self.recent_final.insert(id.to_string(), e.lease);
         held.then_some(cap)
     }

@@ -37,6 +37,8 @@ pub(crate) enum PreemptionBlock {
     ReasonNotAllowed,
     /// 5: the capability is inside a non-interruptible window (§6.4).
     NonInterruptibleWindow,
+    /// The holder is the safe-state holder running `on_release` actions.
+    SafeState,
 }
 
 /// Condition 4, which depends on the request alone.
@@ -53,7 +55,9 @@ pub(crate) fn holder_block(
     holder: &Entry,
     priority: u8,
 ) -> Option<PreemptionBlock> {
-    if !cap.preemptible {
+    if super::safe_state::is_safe_state(&holder.lease) {
+        Some(PreemptionBlock::SafeState)
+    } else if !cap.preemptible {
         Some(PreemptionBlock::NotPreemptible)
     } else if cap.safety_locked {
         Some(PreemptionBlock::SafetyLocked)

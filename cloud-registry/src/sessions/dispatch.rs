@@ -198,15 +198,16 @@ impl Sessions {
             .ok_or(SessionError::ControlPlaneDown)?
             .clone();
         // Counted before the lease's use is committed, given back when a
-        // later check refuses: a refused action spends no budget.
+        // later check refuses: a refused action spends no budget. The
+        // safe-state holder's actions are not counted (crate::safe_state).
         let spent = match self.budgets.get() {
-            Some(b) => b.spend(
+            Some(b) if !crate::leases::is_safe_state(&lease) => b.spend(
                 req.action.capability_type(),
                 req.action,
                 lease_id,
                 &who.name,
             )?,
-            None => None,
+            _ => None,
         };
         let refund = |e: SessionError| {
             if let (Some(b), Some(s)) = (self.budgets.get(), spent) {

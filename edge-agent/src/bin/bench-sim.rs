@@ -32,7 +32,7 @@ use edge_agent::devsim::dut_console::{
     DutConsoleConfig, DutConsoleHandle, DutConsoleSim, DutPower,
 };
 use edge_agent::devsim::grbl::{GrblConfig, GrblSim};
-use edge_agent::devsim::korad::{KoradConfig, KoradSim};
+use edge_agent::devsim::korad::{KoradConfig, KoradHandle, KoradSim};
 use edge_agent::devsim::lcus::{LcusConfig, LcusHandle, LcusSim};
 use edge_agent::devsim::numato::{NumatoConfig, NumatoSim};
 use edge_agent::devsim::scpi_psu::{ScpiPsuConfig, ScpiPsuSim};
@@ -99,7 +99,9 @@ struct Args {
     /// Print the device list (and control replies) as JSON.
     #[arg(long)]
     json: bool,
-    /// Append every relay switch frame accepted to this file (JSON lines).
+    /// Append every relay switch frame accepted, and every command the
+    /// Korad PSU received, to this file (JSON lines, `device` `lcus` or
+    /// `korad`).
     #[arg(long, value_name = "FILE")]
     journal: Option<PathBuf>,
 }
@@ -158,6 +160,9 @@ fn start(args: &Args) -> anyhow::Result<Bench> {
         let link = link_path(args, "korad", "usb-Korad_KA3005P-if00");
         let sim = KoradSim::start(config, Some(&link)).context("starting korad")?;
         korad_sense = Some(sim.handle().power_sense());
+        if let Some(path) = &args.journal {
+            journal_korad(sim.handle().clone(), path.clone())?;
+        }
         sims.push(Box::new(sim));
     }
     if args.scpi_psu {
@@ -262,7 +267,10 @@ fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
                         "changed": sw.changed,
                         "at_unix_ms": at.timestamp_millis(),
                     });
-                    if writeln!(file, "{line}")
+                    // One write per line: the PSU's journal thread
+                    // appends to the same file.
+                    if file
+                        .write_all(format!("{line}\n").as_bytes())
                         .and_then(|()| file.flush())
                         .is_err()
                     {
@@ -274,6 +282,51 @@ fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
             }
         })
         .context("starting the journal thread")?;
+    Ok(())
+}
+
+/// Append each command `korad` receives to `path` (`{"device": "korad",
+/// "command": "OUT0", "at_unix_ms"}`: when it was complete on the wire),
+/// from a thread that looks every 5 ms.
+///
+/// Errors: the file cannot be opened for appending.
+fn journal_korad(korad: KoradHandle, path: PathBuf) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening the journal {}", path.display()))?;
+    std::thread::Builder::new()
+        .name("journal-korad".into())
+        .spawn(move || {
+            let mut written = 0;
+            loop {
+                let history = korad.snapshot().history;
+                for c in history.iter().skip(written) {
+                    let ago = std::time::Instant::now().saturating_duration_since(c.received_at);
+                    let at = chrono::Utc::now()
+                        - chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::zero());
+                    let line = serde_json::json!({
+                        "device": "korad",
+                        "command": c.text,
+                        "at_unix_ms": at.timestamp_millis(),
+                    });
+                    // One write per line: the relay's journal thread
+                    // appends to the same file.
+                    if file
+                        .write_all(format!("{line}\n").as_bytes())
+                        .and_then(|()| file.flush())
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                written = history.len();
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        })
+        .context("starting the PSU journal thread")?;
     Ok(())
 }
 
