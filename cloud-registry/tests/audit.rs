@@ -217,6 +217,7 @@ impl Bench {
                     non_interruptible: false,
                     maintenance: None,
                     unhealthy: false,
+                    check_failed: None,
                 })
                 .await;
         }
@@ -1415,6 +1416,7 @@ async fn a_requirement_no_registered_capability_can_serve_is_refused_at_creation
             non_interruptible: false,
             maintenance: None,
             unhealthy: false,
+            check_failed: None,
         })
         .await;
     b.register_thread("mac-01:thread-ui-22", "ui").await;

@@ -79,6 +79,7 @@ fn capability(id: String) -> CapabilityInfo {
         non_interruptible: false,
         maintenance: None,
         unhealthy: false,
+        check_failed: None,
     }
 }
 

@@ -111,7 +111,8 @@ use shared_protocol::capability::{
     Capability, CapabilityStatus, CapabilityType, HealthStatus, LeaseMode,
 };
 use shared_protocol::lease::{
-    CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest, LeaseStatus,
+    CapabilityLease, HolderType, LeaseGroup, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest,
+    LeaseStatus,
 };
 use shared_protocol::Validate;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -219,6 +220,12 @@ pub struct CapabilityInfo {
     /// (docs/policy.md "Health gating").
     #[serde(default)]
     pub unhealthy: bool,
+    /// `Some(reason)` while the registry itself holds it out of service
+    /// (a failed health check, [`LeaseEngine::set_check_unhealthy`]):
+    /// granted to nobody but the health check's own system lease
+    /// ([`is_health_check`]). Heartbeats never clear it.
+    #[serde(default)]
+    pub check_failed: Option<String>,
 }
 
 impl CapabilityInfo {
@@ -240,14 +247,38 @@ impl CapabilityInfo {
             non_interruptible: false,
             maintenance: (c.status == CapabilityStatus::Maintenance).then(String::new),
             unhealthy: c.health_status == HealthStatus::Unhealthy,
+            check_failed: None,
         }
     }
 
     /// True when a lease may be granted on it now: its provider is online,
-    /// it is not in maintenance and not `unhealthy`.
+    /// it is not in maintenance, not `unhealthy` and not held out by a
+    /// failed check.
     pub fn grantable(&self) -> bool {
-        self.online && self.maintenance.is_none() && !self.unhealthy
+        self.online && self.maintenance.is_none() && !self.unhealthy && self.check_failed.is_none()
     }
+
+    /// [`grantable`](Self::grantable) for a lease of `holder_type` held
+    /// by `principal`: the health check's own system lease
+    /// ([`is_health_check`]) may also be granted one held out by a failed
+    /// check (so that a passing check can bring it back).
+    pub fn grantable_to(&self, holder_type: HolderType, principal: &str) -> bool {
+        if self.check_failed.is_some() && is_health_check(holder_type, principal) {
+            self.online && self.maintenance.is_none() && !self.unhealthy
+        } else {
+            self.grantable()
+        }
+    }
+}
+
+/// The principal the registry's health checks hold their system leases
+/// as (docs/policy.md "Health checks").
+pub const HEALTH_CHECK_PRINCIPAL: &str = "system:health-check";
+
+/// True for a health check's lease: `holder_type: system` held by
+/// [`HEALTH_CHECK_PRINCIPAL`].
+pub fn is_health_check(holder_type: HolderType, principal: &str) -> bool {
+    holder_type == HolderType::System && principal == HEALTH_CHECK_PRINCIPAL
 }
 
 /// Which leases [`LeaseEngine::list`] returns; every given field must match.
@@ -617,7 +648,7 @@ impl LeaseEngine {
             match self.replay_of(&mut st, &now, holder, key, fingerprint.as_ref())? {
                 Some(replay) => Err(replay),
                 None => {
-                    let member = resolve_single(&st, &req)?;
+                    let member = resolve_single(&st, &req, &holder.name)?;
                     if let Some(l) = &limits {
                         match (&req.capability_id, &req.capability_selector) {
                             (Some(id), _) => {
@@ -1342,6 +1373,8 @@ impl LeaseEngine {
                 if info.maintenance.is_some() && old.maintenance.is_some() {
                     info.maintenance = old.maintenance.clone();
                 }
+                // Only a check clears what a check set.
+                info.check_failed = old.check_failed.clone();
             }
             st.dir.insert(id.clone(), info);
             st.refresh_candidates();
@@ -1439,6 +1472,43 @@ impl LeaseEngine {
             HashSet::from([capability_id.to_string()])
         })
         .await
+    }
+
+    /// A registry health check on `capability_id` failed (`failed: true`,
+    /// `reason`: why, shown in `GET /capabilities/{id}`; `None` is kept as
+    /// an empty reason) or passed (`false`, `reason` ignored);
+    /// docs/policy.md "Health checks". This flag is the registry's own,
+    /// separate from the heartbeat's `unhealthy`, and heartbeats never
+    /// clear it; a lease is granted only when both are clear, except the
+    /// health check's own system lease ([`is_health_check`]), which is
+    /// granted despite this flag. Requests by id wait meanwhile (or get
+    /// 503 `capability_unhealthy` with `queue_timeout_seconds: 0`);
+    /// selector requests skip it. Clearing it lets the queue move.
+    /// Existing leases are left as they are. Unknown ids are ignored.
+    /// Writes no event: the caller records why.
+    pub async fn set_check_unhealthy(
+        &self,
+        capability_id: &str,
+        failed: bool,
+        reason: Option<String>,
+    ) {
+        self.directory_change("set_check_unhealthy", |st| {
+            if let Some(info) = st.dir.get_mut(capability_id) {
+                info.check_failed = failed.then(|| reason.unwrap_or_default());
+            }
+            HashSet::from([capability_id.to_string()])
+        })
+        .await
+    }
+
+    /// The capabilities a failed health check holds out of service, with
+    /// each one's reason (see [`set_check_unhealthy`](Self::set_check_unhealthy)).
+    pub fn check_failures(&self) -> std::collections::HashMap<String, String> {
+        let st = lock(&self.state);
+        st.dir
+            .values()
+            .filter_map(|i| Some((i.capability_id.clone(), i.check_failed.clone()?)))
+            .collect()
     }
 
     /// Check that `capability_id` may be removed: no lease holds it and no
@@ -1539,7 +1609,11 @@ fn check_holder(
 }
 
 /// The one lease of a single request.
-fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseError> {
+fn resolve_single(
+    st: &State,
+    req: &LeaseRequest,
+    principal: &str,
+) -> Result<NewMember, LeaseError> {
     if let Some(id) = &req.capability_id {
         let info = st
             .dir
@@ -1560,7 +1634,11 @@ fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseErro
             Some(m) => m,
             None => info.lease_mode,
         };
-        check_in_service(info, req.queue_timeout_seconds)?;
+        check_in_service(
+            info,
+            req.queue_timeout_seconds,
+            is_health_check(req.holder_type, principal),
+        )?;
         return Ok(NewMember {
             want: Want::Capability {
                 capability_id: id.clone(),
@@ -1594,10 +1672,15 @@ fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseErro
 
 /// A request naming `info` by id: refused when its provider is offline
 /// (503 `capability_offline`) or it is in maintenance (409
-/// `capability_in_maintenance`); when it is `unhealthy`, it waits unless
-/// the request asked not to (`queue_timeout_seconds: 0`, 503
+/// `capability_in_maintenance`); when it is `unhealthy` or held out by a
+/// failed check (unless `health_check`: the check's own lease), it waits
+/// unless the request asked not to (`queue_timeout_seconds: 0`, 503
 /// `capability_unhealthy`).
-fn check_in_service(info: &CapabilityInfo, queue_timeout: Option<u32>) -> Result<(), LeaseError> {
+fn check_in_service(
+    info: &CapabilityInfo,
+    queue_timeout: Option<u32>,
+    health_check: bool,
+) -> Result<(), LeaseError> {
     if !info.online {
         return Err(LeaseError::CapabilityOffline {
             capability_ids: vec![info.capability_id.clone()],
@@ -1609,7 +1692,8 @@ fn check_in_service(info: &CapabilityInfo, queue_timeout: Option<u32>) -> Result
             reason: reason.clone(),
         });
     }
-    if info.unhealthy && queue_timeout == Some(0) {
+    let check_failed = info.check_failed.is_some() && !health_check;
+    if (info.unhealthy || check_failed) && queue_timeout == Some(0) {
         return Err(LeaseError::CapabilityUnhealthy {
             capability_ids: vec![info.capability_id.clone()],
         });
@@ -1669,7 +1753,7 @@ fn resolve_group(st: &State, req: &LeaseGroupRequest) -> Result<Vec<NewMember>, 
             .ok_or_else(|| LeaseError::UnknownCapability {
                 capability_id: id.clone(),
             })?;
-        check_in_service(info, req.queue_timeout_seconds)?;
+        check_in_service(info, req.queue_timeout_seconds, false)?;
         members.push(NewMember {
             want: Want::Capability {
                 capability_id: id.clone(),
