@@ -739,6 +739,17 @@ impl Registry {
             shutdown_rx.clone(),
         ));
         background.push(audit.spawn_sweeper(shutdown_rx.clone()));
+        background.push(
+            crate::policy::health_check::HealthChecks::new(
+                config.policy.health_checks.clone(),
+                engine.clone(),
+                sessions.clone(),
+                providers.store().clone(),
+                db.clone(),
+                bus.clone(),
+            )
+            .spawn(shutdown_rx.clone()),
+        );
         background.push(tokio::spawn(run_checkpoints(
             db.clone(),
             signing,

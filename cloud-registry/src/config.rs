@@ -135,6 +135,13 @@ pub struct PolicyConfig {
     /// age (`priority_per_minute`, `max_boost`; see
     /// `crate::leases::QueueAging`). Absent: no aging.
     pub queue_aging: Option<crate::leases::QueueAging>,
+    /// `[policy.health_checks.<capability_type>]`: the check the registry
+    /// runs on each capability of that type under a system lease (see
+    /// `crate::policy::health_check::HealthCheckConfig`).
+    pub health_checks: std::collections::BTreeMap<
+        shared_protocol::capability::CapabilityType,
+        crate::policy::health_check::HealthCheckConfig,
+    >,
 }
 
 /// `[http]`: the API listener.
@@ -511,6 +518,9 @@ impl Config {
         if let Some(aging) = &self.policy.queue_aging {
             out.extend(aging.problems());
         }
+        out.extend(crate::policy::health_check::problems(
+            &self.policy.health_checks,
+        ));
         out
     }
 
@@ -1046,6 +1056,37 @@ mod tests {
         );
         let err = Config::parse("[mqtt]\nmode = \"cloud\"\n").unwrap_err();
         assert!(err.to_string().contains("mode"), "{err}");
+    }
+
+    #[test]
+    fn health_checks_are_checked_by_dotted_key() {
+        let cfg = Config::parse(
+            "[policy.health_checks.programmable_power_supply]\naction = \"measure_output\"\ninterval_seconds = 60\n",
+        )
+        .unwrap();
+        let c = &cfg.policy.health_checks
+            [&shared_protocol::capability::CapabilityType::ProgrammablePowerSupply];
+        assert_eq!(c.timeout_seconds, 30);
+        assert!(c.params.is_empty());
+        let err = Config::parse(
+            "[policy.health_checks.camera]\naction = \"measure_output\"\ninterval_seconds = 0\n\
+             after_failed_sessions = 0\ntimeout_seconds = 0\n\
+             [policy.health_checks.relay]\naction = \"switch_on\"\n",
+        )
+        .unwrap_err();
+        let keys: Vec<String> = err.issues().iter().map(|i| i.key.clone()).collect();
+        for want in [
+            "policy.health_checks.camera.action",
+            "policy.health_checks.camera.interval_seconds",
+            "policy.health_checks.camera.after_failed_sessions",
+            "policy.health_checks.camera.timeout_seconds",
+            "policy.health_checks.relay",
+        ] {
+            assert!(keys.iter().any(|k| k == want), "{want} not in {keys:?}");
+        }
+        let err = Config::parse("[policy.health_checks.toaster]\naction = \"measure_output\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("toaster"), "{err}");
     }
 
     fn keys(text: &str) -> Vec<(Option<usize>, String)> {

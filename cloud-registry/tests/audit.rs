@@ -218,7 +218,7 @@ impl Bench {
                     maintenance: None,
                     unhealthy: false,
                     on_release: Vec::new(),
-                    check_unhealthy: None,
+                    check_failed: None,
                 })
                 .await;
         }
@@ -1418,7 +1418,7 @@ async fn a_requirement_no_registered_capability_can_serve_is_refused_at_creation
             maintenance: None,
             unhealthy: false,
             on_release: Vec::new(),
-            check_unhealthy: None,
+            check_failed: None,
         })
         .await;
     b.register_thread("mac-01:thread-ui-22", "ui").await;

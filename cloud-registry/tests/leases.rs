@@ -181,7 +181,7 @@ fn camera(id: &str) -> CapabilityInfo {
         maintenance: None,
         unhealthy: false,
         on_release: Vec::new(),
-        check_unhealthy: None,
+        check_failed: None,
     }
 }
 
@@ -2044,7 +2044,7 @@ async fn a_check_verdict_gates_grants_until_cleared_and_heartbeats_do_not_clear_
     lab.engine.upsert_capability(camera("cam-01")).await;
     assert!(
         lab.engine
-            .set_check_unhealthy("cam-01", true, "on_release power_off: failed")
+            .set_check_unhealthy("cam-01", true, Some("on_release power_off: failed".into()))
             .await
     );
     let mut now_only = ask("worker-a", "cam-01", 50, 60);
@@ -2062,7 +2062,7 @@ async fn a_check_verdict_gates_grants_until_cleared_and_heartbeats_do_not_clear_
     lab.engine.upsert_capability(camera("cam-01")).await;
     assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Requested);
 
-    assert!(lab.engine.set_check_unhealthy("cam-01", false, "").await);
+    assert!(lab.engine.set_check_unhealthy("cam-01", false, None).await);
     assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Granted);
 }
 
@@ -2110,4 +2110,69 @@ async fn a_pending_safe_state_run_survives_a_restart() {
         engine.get(&b.lease_id).await.map(|l| l.status),
         Some(LeaseStatus::Granted)
     );
+}
+
+/// A lease request of the registry's health check on `capability_id`.
+fn check_request(capability_id: &str) -> (Principal, LeaseRequest) {
+    let who = Principal {
+        name: leases::HEALTH_CHECK_PRINCIPAL.to_string(),
+        role: Role::Admin,
+    };
+    let mut req = ask(leases::HEALTH_CHECK_PRINCIPAL, capability_id, 100, 60);
+    req.holder_type = HolderType::System;
+    req.evidence_required = false;
+    (who, req)
+}
+
+#[tokio::test]
+async fn a_failed_check_holds_a_capability_out_until_a_check_clears_it() {
+    let lab = Lab::manual(LeaseConfig::default()).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    lab.engine
+        .set_check_unhealthy("cam-01", true, Some("lens covered".into()))
+        .await;
+    assert_eq!(
+        lab.engine
+            .check_failures()
+            .get("cam-01")
+            .map(String::as_str),
+        Some("lens covered")
+    );
+
+    // Not waiting: refused at once.
+    let mut now = ask("worker", "cam-01", 50, 60);
+    now.queue_timeout_seconds = Some(0);
+    let err = lab.engine.request(&who("worker"), now).await.unwrap_err();
+    assert!(
+        matches!(&err, LeaseError::CapabilityUnhealthy { capability_ids } if capability_ids == &["cam-01"]),
+        "{err:?}"
+    );
+
+    // A heartbeat saying healthy (or a re-registration) does not clear it.
+    lab.engine.set_unhealthy("cam-01", false).await;
+    lab.engine.upsert_capability(camera("cam-01")).await;
+    let waiting = lab.ask("worker", "cam-01", 50, 60).await;
+    assert_eq!(waiting.status, LeaseStatus::Requested);
+
+    // The health check's own lease is granted, ahead of the waiter; a
+    // system lease of another principal is not.
+    let (checker, req) = check_request("cam-01");
+    let mut other = req.clone();
+    other.holder_ref = "lab-admin".into();
+    let other = lab.engine.request(&admin(), other).await.unwrap();
+    assert_eq!(other.status, LeaseStatus::Requested);
+    let check = lab.engine.request(&checker, req).await.unwrap();
+    assert_eq!(check.status, LeaseStatus::Granted, "{check:?}");
+    lab.engine
+        .release(&checker, &check.lease_id, None)
+        .await
+        .unwrap();
+    assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Requested);
+
+    // A passing check lets the queue move.
+    lab.engine.set_check_unhealthy("cam-01", false, None).await;
+    assert!(lab.engine.check_failures().is_empty());
+    // The higher-priority waiter first.
+    assert_eq!(lab.status(&other.lease_id).await, LeaseStatus::Granted);
+    assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Requested);
 }

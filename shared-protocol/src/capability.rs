@@ -317,7 +317,16 @@ pub struct Capability {
     pub capability_type: CapabilityType,
     pub display_name: String,
     pub status: CapabilityStatus,
+    /// As its provider last reported it, except while the registry's own
+    /// health check holds it out of service: then `unhealthy`, with
+    /// `health_check_reason`.
     pub health_status: HealthStatus,
+    /// Why the registry's last health check of it failed (docs/policy.md
+    /// "Health checks"), e.g. `health check expect_pattern failed:
+    /// pattern not seen within 1000 ms`; present only while that failure
+    /// holds it out of service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check_reason: Option<String>,
     pub lease_mode: LeaseMode,
     pub preemptible: bool,
     /// 0..=100.

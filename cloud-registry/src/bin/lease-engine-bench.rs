@@ -80,7 +80,7 @@ fn capability(id: String) -> CapabilityInfo {
         maintenance: None,
         unhealthy: false,
         on_release: Vec::new(),
-        check_unhealthy: None,
+        check_failed: None,
     }
 }
 

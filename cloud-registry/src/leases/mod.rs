@@ -117,7 +117,8 @@ use shared_protocol::capability::{
     Capability, CapabilityStatus, CapabilityType, HealthStatus, LeaseMode,
 };
 use shared_protocol::lease::{
-    CapabilityLease, LeaseGroup, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest, LeaseStatus,
+    CapabilityLease, HolderType, LeaseGroup, LeaseGroupRequest, LeaseRenewRequest, LeaseRequest,
+    LeaseStatus,
 };
 use shared_protocol::Validate;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -128,7 +129,7 @@ pub use clock::{LeaseClock, ManualClock, SystemClock};
 pub use error::LeaseError;
 pub use idempotency::{IdempotencyKey, KEY_TTL as IDEMPOTENCY_KEY_TTL};
 pub use safe_state::{
-    is_safe_state, principal as safe_state_principal, release_actions, CheckUnhealthy,
+    is_safe_state, principal as safe_state_principal, release_actions,
     ReleaseAction, SAFE_STATE_PRINCIPAL, SAFE_STATE_PURPOSE,
 };
 
@@ -240,11 +241,13 @@ pub struct CapabilityInfo {
     /// on release").
     #[serde(default)]
     pub on_release: Vec<ReleaseAction>,
-    /// The registry found it unhealthy (a failed safe-state run or check):
-    /// never granted meanwhile; heartbeats do not clear it, only
-    /// [`LeaseEngine::set_check_unhealthy`].
+    /// `Some(reason)` while the registry itself holds it out of service (a
+    /// failed health check or safe-state run,
+    /// [`LeaseEngine::set_check_unhealthy`]): granted to nobody but the
+    /// health check's own system lease ([`is_health_check`]). Heartbeats
+    /// and re-registrations never clear it.
     #[serde(default)]
-    pub check_unhealthy: Option<CheckUnhealthy>,
+    pub check_failed: Option<String>,
 }
 
 impl CapabilityInfo {
@@ -267,7 +270,7 @@ impl CapabilityInfo {
             maintenance: (c.status == CapabilityStatus::Maintenance).then(String::new),
             unhealthy: c.health_status == HealthStatus::Unhealthy,
             on_release: release_actions(&c.capability_id, &c.metadata_json),
-            check_unhealthy: None,
+            check_failed: None,
         }
     }
 
@@ -280,8 +283,30 @@ impl CapabilityInfo {
 
     /// Reported `unhealthy` by its provider, or found so by the registry.
     pub fn is_unhealthy(&self) -> bool {
-        self.unhealthy || self.check_unhealthy.is_some()
+        self.unhealthy || self.check_failed.is_some()
     }
+
+    /// [`grantable`](Self::grantable) for a lease of `holder_type` held
+    /// by `principal`: the health check's own system lease
+    /// ([`is_health_check`]) may also be granted one held out by a failed
+    /// check (so that a passing check can bring it back).
+    pub fn grantable_to(&self, holder_type: HolderType, principal: &str) -> bool {
+        if self.check_failed.is_some() && is_health_check(holder_type, principal) {
+            self.online && self.maintenance.is_none() && !self.unhealthy
+        } else {
+            self.grantable()
+        }
+    }
+}
+
+/// The principal the registry's health checks hold their system leases
+/// as (docs/policy.md "Health checks").
+pub const HEALTH_CHECK_PRINCIPAL: &str = "system:health-check";
+
+/// True for a health check's lease: `holder_type: system` held by
+/// [`HEALTH_CHECK_PRINCIPAL`].
+pub fn is_health_check(holder_type: HolderType, principal: &str) -> bool {
+    holder_type == HolderType::System && principal == HEALTH_CHECK_PRINCIPAL
 }
 
 /// Which leases [`LeaseEngine::list`] returns; every given field must match.
@@ -651,7 +676,7 @@ impl LeaseEngine {
             match self.replay_of(&mut st, &now, holder, key, fingerprint.as_ref())? {
                 Some(replay) => Err(replay),
                 None => {
-                    let member = resolve_single(&st, &req)?;
+                    let member = resolve_single(&st, &req, &holder.name)?;
                     if let Some(l) = &limits {
                         match (&req.capability_id, &req.capability_selector) {
                             (Some(id), _) => {
@@ -1379,8 +1404,8 @@ impl LeaseEngine {
                 if info.maintenance.is_some() && old.maintenance.is_some() {
                     info.maintenance = old.maintenance.clone();
                 }
-                // The registry's own verdict outlives re-registrations.
-                info.check_unhealthy = old.check_unhealthy.clone();
+                // Only the registry's own check clears what it found.
+                info.check_failed = old.check_failed.clone();
             }
             st.dir.insert(id.clone(), info);
             st.refresh_candidates();
@@ -1485,28 +1510,30 @@ impl LeaseEngine {
         .await
     }
 
-    /// The registry's own health verdict on `capability_id` (a safe-state
-    /// run or a health check): `unhealthy: true` keeps it from being
-    /// granted, as a provider-reported `unhealthy` does (waiting requests
-    /// stay queued; a request by id with `queue_timeout_seconds: 0` is
-    /// refused with 503 `capability_unhealthy`), until a call with
-    /// `false`. Heartbeats and re-registrations do not change it. `reason`
-    /// is kept for the logs and [`directory`](Self::directory). Returns
-    /// whether the verdict changed. Unknown ids are ignored (`false`).
+    /// The registry's own health verdict on `capability_id`, from a health
+    /// check or a safe-state run (docs/policy.md "Health checks", "Safe
+    /// state on release"): `unhealthy: true` (with `reason`, shown in
+    /// `GET /capabilities/{id}`; `None` is kept as an empty reason) keeps
+    /// it from being granted, as a provider-reported `unhealthy` does,
+    /// except to the health check's own system lease
+    /// ([`is_health_check`]); `false` clears it and lets the queue move.
+    /// Requests by id wait meanwhile (or get 503 `capability_unhealthy`
+    /// with `queue_timeout_seconds: 0`); selector requests skip it;
+    /// existing leases are left as they are. Heartbeats and
+    /// re-registrations never change it. Writes no event: the caller
+    /// records why. Returns whether the verdict changed; unknown ids are
+    /// ignored (`false`).
     pub async fn set_check_unhealthy(
         &self,
         capability_id: &str,
         unhealthy: bool,
-        reason: &str,
+        reason: Option<String>,
     ) -> bool {
         let mut changed = false;
         self.directory_change("set_check_unhealthy", |st| {
             if let Some(info) = st.dir.get_mut(capability_id) {
-                let verdict = unhealthy.then(|| CheckUnhealthy {
-                    reason: reason.to_string(),
-                });
-                changed = info.check_unhealthy.is_some() != verdict.is_some();
-                info.check_unhealthy = verdict;
+                changed = info.check_failed.is_some() != unhealthy;
+                info.check_failed = unhealthy.then(|| reason.clone().unwrap_or_default());
             }
             HashSet::from([capability_id.to_string()])
         })
@@ -1515,11 +1542,21 @@ impl LeaseEngine {
             tracing::warn!(
                 capability_id,
                 unhealthy,
-                reason,
+                reason = reason.as_deref().unwrap_or(""),
                 "registry health verdict changed"
             );
         }
         changed
+    }
+
+    /// The capabilities the registry holds out of service itself, with
+    /// each one's reason (see [`set_check_unhealthy`](Self::set_check_unhealthy)).
+    pub fn check_failures(&self) -> std::collections::HashMap<String, String> {
+        let st = lock(&self.state);
+        st.dir
+            .values()
+            .filter_map(|i| Some((i.capability_id.clone(), i.check_failed.clone()?)))
+            .collect()
     }
 
     /// Safe-state runs that may start now: committed, holding leases of
@@ -1662,7 +1699,11 @@ fn check_holder(
 }
 
 /// The one lease of a single request.
-fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseError> {
+fn resolve_single(
+    st: &State,
+    req: &LeaseRequest,
+    principal: &str,
+) -> Result<NewMember, LeaseError> {
     if let Some(id) = &req.capability_id {
         let info = st
             .dir
@@ -1683,7 +1724,11 @@ fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseErro
             Some(m) => m,
             None => info.lease_mode,
         };
-        check_in_service(info, req.queue_timeout_seconds)?;
+        check_in_service(
+            info,
+            req.queue_timeout_seconds,
+            is_health_check(req.holder_type, principal),
+        )?;
         return Ok(NewMember {
             want: Want::Capability {
                 capability_id: id.clone(),
@@ -1718,10 +1763,15 @@ fn resolve_single(st: &State, req: &LeaseRequest) -> Result<NewMember, LeaseErro
 /// A request naming `info` by id: refused when it is in maintenance (409
 /// `capability_in_maintenance`, whether its provider is online or not:
 /// an admin's decision outlasts an outage) or its provider is offline
-/// (503 `capability_offline`); when it is `unhealthy`, it waits unless
-/// the request asked not to (`queue_timeout_seconds: 0`, 503
-/// `capability_unhealthy`).
-fn check_in_service(info: &CapabilityInfo, queue_timeout: Option<u32>) -> Result<(), LeaseError> {
+/// (503 `capability_offline`); when it is `unhealthy` or held out by the
+/// registry's own verdict (unless `health_check`: the check's own lease),
+/// it waits unless the request asked not to (`queue_timeout_seconds: 0`,
+/// 503 `capability_unhealthy`).
+fn check_in_service(
+    info: &CapabilityInfo,
+    queue_timeout: Option<u32>,
+    health_check: bool,
+) -> Result<(), LeaseError> {
     if let Some(reason) = &info.maintenance {
         return Err(LeaseError::CapabilityInMaintenance {
             capability_id: info.capability_id.clone(),
@@ -1733,7 +1783,8 @@ fn check_in_service(info: &CapabilityInfo, queue_timeout: Option<u32>) -> Result
             capability_ids: vec![info.capability_id.clone()],
         });
     }
-    if info.is_unhealthy() && queue_timeout == Some(0) {
+    let check_failed = info.check_failed.is_some() && !health_check;
+    if (info.unhealthy || check_failed) && queue_timeout == Some(0) {
         return Err(LeaseError::CapabilityUnhealthy {
             capability_ids: vec![info.capability_id.clone()],
         });
@@ -1793,7 +1844,7 @@ fn resolve_group(st: &State, req: &LeaseGroupRequest) -> Result<Vec<NewMember>, 
             .ok_or_else(|| LeaseError::UnknownCapability {
                 capability_id: id.clone(),
             })?;
-        check_in_service(info, req.queue_timeout_seconds)?;
+        check_in_service(info, req.queue_timeout_seconds, false)?;
         members.push(NewMember {
             want: Want::Capability {
                 capability_id: id.clone(),

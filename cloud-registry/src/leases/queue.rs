@@ -25,6 +25,10 @@
 //! The price is that a capability reserved for a blocked waiter may stay
 //! idle while that waiter waits for its other members.
 //!
+//! A capability that a failed health check holds out is reserved by no
+//! waiter but the check's own lease: the others could not be granted it,
+//! and the check that may bring it back must not wait behind them.
+//!
 //! Scheduling after an event only looks at waiters that could be affected:
 //! those with a candidate among the *dirty* capabilities (freed, back
 //! online, out of a window, or released from a reservation), and stops as
@@ -132,20 +136,38 @@ impl State {
             .unwrap_or(e.lease.mode)
     }
 
-    /// Known, grantable (online, in service, not unhealthy), and no
-    /// conflicting holder.
+    /// Known, grantable to `e` (online, in service, not unhealthy; see
+    /// [`super::CapabilityInfo::grantable_to`]), and no conflicting holder.
     fn grantable(&self, capability_id: &str, e: &Entry) -> bool {
-        self.dir.get(capability_id).is_some_and(|i| i.grantable())
+        self.dir
+            .get(capability_id)
+            .is_some_and(|i| i.grantable_to(e.lease.holder_type, &e.lease.principal))
             && self
                 .conflicting_holders(capability_id, self.mode_on(e, capability_id))
                 .is_empty()
     }
 
+    /// The capabilities a waiter reserves: its members' candidates, less
+    /// those a failed health check holds out from it (it could not be
+    /// granted them anyway, and must not keep the check itself waiting).
     fn waiter_candidates<'a>(&'a self, w: &'a Waiter) -> impl Iterator<Item = &'a String> + 'a {
         w.members
             .iter()
             .filter_map(|m| self.leases.get(m))
-            .flat_map(|e| self.effective_candidates(e).iter())
+            .flat_map(move |e| {
+                self.effective_candidates(e)
+                    .iter()
+                    .filter(move |c| !self.held_out_from(c, e))
+            })
+    }
+
+    /// True when a failed health check holds `capability_id` out from `e`
+    /// (anyone but the check's own lease).
+    fn held_out_from(&self, capability_id: &str, e: &Entry) -> bool {
+        self.dir.get(capability_id).is_some_and(|i| {
+            i.check_failed.is_some()
+                && !super::is_health_check(e.lease.holder_type, &e.lease.principal)
+        })
     }
 
     fn reserve(&self, key: &RankKey, reserved: &mut HashSet<String>) {

@@ -4,9 +4,8 @@
 //! [`SAFE_STATE_PRINCIPAL`] in the same transaction as the end, so that no
 //! waiter can be granted before the actions ran. The runner
 //! (`crate::safe_state`) runs them and releases that lease.
-//!
-//! The registry-side "unhealthy" flag of a failed run lives here too
-//! ([`CheckUnhealthy`]), apart from the health the provider reports.
+//! A failed run marks the capability with the registry's own verdict
+//! (`LeaseEngine::set_check_unhealthy`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -61,15 +60,6 @@ pub fn release_actions(capability_id: &str, metadata: &Map<String, Value>) -> Ve
             },
         )
         .collect()
-}
-
-/// The registry's own verdict that a capability is unhealthy (a failed
-/// safe-state run or health check): kept apart from the health its
-/// provider reports, so heartbeats do not clear it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckUnhealthy {
-    /// Why, e.g. `on_release power_off failed: ...`.
-    pub reason: String,
 }
 
 /// The principal safe-state actions run as (role `operator`: it holds

@@ -13,9 +13,12 @@
 //!
 //! A capability's `status` is `leased` while a lease holds it (asked of the
 //! lease engine at read time); otherwise the stored `available`, `offline`
-//! or `maintenance`. Also the HTTP mapping of [`StoreError`].
+//! or `maintenance`; its `health_status` is `unhealthy`, with
+//! `health_check_reason`, while a failed registry health check holds it
+//! out (docs/policy.md "Health checks"). Also the HTTP mapping of
+//! [`StoreError`].
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -25,7 +28,7 @@ use serde_json::{json, Value};
 use shared_protocol::api::{ErrorBody, Role};
 use shared_protocol::capability::{
     Capability, CapabilityBatchRegisterRequest, CapabilityBatchRegisterResponse, CapabilityStatus,
-    CapabilityType,
+    CapabilityType, HealthStatus,
 };
 use shared_protocol::provider::{
     CapabilityProvider, HeartbeatRequest, HeartbeatResponse, OnlineStatus, ProviderRegisterRequest,
@@ -225,14 +228,37 @@ async fn heartbeat(
     Ok(Json(st.providers.heartbeat(&who.name, req).await?))
 }
 
-/// Show `leased` for held capabilities that are otherwise available.
-fn overlay(mut caps: Vec<Capability>, held: &HashSet<String>) -> Vec<Capability> {
-    for c in &mut caps {
-        if c.status == CapabilityStatus::Available && held.contains(&c.capability_id) {
-            c.status = CapabilityStatus::Leased;
+/// What the lease engine knows that the store does not: which
+/// capabilities are held, and which a failed health check holds out
+/// (with why).
+struct Overlay {
+    held: HashSet<String>,
+    check_failures: HashMap<String, String>,
+}
+
+impl Overlay {
+    async fn read(leases: &crate::leases::LeaseEngine) -> Self {
+        Self {
+            held: leases.held_capabilities().await,
+            check_failures: leases.check_failures(),
         }
     }
-    caps
+
+    /// Show `leased` for held capabilities that are otherwise available,
+    /// and `health_status: unhealthy` with `health_check_reason` for those
+    /// a failed health check holds out (docs/policy.md "Health checks").
+    fn apply(&self, mut caps: Vec<Capability>) -> Vec<Capability> {
+        for c in &mut caps {
+            if c.status == CapabilityStatus::Available && self.held.contains(&c.capability_id) {
+                c.status = CapabilityStatus::Leased;
+            }
+            if let Some(reason) = self.check_failures.get(&c.capability_id) {
+                c.health_status = HealthStatus::Unhealthy;
+                c.health_check_reason = Some(reason.clone());
+            }
+        }
+        caps
+    }
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -271,8 +297,9 @@ async fn list(
         }),
     };
     let caps = st.providers.store().list_capabilities(filter).await?;
-    let held = st.leases.held_capabilities().await;
-    let caps: Vec<Capability> = overlay(caps, &held)
+    let caps: Vec<Capability> = Overlay::read(&st.leases)
+        .await
+        .apply(caps)
         .into_iter()
         .filter(|c| status.is_none_or(|s| c.status == s))
         .collect();
@@ -297,8 +324,9 @@ async fn get_one(
         .get_capability(&capability_id)
         .await?
         .ok_or_else(|| ApiError::not_found("capability", &capability_id))?;
-    let held = st.leases.held_capabilities().await;
-    Ok(Json(overlay(vec![cap], &held).remove(0)))
+    Ok(Json(
+        Overlay::read(&st.leases).await.apply(vec![cap]).remove(0),
+    ))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

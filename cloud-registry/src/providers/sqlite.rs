@@ -201,6 +201,7 @@ fn row_to_capability(r: &Row<'_>) -> rusqlite::Result<Capability> {
         display_name: r.get(4)?,
         status: get_parsed(r, 5)?,
         health_status: get_parsed(r, 6)?,
+        health_check_reason: None,
         lease_mode: get_parsed(r, 7)?,
         preemptible: r.get(8)?,
         default_priority: r.get(9)?,

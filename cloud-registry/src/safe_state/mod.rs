@@ -120,7 +120,7 @@ impl Runner {
             Outcome::Done => {
                 if self
                     .leases
-                    .set_check_unhealthy(capability_id, false, "")
+                    .set_check_unhealthy(capability_id, false, None)
                     .await
                 {
                     self.health_event(capability_id, lease_id, "healthy", None, None)
@@ -135,7 +135,7 @@ impl Runner {
                 tracing::warn!(lease_id, capability_id, %message, "on_release action failed; capability marked unhealthy");
                 // Before the lease ends: no waiter is granted in between.
                 self.leases
-                    .set_check_unhealthy(capability_id, true, &message)
+                    .set_check_unhealthy(capability_id, true, Some(message.clone()))
                     .await;
                 self.health_event(
                     capability_id,
