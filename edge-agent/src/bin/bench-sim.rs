@@ -22,7 +22,9 @@
 //! With `--journal FILE` every switch frame the LCUS relay board accepts is
 //! appended to FILE as one JSON line, `{"device":"lcus","channel":1,
 //! "on":true,"changed":true,"at_unix_ms":…}` (wall clock, within about
-//! 10 ms), so a test in another process can tell when the hardware acted.
+//! 10 ms), so a test in another process can tell when the hardware acted;
+//! so is every command the Korad supply receives, `{"device":"korad",
+//! "command":"VSET1:05.00","at_unix_ms":…}` (queries included).
 
 use std::path::PathBuf;
 
@@ -32,7 +34,7 @@ use edge_agent::devsim::dut_console::{
     DutConsoleConfig, DutConsoleHandle, DutConsoleSim, DutPower,
 };
 use edge_agent::devsim::grbl::{GrblConfig, GrblSim};
-use edge_agent::devsim::korad::{KoradConfig, KoradSim};
+use edge_agent::devsim::korad::{KoradConfig, KoradHandle, KoradSim};
 use edge_agent::devsim::lcus::{LcusConfig, LcusHandle, LcusSim};
 use edge_agent::devsim::numato::{NumatoConfig, NumatoSim};
 use edge_agent::devsim::scpi_psu::{ScpiPsuConfig, ScpiPsuSim};
@@ -99,7 +101,8 @@ struct Args {
     /// Print the device list (and control replies) as JSON.
     #[arg(long)]
     json: bool,
-    /// Append every relay switch frame accepted to this file (JSON lines).
+    /// Append every relay switch frame accepted and every Korad command
+    /// received to this file (JSON lines).
     #[arg(long, value_name = "FILE")]
     journal: Option<PathBuf>,
 }
@@ -158,6 +161,9 @@ fn start(args: &Args) -> anyhow::Result<Bench> {
         let link = link_path(args, "korad", "usb-Korad_KA3005P-if00");
         let sim = KoradSim::start(config, Some(&link)).context("starting korad")?;
         korad_sense = Some(sim.handle().power_sense());
+        if let Some(path) = &args.journal {
+            journal_korad(sim.handle().clone(), path.clone())?;
+        }
         sims.push(Box::new(sim));
     }
     if args.scpi_psu {
@@ -239,7 +245,6 @@ fn start(args: &Args) -> anyhow::Result<Bench> {
 ///
 /// Errors: the file cannot be opened for appending.
 fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
-    use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -262,10 +267,7 @@ fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
                         "changed": sw.changed,
                         "at_unix_ms": at.timestamp_millis(),
                     });
-                    if writeln!(file, "{line}")
-                        .and_then(|()| file.flush())
-                        .is_err()
-                    {
+                    if append_line(&mut file, &line).is_err() {
                         return;
                     }
                 }
@@ -274,6 +276,50 @@ fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
             }
         })
         .context("starting the journal thread")?;
+    Ok(())
+}
+
+/// Append `line` and a newline in one write, so two journal threads never
+/// interleave within a line (the file is opened for appending).
+fn append_line(file: &mut std::fs::File, line: &serde_json::Value) -> std::io::Result<()> {
+    use std::io::Write;
+    file.write_all(format!("{line}\n").as_bytes())
+}
+
+/// Append each command the Korad supply `korad` receives to `path`, as
+/// [`journal_switches`] does for the relay board.
+///
+/// Errors: the file cannot be opened for appending.
+fn journal_korad(korad: KoradHandle, path: PathBuf) -> anyhow::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening the journal {}", path.display()))?;
+    std::thread::Builder::new()
+        .name("journal-korad".into())
+        .spawn(move || {
+            let mut written = 0;
+            loop {
+                let history = korad.snapshot().history;
+                for cmd in history.iter().skip(written) {
+                    let ago = std::time::Instant::now().saturating_duration_since(cmd.received_at);
+                    let at = chrono::Utc::now()
+                        - chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::zero());
+                    let line = serde_json::json!({
+                        "device": "korad",
+                        "command": cmd.text,
+                        "at_unix_ms": at.timestamp_millis(),
+                    });
+                    if append_line(&mut file, &line).is_err() {
+                        return;
+                    }
+                }
+                written = history.len();
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        })
+        .context("starting the korad journal thread")?;
     Ok(())
 }
 
