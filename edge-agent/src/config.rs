@@ -36,6 +36,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use shared_protocol::artifact::ArtifactType;
 use shared_protocol::capability::{CapabilityAction, CapabilityType, LeaseMode};
+use shared_protocol::constraints::Constraints;
 use shared_protocol::mqtt::DEFAULT_TOPIC_PREFIX;
 use shared_protocol::validate::check_id;
 use shared_protocol::validate::limits::{
@@ -203,6 +204,11 @@ pub struct CapabilityConfig {
     pub location_label: Option<String>,
     /// Defaults to what the type produces (camera: image, video_clip, ...).
     pub evidence_modes: Vec<ArtifactType>,
+    /// `[capabilities.constraints]`: limits the registry and the edge
+    /// enforce on every action (`shared_protocol::constraints`, checked
+    /// at load: known keys only, of the capability's type), sent as the
+    /// capability's `constraints_json`; empty when not given.
+    pub constraints: Map<String, Value>,
     /// `[capabilities.driver]`: backend name and its settings.
     pub driver: DriverSpec,
     /// `on_release`: actions the registry runs whenever a lease on it ends
@@ -367,6 +373,8 @@ struct RawCapability {
     location_label: Option<String>,
     #[serde(default)]
     evidence_modes: Option<Vec<ArtifactType>>,
+    #[serde(default)]
+    constraints: Option<toml::Table>,
     driver: toml::Table,
     #[serde(default)]
     on_release: Vec<RawOnRelease>,
@@ -855,6 +863,16 @@ fn resolve_capability(
             String::new()
         }
     };
+    let constraints = c
+        .constraints
+        .as_ref()
+        .map(toml_table_to_json)
+        .unwrap_or_default();
+    if let Err(issues) = Constraints::parse_strict(c.capability_type, &constraints) {
+        for (key, message) in issues {
+            v.issue(at(&format!("constraints.{key}")), message);
+        }
+    }
     let on_release = resolve_on_release(i, c.capability_type, &c.on_release, v);
     let mut settings = toml_table_to_json(&c.driver);
     settings.remove("backend");
@@ -878,6 +896,7 @@ fn resolve_capability(
         evidence_modes: c
             .evidence_modes
             .unwrap_or_else(|| default_evidence_modes(c.capability_type)),
+        constraints,
         driver,
         on_release,
     }

@@ -14,7 +14,8 @@
 //! update may follow the final one; the registry ignores a `running`
 //! update for a session that has ended.)
 //!
-//! - Bad commands (unknown capability, an action the device lacks) are
+//! - Bad commands (unknown capability, an action the device lacks, a
+//!   param outside the capability's `[capabilities.constraints]`) are
 //!   refused before anything runs; parameters are checked by the driver
 //!   before it touches the device.
 //! - Cancellation (`action_cancel`, `lease_revoked`, shutdown): a queued
@@ -42,6 +43,7 @@ use serde_json::{Map, Value};
 use shared_protocol::capability::{
     CapabilityAction, CapabilityRegistration, CapabilityType, HealthStatus,
 };
+use shared_protocol::constraints::Constraints;
 use shared_protocol::mqtt::{ActionCommand, FenceRefusal, MessageType, SessionUpdate};
 use shared_protocol::provider::{CapabilityHealthReport, RunningSession};
 use shared_protocol::session::SessionStatus;
@@ -238,6 +240,16 @@ pub enum Rejection {
         action: CapabilityAction,
         supported: String,
     },
+    /// A param outside the capability's `[capabilities.constraints]`:
+    /// refused before the driver sees it.
+    #[error("refused by the bench: {action} on capability `{capability_id}`: {violation}")]
+    ConstraintViolated {
+        capability_id: String,
+        action: CapabilityAction,
+        /// The [`shared_protocol::constraints::ConstraintViolation`]'s
+        /// message.
+        violation: String,
+    },
     #[error("capability `{capability_id}` is busy: {depth} actions already wait in its queue")]
     QueueFull { capability_id: String, depth: usize },
     /// The session id is already queued or running (a repeated command):
@@ -307,6 +319,9 @@ struct CapHealth {
 
 struct RunnerSlot {
     kind: CapabilityType,
+    /// The capability's `[capabilities.constraints]`, checked again here
+    /// for commands from a registry that does not check them.
+    constraints: Constraints,
     supported: Vec<CapabilityAction>,
     tx: SyncSender<RunnerMsg>,
     join: Mutex<Option<JoinHandle<()>>>,
@@ -378,7 +393,7 @@ impl Runners {
                 supported_actions: supported.clone(),
                 evidence_modes: cap.evidence_modes.clone(),
                 metadata_json: Some(metadata),
-                constraints_json: None,
+                constraints_json: (!cap.constraints.is_empty()).then(|| cap.constraints.clone()),
                 default_priority: cap.default_priority,
                 safety_locked: cap.safety_locked,
                 tags: cap.tags.clone(),
@@ -389,6 +404,7 @@ impl Runners {
                 cap.id.clone(),
                 RunnerSlot {
                     kind: cap.capability_type,
+                    constraints: Constraints::from_json(&cap.constraints),
                     supported,
                     tx,
                     join: Mutex::new(Some(join)),
@@ -429,6 +445,13 @@ impl Runners {
                     .map(|a| a.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
+            });
+        }
+        if let Err(violation) = slot.constraints.check(cmd.action, &cmd.params) {
+            return Err(Rejection::ConstraintViolated {
+                capability_id: cmd.capability_id.clone(),
+                action: cmd.action,
+                violation: violation.to_string(),
             });
         }
         let timeout_ms = match cmd.timeout_ms {

@@ -460,3 +460,86 @@ fn on_release_params_must_be_a_table() {
     let text = err.to_string();
     assert!(text.contains("on_release"), "{text}");
 }
+
+/// A PSU and a robot with `[capabilities.constraints]` (besides GOOD's
+/// camera).
+fn with_constraints(psu: &str, robot: &str) -> String {
+    format!(
+        "{GOOD}
+[[capabilities]]
+id = \"psu-01\"
+type = \"programmable_power_supply\"
+[capabilities.driver]
+backend = \"sim\"
+[capabilities.constraints]
+{psu}
+
+[[capabilities]]
+id = \"robot-01\"
+type = \"thumb_robot\"
+[capabilities.driver]
+backend = \"sim\"
+[capabilities.constraints]
+{robot}
+"
+    )
+}
+
+#[test]
+fn constraints_are_kept_for_the_registration() {
+    let text = with_constraints(
+        "max_voltage_v = 5.5\nmax_current_a = 1",
+        "work_area_mm = { x_min = 0.0, x_max = 60.0, y_min = 10.0, y_max = 130.0 }",
+    );
+    let cfg = parse(&text).expect("valid");
+    let psu = &cfg.capabilities[1].constraints;
+    assert_eq!(psu["max_voltage_v"], 5.5);
+    assert_eq!(psu["max_current_a"], 1);
+    let robot = &cfg.capabilities[2].constraints;
+    assert_eq!(robot["work_area_mm"]["y_min"], 10.0);
+    assert!(cfg.capabilities[0].constraints.is_empty(), "none declared");
+}
+
+#[test]
+fn an_unknown_or_misplaced_constraint_is_named_with_its_line() {
+    let text = with_constraints(
+        "max_volts = 5.5",
+        "work_area_mm = { x_min = 0.0, x_max = 60.0, y_min = 0.0, y_max = 1.0 }",
+    );
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "capabilities[1].constraints.max_volts");
+    assert_eq!(issue.line, Some(line_of(&text, "max_volts")));
+    assert!(
+        issue
+            .message
+            .contains("unknown constraint; known: max_voltage_v"),
+        "{}",
+        issue.message
+    );
+
+    let text = with_constraints("max_voltage_v = 5.5", "max_current_a = 1.0");
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "capabilities[2].constraints.max_current_a");
+    assert!(
+        issue
+            .message
+            .contains("applies to programmable_power_supply"),
+        "{}",
+        issue.message
+    );
+
+    let text = with_constraints(
+        "max_voltage_v = -1.0",
+        "work_area_mm = { x_min = 9.0, x_max = 1.0, y_min = 0.0, y_max = 1.0 }",
+    );
+    let err = parse(&text).expect_err("refused");
+    let keys: Vec<&str> = err.issues().iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "capabilities[1].constraints.max_voltage_v",
+            "capabilities[2].constraints.work_area_mm"
+        ],
+        "{err}"
+    );
+}

@@ -46,6 +46,9 @@ bounds_mm = {{ x_min = 0.0, x_max = 70.0, y_min = 0.0, y_max = 140.0 }}
 safe_z_mm = 10.0
 press_z_mm = 2.0
 speedup = 20.0
+# Narrower than the robot's bounds: the DUT's screen only.
+[capabilities.constraints]
+work_area_mm = {{ x_min = 0.0, x_max = 60.0, y_min = 0.0, y_max = 140.0 }}
 "#,
         state = dir.join("state").display(),
         port = free_port(),
@@ -227,6 +230,44 @@ async fn parameters_the_driver_rejects_fail_the_session_and_nothing_moves() {
         "{last}"
     );
     assert!(last["artifacts"].as_array().unwrap().is_empty());
+    daemon.shutdown().await;
+}
+
+/// A command from a registry that does not check `constraints_json`
+/// (an older one) is refused by the bench itself: a failed session naming
+/// the constraint, no running update, no evidence, the robot never moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_press_outside_the_declared_work_area_fails_without_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(dir.path()).await;
+    // Inside the robot's bounds (x 0..=70), outside its work area (0..=60).
+    daemon.submit(invoke(
+        "s-area",
+        "l-1",
+        "robot-01",
+        "tap",
+        json!({"x_mm": 65.0, "y_mm": 40.0}),
+        5000,
+    ));
+    let u = final_updates(&daemon, "s-area", Duration::from_secs(5)).await;
+    assert_eq!(u.len(), 1, "no running update: {u:?}");
+    assert_eq!(u[0]["status"], "failed");
+    assert!(u[0]["artifacts"].as_array().unwrap().is_empty(), "{u:?}");
+    let msg = u[0]["error_message"].as_str().unwrap();
+    assert!(msg.contains("refused by the bench"), "{msg}");
+    assert!(msg.contains("constraint `work_area_mm`"), "{msg}");
+    assert!(msg.contains("`x_mm` = 65"), "{msg}");
+    // Within it, the same tap runs.
+    daemon.submit(invoke(
+        "s-area-ok",
+        "l-1",
+        "robot-01",
+        "tap",
+        json!({"x_mm": 55.0, "y_mm": 40.0}),
+        5000,
+    ));
+    let u = final_updates(&daemon, "s-area-ok", Duration::from_secs(10)).await;
+    assert_eq!(u.last().unwrap()["status"], "completed", "{u:?}");
     daemon.shutdown().await;
 }
 

@@ -139,6 +139,33 @@ impl CapabilityAction {
                 | Pulse
         )
     }
+
+    /// Actions a holder of a `shared_stream` lease may run: captures,
+    /// streams and reads, which change nothing the other holders see
+    /// (docs/policy.md "Shared stream"). Everything else — `set_ptz`,
+    /// `set_volume`, playback, serial `open`/`write`, switching, pressing,
+    /// setting a supply — changes the device for every holder and needs
+    /// an exclusive lease.
+    pub fn allowed_in_shared_stream(self) -> bool {
+        use CapabilityAction::*;
+        matches!(
+            self,
+            Snapshot
+                | RecordClip
+                | StartStream
+                | StopStream
+                | RecordAudio
+                | StartAudioStream
+                | StopAudioStream
+                | Read
+                | ExpectPattern
+                | CaptureLog
+                | MeasureOutput
+                | Screenshot
+                | RecordScreenClip
+                | Ocr
+        )
+    }
 }
 
 wire_enum! {

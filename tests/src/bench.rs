@@ -118,9 +118,14 @@ pub struct LabOptions {
     /// TOML appended to the registry's configuration (e.g. `[policy]`
     /// tables).
     pub registry_extra_toml: String,
-    /// Capability id → the TOML value of its `on_release` key (e.g.
-    /// `[{ action = "power_off" }]`), put into the bench TOML.
-    pub on_release: BTreeMap<String, String>,
+    /// Keys put into a capability's table of the generated bench, as
+    /// (capability id, TOML lines), e.g. `(caps::PSU, "constraints = {
+    /// max_voltage_v = 6.0 }")`.
+    pub capability_keys: Vec<(String, String)>,
+    /// Further `[[capabilities]]` entries appended to the bench TOML (one
+    /// complete entry each, driver table included); the lab waits for
+    /// them to register too.
+    pub extra_capabilities: Vec<String>,
 }
 
 impl Default for LabOptions {
@@ -141,12 +146,13 @@ impl Default for LabOptions {
             edge_env: Vec::new(),
             registry_env: Vec::new(),
             bin_dir: None,
+            capability_keys: Vec::new(),
+            extra_capabilities: Vec::new(),
             edge_http_port: None,
             edge_state_dir: None,
             registry_store_dir: None,
             edge_config_template: None,
             registry_extra_toml: String::new(),
-            on_release: BTreeMap::new(),
         }
     }
 }
@@ -403,12 +409,20 @@ impl Lab {
                 &devices,
             ),
         };
-        for (cap, value) in &opts.on_release {
-            let line = format!("id = \"{cap}\"\n");
-            toml = toml.replace(&line, &format!("{line}on_release = {value}\n"));
-        }
         if let Some(d) = &opts.outbox_durability {
             toml = toml.replace("[outbox]\n", &format!("[outbox]\ndurability = \"{d}\"\n"));
+        }
+        for (id, keys) in &opts.capability_keys {
+            let line = format!("id = \"{id}\"\n");
+            if !toml.contains(&line) {
+                bail!("LabOptions.capability_keys: no capability `{id}` in the bench");
+            }
+            toml = toml.replacen(&line, &format!("{line}{keys}\n"), 1);
+        }
+        for entry in &opts.extra_capabilities {
+            toml.push('\n');
+            toml.push_str(entry);
+            toml.push('\n');
         }
         for i in 1..=opts.extra_speakers {
             toml.push_str(&format!(
@@ -476,12 +490,14 @@ impl Lab {
         self.journal("lcus")
     }
 
-    /// Every command the simulated Korad PSU received so far (bench-sim's
-    /// `--journal`), oldest first: `{"command": "OUT0", "at_unix_ms"}`.
+    /// Every command the simulated Korad supply received so far
+    /// (bench-sim's `--journal`), oldest first, queries included:
+    /// `{"command": "VSET1:05.00", "at_unix_ms"}`.
     pub fn psu_commands(&self) -> Vec<Value> {
         self.journal("korad")
     }
 
+    /// The journal lines of simulator `device`, oldest first.
     fn journal(&self, device: &str) -> Vec<Value> {
         std::fs::read_to_string(self.root.join("sim/journal.jsonl"))
             .unwrap_or_default()
@@ -543,7 +559,10 @@ impl Lab {
                 };
             let ok = got.is_some_and(|v| {
                 let caps = v["capabilities"].as_array().cloned().unwrap_or_default();
-                caps.len() == caps::ALL.len() + self.opts.extra_speakers
+                caps.len()
+                    == caps::ALL.len()
+                        + self.opts.extra_speakers
+                        + self.opts.extra_capabilities.len()
                     && caps
                         .iter()
                         .all(|c| c["status"] == "available" || c["status"] == "leased")

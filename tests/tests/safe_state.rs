@@ -13,7 +13,6 @@
 //!   is marked unhealthy (`capability_health_changed`), and a request that
 //!   will not wait is refused with 503 `capability_unhealthy`.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use benchlink_e2e::bench::{caps, Lab, LabOptions, CHIEF_AGENT, HW_AGENT};
@@ -36,7 +35,7 @@ struct Fixture {
 /// A lab whose capability `cap` has `on_release` (a TOML value).
 async fn fixture(cap: &str, on_release: &str) -> Fixture {
     let lab = Lab::start(LabOptions {
-        on_release: BTreeMap::from([(cap.to_string(), on_release.to_string())]),
+        capability_keys: vec![(cap.to_string(), format!("on_release = {on_release}"))],
         ..Default::default()
     })
     .await

@@ -8,7 +8,10 @@
 //!   runs (`wait_ms` 0, the wait ran out, or the registry began to shut
 //!   down during the wait); `429 action_budget_exceeded` with
 //!   `Retry-After` when an actuator action is over a `[policy.budgets]`
-//!   budget (nothing sent);
+//!   budget (nothing sent); `422 constraint_violated` for a param outside
+//!   the capability's `constraints_json` and `409
+//!   action_not_allowed_in_shared_lease` for an action that changes the
+//!   device under a `shared_stream` lease (nothing sent, no session);
 //! - `GET /api/v1/capability-leases/{lease_id}/sessions`: the lease's
 //!   sessions, newest first;
 //! - `GET /api/v1/sessions[?lease_id=&capability_id=&provider_id=&status=&limit=]`,
@@ -122,9 +125,9 @@ fn status_of(s: &CapabilitySession) -> StatusCode {
         (status = 202, description = "The session still runs", body = CapabilitySession),
         (status = 403, description = "`not_lease_holder`, `provider_credentials_revoked` or `forbidden`", body = ErrorBody),
         (status = 404, description = "`not_found`: no such lease or capability", body = ErrorBody),
-        (status = 409, description = "`lease_not_usable`, `lease_expired` or `provider_conflict`", body = ErrorBody),
+        (status = 409, description = "`lease_not_usable`, `lease_expired`, `provider_conflict` or `action_not_allowed_in_shared_lease` (a `shared_stream` holder asked for an action that changes the device)", body = ErrorBody),
         (status = 413, description = "`command_too_large`: the encoded command is over the MQTT packet limit", body = ErrorBody),
-        (status = 422, description = "`invalid_field` or `unsupported_action`", body = ErrorBody),
+        (status = 422, description = "`invalid_field`, `unsupported_action` or `constraint_violated` (a param outside the capability's `constraints_json`)", body = ErrorBody),
         (status = 503, description = "`provider_offline` or `control_plane_unavailable`", body = ErrorBody),
         (status = 507, description = "`storage_full`", body = ErrorBody),
     ))]
@@ -549,6 +552,41 @@ impl From<SessionError> for ApiError {
                 "action": action,
                 "capability_id": capability_id,
                 "supported_actions": supported,
+            })),
+            SessionError::ConstraintViolated {
+                capability_id,
+                action,
+                violation,
+            } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "constraint_violated",
+                message,
+            )
+            .with_details(json!({
+                "constraint": violation.constraint,
+                "limit": violation.limit,
+                "value": violation.value,
+                "param": violation.param,
+                "capability_id": capability_id,
+                "action": action,
+            })),
+            SessionError::NotAllowedInSharedLease {
+                lease_id,
+                capability_id,
+                action,
+                mode,
+                allowed,
+            } => ApiError::new(
+                StatusCode::CONFLICT,
+                "action_not_allowed_in_shared_lease",
+                message,
+            )
+            .with_details(json!({
+                "action": action,
+                "lease_mode": mode,
+                "allowed_actions": allowed,
+                "lease_id": lease_id,
+                "capability_id": capability_id,
             })),
             SessionError::CapabilityNotLeased {
                 lease_id,

@@ -5,10 +5,14 @@
 //! `POST /api/v1/capability-leases/{lease_id}/actions` ([`Sessions::invoke`])
 //! checks, in this order, that the caller holds the lease (the one lease
 //! check, [`LeaseEngine::check_action`]), that the capability supports the
-//! action, that its provider is online and the registry's MQTT link is up,
-//! that an actuator action fits the lab's budgets (`crate::budgets`: 429
-//! `action_budget_exceeded`), and finally commits the lease's use ([`LeaseEngine::begin_action`]:
-//! refused when the lease is not in a holding status) — only then is a
+//! action and its params are within the capability's `constraints_json`
+//! (422 `constraint_violated`), that its provider is online, that a
+//! `shared_stream` lease runs only a capture, stream or read (409
+//! `action_not_allowed_in_shared_lease`), that the registry's MQTT link is
+//! up, that an actuator action fits the lab's budgets (`crate::budgets`:
+//! 429 `action_budget_exceeded`), and finally commits the lease's use
+//! ([`LeaseEngine::begin_action`]: refused when the lease is not in a
+//! holding status) — only then is a
 //! session stored (`running`, event `session_started`) and `action_invoke`
 //! published on the provider's `commands` topic. A refusal leaves no
 //! session behind.
@@ -24,7 +28,8 @@ use std::time::Duration;
 use chrono::Utc;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
-use shared_protocol::capability::CapabilityAction;
+use shared_protocol::capability::{CapabilityAction, LeaseMode};
+use shared_protocol::constraints::Constraints;
 use shared_protocol::lease::CapabilityLease;
 use shared_protocol::mqtt::{ActionCommand, MessageType};
 use shared_protocol::provider::OnlineStatus;
@@ -168,7 +173,8 @@ impl Sessions {
     ///
     /// Errors: [`SessionError::Lease`] (404, 403 `not_lease_holder`, 409
     /// with the lease status), `CapabilityNotLeased`, `UnknownCapability`,
-    /// `UnsupportedAction` (422), `CommandTooLarge` (413: the command
+    /// `UnsupportedAction`, `ConstraintViolated` (422),
+    /// `NotAllowedInSharedLease` (409), `CommandTooLarge` (413: the command
     /// would not fit the MQTT packet limit), `BudgetExceeded` (429),
     /// `ProviderOffline`,
     /// `ControlPlaneDown` (503), `Store`. No session exists after an error.
@@ -190,7 +196,25 @@ impl Sessions {
             Some(c) => c.clone(),
             None => lease.capability_id.clone(),
         };
-        let provider_id = self.check_target(&capability_id, req.action).await?;
+        let provider_id = self
+            .check_target(&capability_id, req.action, &req.params)
+            .await?;
+        if lease.mode == LeaseMode::SharedStream && !req.action.allowed_in_shared_stream() {
+            return Err(SessionError::NotAllowedInSharedLease {
+                lease_id: lease_id.to_string(),
+                capability_id,
+                action: req.action,
+                mode: lease.mode,
+                allowed: req
+                    .action
+                    .capability_type()
+                    .supported_actions()
+                    .iter()
+                    .filter(|a| a.allowed_in_shared_stream())
+                    .map(|a| a.as_str().to_string())
+                    .collect(),
+            });
+        }
         let commands = self
             .commands
             .get()
@@ -253,15 +277,19 @@ impl Sessions {
     }
 
     /// The checks of an action's target: capability `capability_id` exists
-    /// and supports `action`, and its provider is in no twin conflict, has
-    /// its credentials and is online. Returns the provider's id.
+    /// and supports `action`, `params` are within its `constraints_json`
+    /// (`shared_protocol::constraints`; keys this version does not know are
+    /// ignored), and its provider is in no twin conflict, has its
+    /// credentials and is online. Returns the provider's id.
     ///
-    /// Errors: `UnknownCapability`, `UnsupportedAction`, `ProviderConflict`,
+    /// Errors: `UnknownCapability`, `UnsupportedAction`,
+    /// `ConstraintViolated`, `ProviderConflict`,
     /// `ProviderCredentialsRevoked`, `ProviderOffline`, `Store`.
     async fn check_target(
         &self,
         capability_id: &str,
         action: CapabilityAction,
+        params: &Map<String, Value>,
     ) -> Result<String, SessionError> {
         let capability = self
             .providers
@@ -281,6 +309,13 @@ impl Sessions {
                     .collect(),
             });
         }
+        Constraints::from_json(&capability.constraints_json)
+            .check(action, params)
+            .map_err(|violation| SessionError::ConstraintViolated {
+                capability_id: capability_id.to_string(),
+                action,
+                violation,
+            })?;
         let provider_id = capability.provider_id.clone();
         let capability_id = capability_id.to_string();
         if let Some(instances) = self.twins.get().and_then(|t| t.conflict(&provider_id)) {

@@ -1,7 +1,8 @@
 //! What can go wrong when invoking an action or handling artifact bytes;
 //! its HTTP answers are mapped in `api.rs`.
 
-use shared_protocol::capability::CapabilityAction;
+use shared_protocol::capability::{CapabilityAction, LeaseMode};
+use shared_protocol::constraints::ConstraintViolation;
 
 use super::blobs::BlobError;
 use crate::db::DbError;
@@ -25,6 +26,33 @@ pub enum SessionError {
         capability_id: String,
         action: CapabilityAction,
         supported: Vec<String>,
+    },
+
+    /// A param of the action is outside a limit the capability's edge
+    /// declared in `constraints_json` (docs/policy.md "Device
+    /// constraints"). Nothing was sent, no session was stored and no
+    /// budget spent. HTTP 422 `constraint_violated`, details `constraint`,
+    /// `limit`, `value`, `param`, `capability_id`, `action`.
+    #[error("{action} on capability `{capability_id}`: {violation}")]
+    ConstraintViolated {
+        capability_id: String,
+        action: CapabilityAction,
+        violation: ConstraintViolation,
+    },
+
+    /// A holder of a `shared_stream` lease asked for an action that
+    /// changes the device for every holder (docs/policy.md "Shared
+    /// stream"). Nothing was sent and no session was stored. HTTP 409
+    /// `action_not_allowed_in_shared_lease`, details `action`,
+    /// `lease_mode`, `allowed_actions` (those of the capability's type a
+    /// shared holder may run), `lease_id`, `capability_id`.
+    #[error("lease `{lease_id}` holds capability `{capability_id}` in mode `{mode}`, which allows only captures, streams and reads ({}); `{action}` changes the device for every holder and needs an exclusive lease", .allowed.join(", "))]
+    NotAllowedInSharedLease {
+        lease_id: String,
+        capability_id: String,
+        action: CapabilityAction,
+        mode: LeaseMode,
+        allowed: Vec<String>,
     },
 
     /// `capability_id` in the request is not the lease's capability.

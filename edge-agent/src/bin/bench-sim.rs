@@ -22,7 +22,9 @@
 //! With `--journal FILE` every switch frame the LCUS relay board accepts is
 //! appended to FILE as one JSON line, `{"device":"lcus","channel":1,
 //! "on":true,"changed":true,"at_unix_ms":…}` (wall clock, within about
-//! 10 ms), so a test in another process can tell when the hardware acted.
+//! 10 ms), so a test in another process can tell when the hardware acted;
+//! so is every command the Korad supply receives, `{"device":"korad",
+//! "command":"VSET1:05.00","at_unix_ms":…}` (queries included).
 
 use std::path::PathBuf;
 
@@ -99,9 +101,8 @@ struct Args {
     /// Print the device list (and control replies) as JSON.
     #[arg(long)]
     json: bool,
-    /// Append every relay switch frame accepted, and every command the
-    /// Korad PSU received, to this file (JSON lines, `device` `lcus` or
-    /// `korad`).
+    /// Append every relay switch frame accepted and every Korad command
+    /// received to this file (JSON lines).
     #[arg(long, value_name = "FILE")]
     journal: Option<PathBuf>,
 }
@@ -244,7 +245,6 @@ fn start(args: &Args) -> anyhow::Result<Bench> {
 ///
 /// Errors: the file cannot be opened for appending.
 fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
-    use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -267,13 +267,7 @@ fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
                         "changed": sw.changed,
                         "at_unix_ms": at.timestamp_millis(),
                     });
-                    // One write per line: the PSU's journal thread
-                    // appends to the same file.
-                    if file
-                        .write_all(format!("{line}\n").as_bytes())
-                        .and_then(|()| file.flush())
-                        .is_err()
-                    {
+                    if append_line(&mut file, &line).is_err() {
                         return;
                     }
                 }
@@ -285,13 +279,18 @@ fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Append each command `korad` receives to `path` (`{"device": "korad",
-/// "command": "OUT0", "at_unix_ms"}`: when it was complete on the wire),
-/// from a thread that looks every 5 ms.
+/// Append `line` and a newline in one write, so two journal threads never
+/// interleave within a line (the file is opened for appending).
+fn append_line(file: &mut std::fs::File, line: &serde_json::Value) -> std::io::Result<()> {
+    use std::io::Write;
+    file.write_all(format!("{line}\n").as_bytes())
+}
+
+/// Append each command the Korad supply `korad` receives to `path`, as
+/// [`journal_switches`] does for the relay board.
 ///
 /// Errors: the file cannot be opened for appending.
 fn journal_korad(korad: KoradHandle, path: PathBuf) -> anyhow::Result<()> {
-    use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -303,22 +302,16 @@ fn journal_korad(korad: KoradHandle, path: PathBuf) -> anyhow::Result<()> {
             let mut written = 0;
             loop {
                 let history = korad.snapshot().history;
-                for c in history.iter().skip(written) {
-                    let ago = std::time::Instant::now().saturating_duration_since(c.received_at);
+                for cmd in history.iter().skip(written) {
+                    let ago = std::time::Instant::now().saturating_duration_since(cmd.received_at);
                     let at = chrono::Utc::now()
                         - chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::zero());
                     let line = serde_json::json!({
                         "device": "korad",
-                        "command": c.text,
+                        "command": cmd.text,
                         "at_unix_ms": at.timestamp_millis(),
                     });
-                    // One write per line: the relay's journal thread
-                    // appends to the same file.
-                    if file
-                        .write_all(format!("{line}\n").as_bytes())
-                        .and_then(|()| file.flush())
-                        .is_err()
-                    {
+                    if append_line(&mut file, &line).is_err() {
                         return;
                     }
                 }
@@ -326,7 +319,7 @@ fn journal_korad(korad: KoradHandle, path: PathBuf) -> anyhow::Result<()> {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         })
-        .context("starting the PSU journal thread")?;
+        .context("starting the korad journal thread")?;
     Ok(())
 }
 
