@@ -237,6 +237,12 @@ async fn a_bundle_of_a_real_audit_verifies_offline_and_any_changed_byte_fails_it
     .await;
     assert_eq!(got.code, 0, "audit bundle: {}\n{}", got.stdout, got.stderr);
     let bundle = std::fs::read(&file).unwrap();
+    println!(
+        "bundle: {} bytes, {} files, {} artifact(s)",
+        bundle.len(),
+        tar_entries(&bundle).len(),
+        artifacts.len()
+    );
     for (_, sha) in &artifacts {
         content(&bundle, &format!("artifacts/{sha}"));
     }
