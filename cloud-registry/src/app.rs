@@ -516,13 +516,14 @@ impl Registry {
                 .map(|d| d.join("artifacts"))
                 .unwrap_or_else(|| PathBuf::from("artifacts"))
         });
-        let blobs = tokio::task::spawn_blocking(move || FsBlobStore::open(&artifact_dir)).await??;
+        let blobs: Arc<dyn sessions::BlobStore> =
+            Arc::new(tokio::task::spawn_blocking(move || FsBlobStore::open(&artifact_dir)).await??);
         let sessions = Sessions::new(
             db.clone(),
             bus.clone(),
             engine.clone(),
             providers.store().clone(),
-            Arc::new(blobs),
+            blobs.clone(),
             config.sessions.clone(),
         );
         let audit = AuditService::new(
@@ -700,6 +701,13 @@ impl Registry {
                 shutdown: shutdown_rx.clone(),
             }))
             .merge(audit::router(audit.clone()))
+            .merge(audit::bundle::router(audit::bundle::BundleApi {
+                audit: audit.clone(),
+                db: db.clone(),
+                key: signing.clone(),
+                leases: engine.clone(),
+                blobs: blobs.clone(),
+            }))
             .merge(health.clone());
         let (routes, document) = api_routes(
             v1,

@@ -23,6 +23,7 @@ pub mod api;
 pub mod artifact;
 pub mod audit;
 pub mod capability;
+pub mod chain;
 pub mod constraints;
 pub mod earth;
 pub mod event;

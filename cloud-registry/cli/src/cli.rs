@@ -88,6 +88,19 @@ pub enum Command {
     /// Audit requests: submit, claim, post a result.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Check an audit bundle offline (no registry needed): every file's
+    /// SHA-256, the event chain, the checkpoint's signature, the artifacts'
+    /// bytes and the records against their events. Prints the audit's
+    /// timeline; exit 1 names the first failure (docs/audit-trail.md
+    /// "Audit bundles").
+    VerifyBundle {
+        /// The bundle (a tar from `benchlink audit bundle`).
+        file: PathBuf,
+        /// The registry's Ed25519 public key, 64 hex digits, obtained apart
+        /// from the bundle (`cloud-registry audit-log public-key`).
+        #[arg(long, value_name = "HEX")]
+        public_key: String,
+    },
     /// Run an Earth command (natural language), e.g. "高亮所有北斗卫星".
     Earth {
         /// The command text.
@@ -247,6 +260,16 @@ pub enum AuditCommand {
         audit_request_id: String,
         /// The AuditTaskResult JSON.
         file: PathBuf,
+    },
+    /// Download the audit bundle of a request (a tar: records, the event
+    /// chain segment with its signed checkpoint, the artifacts' bytes);
+    /// check it with `benchlink verify-bundle`.
+    Bundle {
+        /// The audit request id.
+        audit_request_id: String,
+        /// Where to write it.
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: PathBuf,
     },
 }
 

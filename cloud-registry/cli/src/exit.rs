@@ -3,6 +3,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | done |
+//! | 1 | `verify-bundle`: the bundle does not verify |
 //! | 2 | usage: a bad flag or argument, a missing URL or token, a token file others may read |
 //! | 3 | refused: 401 `unauthenticated` or 403 (`forbidden`, `not_lease_holder`, ...) |
 //! | 4 | not found: 404 |
@@ -15,6 +16,8 @@ use serde_json::Value;
 
 /// Done.
 pub const OK: u8 = 0;
+/// `verify-bundle`: the bundle failed a check.
+pub const INVALID: u8 = 1;
 /// A bad flag or argument, or missing settings (clap's own code too).
 pub const USAGE: u8 = 2;
 /// 401 or 403.
@@ -31,6 +34,7 @@ pub const CONNECTION: u8 = 7;
 /// The exit-code table as `--help` shows it.
 pub const TABLE: &str = "Exit codes:
   0  done
+  1  verify-bundle: the bundle does not verify
   2  usage: bad arguments, no URL or token, a token file others may read
   3  refused: 401 unauthenticated or 403 forbidden (e.g. not an admin) / not_lease_holder
   4  not found (404)

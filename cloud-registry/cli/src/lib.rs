@@ -2,8 +2,10 @@
 //! ([`client`]), the command line ([`cli`]: definitions, [`run`]: what each
 //! command does), the settings it reads ([`config`]) and `benchlink mcp`,
 //! an MCP server for agent hosts ([`mcp`]); admins' maintenance
-//! commands are in [`maintenance`].
+//! commands are in [`maintenance`]; [`bundle`] checks an audit bundle
+//! offline.
 
+pub mod bundle;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -45,6 +45,41 @@ fn print_all(bytes: &[u8]) -> Result<(), Failure> {
     }
 }
 
+/// `verify-bundle`: offline, so before any settings are read. Exit 1
+/// (with `{"ok": false, "file", "error"}` under `--json`) on a failed check.
+fn verify_bundle(file: &std::path::Path, public_key: &str, json: bool) -> Result<(), Failure> {
+    let f = std::fs::File::open(file)
+        .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
+    match benchlink::bundle::verify(std::io::BufReader::new(f), public_key) {
+        Ok(v) => {
+            let text = if json {
+                let mut doc = serde_json::json!({"ok": true});
+                doc["verified"] = serde_json::to_value(&v).unwrap_or_default();
+                format!("{doc}\n")
+            } else {
+                v.render()
+            };
+            print_all(text.as_bytes())
+        }
+        Err(e) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": false, "file": e.file, "error": e.reason})
+                );
+                // The one JSON document is printed: only the exit code and
+                // stderr's line remain.
+                eprintln!("benchlink: bundle does not verify: {e}");
+                std::process::exit(i32::from(benchlink::exit::INVALID));
+            }
+            Err(Failure::new(
+                benchlink::exit::INVALID,
+                format!("bundle does not verify: {e}"),
+            ))
+        }
+    }
+}
+
 fn execute(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Completions { shell } => {
@@ -58,6 +93,9 @@ fn execute(cli: Cli) -> Result<(), Failure> {
                 .render(&mut buf)
                 .map_err(|e| Failure::new(benchlink::exit::API, format!("man page: {e}")))?;
             return print_all(&buf);
+        }
+        Command::VerifyBundle { file, public_key } => {
+            return verify_bundle(&file, &public_key, cli.global.json);
         }
         _ => {}
     }

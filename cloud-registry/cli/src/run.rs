@@ -235,9 +235,10 @@ pub async fn run(ctx: &Ctx, command: Command) -> Outcome {
         }
         Command::Maintenance(m) => crate::maintenance::maintenance(ctx, m).await,
         Command::Capability(c) => crate::maintenance::capability(ctx, c).await,
-        Command::Completions { .. } | Command::Man | Command::Mcp => {
-            Err(Failure::usage("not a registry command"))
-        }
+        Command::Completions { .. }
+        | Command::Man
+        | Command::Mcp
+        | Command::VerifyBundle { .. } => Err(Failure::usage("not a registry command")),
     }
 }
 
@@ -851,6 +852,10 @@ fn read_json(file: &Path) -> Result<Value, Failure> {
 
 async fn audit(ctx: &Ctx, a: AuditCommand) -> Outcome {
     match a {
+        AuditCommand::Bundle {
+            audit_request_id,
+            output,
+        } => return audit_bundle(ctx, &audit_request_id, &output).await,
         AuditCommand::Submit { file } => {
             let body = read_json(&file)?;
             let (_, v) = ctx
@@ -935,6 +940,60 @@ async fn audit(ctx: &Ctx, a: AuditCommand) -> Outcome {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// `audit bundle`: stream `GET /audit-requests/{id}/bundle` into
+/// `{out}.partial`, then rename it to `out`.
+async fn audit_bundle(ctx: &Ctx, id: &str, out: &Path) -> Outcome {
+    let path = format!("/api/v1/audit-requests/{}/bundle", encode(id));
+    let resp = ctx
+        .agent
+        .http()
+        .get(format!("{}{path}", ctx.agent.base_url))
+        .bearer_auth(ctx.agent.token())
+        .send()
+        .await
+        .map_err(|e| Failure::from(anyhow::Error::new(e).context(format!("GET {path}"))))?;
+    let status = resp.status();
+    if status != StatusCode::OK {
+        let text = resp.text().await.unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        return Err(Failure::from_answer(&format!("GET {path}"), status, &body));
+    }
+    let partial = out.with_extension("partial");
+    let io_err = |e: std::io::Error| Failure::new(API, format!("{}: {e}", partial.display()));
+    let mut file = std::fs::File::create(&partial).map_err(io_err)?;
+    let mut stream = resp.bytes_stream();
+    let mut written: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(Failure::from(
+                    anyhow::Error::new(e).context(format!("GET {path}")),
+                ));
+            }
+        };
+        file.write_all(&chunk).map_err(io_err)?;
+        written += chunk.len() as u64;
+    }
+    file.sync_all().map_err(io_err)?;
+    std::fs::rename(&partial, out).map_err(io_err)?;
+    let v = json!({
+        "audit_request_id": id,
+        "path": out.display().to_string(),
+        "size_bytes": written,
+    });
+    if ctx.json {
+        ctx.print_json(&v);
+    } else {
+        println!(
+            "audit bundle of {id} → {} ({written} bytes); check it with `benchlink verify-bundle`",
+            out.display()
+        );
     }
     Ok(())
 }

@@ -99,6 +99,7 @@
 //! before the sweeper has returned it to the queue.
 
 mod api;
+pub mod bundle;
 mod chief;
 mod error;
 pub mod limits;

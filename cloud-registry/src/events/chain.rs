@@ -18,14 +18,8 @@ use chrono::Utc;
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-/// `prev_hash` of the first event: 64 zeros.
-pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
-
-/// What a checkpoint signs is prefixed with this, so a signature made for
-/// anything else never passes as one.
-const CHECKPOINT_DOMAIN: &str = "benchlink-event-checkpoint-v1";
+pub use shared_protocol::chain::{canonical, row_hash, ChainRow, GENESIS};
 
 /// `[audit_log]`: the chain's signing key and checkpoints.
 #[derive(Debug, Clone, Deserialize)]
@@ -68,54 +62,6 @@ impl AuditLogConfig {
             PathBuf::from(p)
         })
     }
-}
-
-/// The fields of an event row the hash covers, as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChainRow {
-    pub event_id: u64,
-    pub event_type: String,
-    /// RFC 3339, as stored.
-    pub occurred_at: String,
-    pub actor: String,
-    pub provider_id: Option<String>,
-    pub capability_id: Option<String>,
-    pub lease_id: Option<String>,
-    pub session_id: Option<String>,
-    pub artifact_id: Option<String>,
-    pub audit_request_id: Option<String>,
-    /// The `data` column's JSON text, byte for byte.
-    pub data: String,
-}
-
-/// The row as one JSON array, fields in column order (`null` for absent
-/// ones); `data` is its stored text as a JSON string, so no
-/// re-serialisation can change what was hashed.
-pub fn canonical(row: &ChainRow) -> String {
-    serde_json::json!([
-        row.event_id,
-        row.event_type,
-        row.occurred_at,
-        row.actor,
-        row.provider_id,
-        row.capability_id,
-        row.lease_id,
-        row.session_id,
-        row.artifact_id,
-        row.audit_request_id,
-        row.data,
-    ])
-    .to_string()
-}
-
-/// `hash` of `row` after `prev_hash`: lowercase hex SHA-256 of
-/// `prev_hash`, `\n`, [`canonical`].
-pub fn row_hash(prev_hash: &str, row: &ChainRow) -> String {
-    let mut h = Sha256::new();
-    h.update(prev_hash.as_bytes());
-    h.update(b"\n");
-    h.update(canonical(row).as_bytes());
-    hex::encode(h.finalize())
 }
 
 /// The newest row's `(event_id, hash)`, or `(0, GENESIS)` on an empty log.
@@ -215,6 +161,28 @@ fn read_stored(
     rows.collect()
 }
 
+/// Stored rows `first..=last` with their chain columns, oldest first, as
+/// an audit bundle's `events.jsonl` carries them (a row without chain
+/// columns, impossible after [`migrate`], has them empty).
+pub fn segment(
+    conn: &Connection,
+    first: u64,
+    last: u64,
+) -> rusqlite::Result<Vec<shared_protocol::chain::ChainedRow>> {
+    Ok(
+        read_stored(conn, first.saturating_sub(1), last, usize::MAX)?
+            .into_iter()
+            .map(
+                |(row, prev_hash, hash)| shared_protocol::chain::ChainedRow {
+                    row,
+                    prev_hash: prev_hash.unwrap_or_default(),
+                    hash: hash.unwrap_or_default(),
+                },
+            )
+            .collect(),
+    )
+}
+
 /// A signed statement that the chain's event `event_id` has `hash`.
 /// Its JSON is what `cloud-registry audit-log checkpoint` prints and
 /// `verify --checkpoint FILE` reads.
@@ -234,7 +202,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     fn message(event_id: u64, hash: &str, signed_at: &str) -> String {
-        format!("{CHECKPOINT_DOMAIN}\n{event_id}\n{hash}\n{signed_at}")
+        shared_protocol::chain::checkpoint_message(event_id, hash, signed_at)
     }
 
     /// Sign the head `(event_id, hash)` now with `key`.
