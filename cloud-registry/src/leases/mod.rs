@@ -129,8 +129,8 @@ pub use clock::{LeaseClock, ManualClock, SystemClock};
 pub use error::LeaseError;
 pub use idempotency::{IdempotencyKey, KEY_TTL as IDEMPOTENCY_KEY_TTL};
 pub use safe_state::{
-    is_safe_state, principal as safe_state_principal, release_actions,
-    ReleaseAction, SAFE_STATE_PRINCIPAL, SAFE_STATE_PURPOSE,
+    is_safe_state, principal as safe_state_principal, release_actions, ReleaseAction,
+    SAFE_STATE_PRINCIPAL, SAFE_STATE_PURPOSE,
 };
 
 /// Create the lease engine's tables (leases, idempotency keys);
