@@ -2064,6 +2064,23 @@ async fn a_check_verdict_gates_grants_until_cleared_and_heartbeats_do_not_clear_
 
     assert!(lab.engine.set_check_unhealthy("cam-01", false, None).await);
     assert_eq!(lab.status(&waiting.lease_id).await, LeaseStatus::Granted);
+    lab.release("worker-b", &waiting.lease_id).await;
+
+    // An admin's maintenance round trip (repaired) clears the verdict too.
+    lab.engine
+        .set_check_unhealthy("cam-01", true, Some("stuck".into()))
+        .await;
+    let next = lab.ask("worker-a", "cam-01", 50, 60).await;
+    assert_eq!(next.status, LeaseStatus::Requested);
+    let ids = ["cam-01".to_string()];
+    lab.engine
+        .set_maintenance(&ids, Some("repair"))
+        .await
+        .expect("enter");
+    assert_eq!(lab.status(&next.lease_id).await, LeaseStatus::Requested);
+    lab.engine.set_maintenance(&ids, None).await.expect("leave");
+    assert!(lab.engine.check_failures().is_empty());
+    assert_eq!(lab.status(&next.lease_id).await, LeaseStatus::Granted);
 }
 
 /// A safe-state lease is persisted like any lease: after a restart it

@@ -155,4 +155,14 @@ async fn actions_outside_the_declared_constraints_get_422_and_reach_no_device() 
         .await
         .unwrap();
     assert_violation(&again, "max_voltage_v", "voltage_v", 6.5);
+
+    // A lease that has ended is refused as such, whatever the action.
+    let (s, _) = chief.release(&psu2).await.unwrap();
+    assert_eq!(s, StatusCode::OK);
+    let (s, body) = chief
+        .act(&psu2, "set_voltage", json!({"voltage_v": 9.0}), 10_000)
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "lease_not_usable", "{body}");
 }

@@ -1197,12 +1197,15 @@ impl LeaseEngine {
     }
 
     /// The lease check of an action, made once and first: lease
-    /// `lease_id` exists and `holder` holds it. Reads only; the lease's
-    /// status is judged when the action commits its use
-    /// ([`LeaseEngine::begin_action`]), after the action's other checks, so
-    /// that a refused action never activates a lease.
+    /// `lease_id` exists, `holder` holds it and, as last committed, it is
+    /// in a holding status (so an ended lease is refused as such, before
+    /// the action's own checks). Reads only; the status is judged again
+    /// when the action commits its use ([`LeaseEngine::begin_action`]),
+    /// after the action's other checks, so that a refused action never
+    /// activates a lease.
     ///
-    /// Errors: `NotFound` (also when the store cannot be read), `NotHolder`.
+    /// Errors: `NotFound` (also when the store cannot be read), `NotHolder`,
+    /// `Expired`, `NotUsable` (`requested` or final).
     pub async fn check_action(
         &self,
         holder: &Principal,
@@ -1215,6 +1218,9 @@ impl LeaseEngine {
                 lease_id: lease_id.to_string(),
             })?;
         check_holder(holder, &lease, false)?;
+        if !lease.status.holds_capability() {
+            return Err(LeaseError::status(lease_id, lease.status, "act"));
+        }
         Ok(lease)
     }
 
@@ -1451,7 +1457,9 @@ impl LeaseEngine {
     /// on them meanwhile, and every holder gets a preemption-style notice
     /// (`lease_preempt_requested`, `preempt_reason: "maintenance"`) and the
     /// grace period, then is revoked as a preempted holder is. Leaving:
-    /// waiting requests may be granted on them. Unknown ids are skipped.
+    /// the registry's own unhealthy verdict is cleared (the admin repaired
+    /// it; [`set_check_unhealthy`](Self::set_check_unhealthy)) and waiting
+    /// requests may be granted on them. Unknown ids are skipped.
     /// Returns the leases that were told, as committed.
     ///
     /// Errors: `Unavailable` (nothing was changed).
@@ -1471,8 +1479,16 @@ impl LeaseEngine {
                 let Some(info) = st.dir.get_mut(id) else {
                     continue;
                 };
+                let was_in_maintenance = info.maintenance.is_some();
                 info.maintenance = reason.map(str::to_string);
                 dirty.insert(id.clone());
+                // Out of maintenance means repaired: the registry's own
+                // verdict (a failed check or safe-state run) goes with it.
+                if reason.is_none() && was_in_maintenance {
+                    if let Some(why) = info.check_failed.take() {
+                        tracing::info!(capability_id = %id, verdict = %why, "maintenance ended: the registry's unhealthy verdict is cleared");
+                    }
+                }
                 let Some(r) = reason else { continue };
                 let holders = st.holders.get(id).cloned().unwrap_or_default();
                 // A safe-state run finishes first: it is what makes the
