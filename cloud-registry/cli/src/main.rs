@@ -10,6 +10,13 @@ use benchlink::run::{run, Ctx};
 use clap::{CommandFactory, Parser};
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so a reader that stops early (`| head`) would
+    // make every later `println!` panic; like other Unix tools, end
+    // quietly instead.
+    // SAFETY: called before any thread starts; SIG_DFL is a valid action.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -540,6 +540,7 @@ async fn lease_outcome(ctx: &Ctx, principal: &str, leases: &mut [Value]) -> Outc
         if cap.is_empty() {
             continue;
         }
+        let before = holders.len();
         if let Ok((StatusCode::OK, v)) = ctx
             .agent
             .get(&format!(
@@ -563,9 +564,14 @@ async fn lease_outcome(ctx: &Ctx, principal: &str, leases: &mut [Value]) -> Outc
                 ));
             }
         }
+        if holders.len() == before {
+            if let Some(why) = not_grantable_because(ctx, cap).await {
+                holders.push(format!("{cap} {why}"));
+            }
+        }
     }
     if holders.is_empty() {
-        holders.push("the capability is held by someone else".into());
+        holders.push("no matching capability became free".into());
     }
     Err(Failure::new(
         CONFLICT,
@@ -574,6 +580,30 @@ async fn lease_outcome(ctx: &Ctx, principal: &str, leases: &mut [Value]) -> Outc
             holders.join("; ")
         ),
     ))
+}
+
+/// Why nobody holding `capability_id` still left it ungranted, from its
+/// registry record: unhealthy (with the health check's reason), in
+/// maintenance or offline; `None` when it looks grantable or cannot be
+/// read.
+async fn not_grantable_because(ctx: &Ctx, capability_id: &str) -> Option<String> {
+    let Ok((StatusCode::OK, c)) = ctx
+        .agent
+        .get(&format!("/api/v1/capabilities/{}", encode(capability_id)))
+        .await
+    else {
+        return None;
+    };
+    if c["health_status"] == "unhealthy" {
+        return Some(match c["health_check_reason"].as_str() {
+            Some(r) if !r.is_empty() => format!("is unhealthy ({r})"),
+            _ => "is unhealthy".to_string(),
+        });
+    }
+    match c["status"].as_str() {
+        Some(s @ ("maintenance" | "offline")) => Some(format!("is {s}")),
+        _ => None,
+    }
 }
 
 /// Parse `key=value` action parameters: JSON values as such, anything
@@ -665,7 +695,7 @@ fn print_session(s: &Value) {
 
 /// Download `artifact_id` to `out`, streaming, with a progress bar above
 /// 1 MiB (on a terminal), and check its sha256 against the artifact's
-/// stored checksum. The file is written as `out.partial` and renamed only
+/// stored checksum. The file is written as `{out}.partial` and renamed only
 /// when the checksum matches.
 async fn artifact_get(ctx: &Ctx, artifact_id: &str, out: &Path) -> Outcome {
     let meta = ctx.get(&format!("/api/v1/artifacts/{artifact_id}")).await?;
@@ -696,7 +726,7 @@ async fn artifact_get(ctx: &Ctx, artifact_id: &str, out: &Path) -> Outcome {
         );
         b
     });
-    let partial = out.with_extension("partial");
+    let partial = partial_path(out);
     let io_err = |e: std::io::Error| Failure::new(API, format!("{}: {e}", partial.display()));
     let mut file = std::fs::File::create(&partial).map_err(io_err)?;
     let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
@@ -864,9 +894,10 @@ async fn audit(ctx: &Ctx, a: AuditCommand) -> Outcome {
             if ctx.json {
                 ctx.print_json(&v);
             } else {
+                // The answer is an `AuditRequestRecord`: the request inside.
                 println!(
                     "audit request {} {}",
-                    cell(&v["audit_request_id"]),
+                    cell(&v["request"]["audit_request_id"]),
                     cell(&v["status"])
                 );
             }
@@ -944,6 +975,14 @@ async fn audit(ctx: &Ctx, a: AuditCommand) -> Outcome {
     Ok(())
 }
 
+/// Where a download into `out` is written until complete: `out` with
+/// `.partial` appended (`x.tar` → `x.tar.partial`).
+fn partial_path(out: &Path) -> std::path::PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".partial");
+    std::path::PathBuf::from(name)
+}
+
 /// `audit bundle`: stream `GET /audit-requests/{id}/bundle` into
 /// `{out}.partial`, then rename it to `out`.
 async fn audit_bundle(ctx: &Ctx, id: &str, out: &Path) -> Outcome {
@@ -962,7 +1001,7 @@ async fn audit_bundle(ctx: &Ctx, id: &str, out: &Path) -> Outcome {
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         return Err(Failure::from_answer(&format!("GET {path}"), status, &body));
     }
-    let partial = out.with_extension("partial");
+    let partial = partial_path(out);
     let io_err = |e: std::io::Error| Failure::new(API, format!("{}: {e}", partial.display()));
     let mut file = std::fs::File::create(&partial).map_err(io_err)?;
     let mut stream = resp.bytes_stream();
