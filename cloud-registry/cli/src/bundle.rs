@@ -449,6 +449,37 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
                 format!("lease {lease_id}: no event of it in the segment"),
             );
         }
+        // What a lease was asked for never changes: every event of it
+        // carries the same.
+        let newest = rows
+            .iter()
+            .rev()
+            .filter(of_lease)
+            .find(|r| r.row.event_type.starts_with("lease_"));
+        if let Some(ev) = newest {
+            let carried = ev_data(ev);
+            for field in [
+                "principal",
+                "holder_type",
+                "holder_ref",
+                "project_id",
+                "purpose",
+                "priority",
+                "requested_duration_seconds",
+                "evidence_required",
+                "mode",
+            ] {
+                if carried.get(field) != l.get(field) {
+                    return fail(
+                        "leases.json",
+                        format!(
+                            "lease {lease_id}: `{field}` differs from event {}'s",
+                            ev.row.event_id
+                        ),
+                    );
+                }
+            }
+        }
         // The newest event naming a capability (a queued lease may have
         // none yet).
         let named = rows
@@ -491,6 +522,11 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
             "action",
             "status",
             "started_at",
+            "ended_at",
+            "input_summary",
+            "result_summary",
+            "error_message",
+            "artifact_refs",
         ] {
             if carried.get(field) != s.get(field) {
                 return fail(
@@ -675,7 +711,7 @@ mod tests {
         let art_sha = sha(&bytes);
         let session = json!({"session_id": "sess_1", "lease_id": "lease_1",
             "capability_id": "cam-01", "action": "capture_image", "status": "completed",
-            "started_at": "2026-12-02T10:00:01Z"});
+            "started_at": "2026-12-02T10:00:01Z", "result_summary": {"voltage_v": 3.3}});
         let artifact = json!({"artifact_id": "art_1", "session_id": "sess_1",
             "artifact_type": "image", "checksum": art_sha, "size_bytes": bytes.len(),
             "uploaded": true});
@@ -916,6 +952,20 @@ mod tests {
                 .contains("session sess_1: `status` differs from event 13"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_measured_value_or_a_lease_field_changed_in_its_record_fails() {
+        let fs = change("sessions.json", |b| replace(b, "3.3", "5.0"));
+        let e = verify(tar_of(&fs).as_slice(), &public(&key())).unwrap_err();
+        assert_eq!(e.file, "sessions.json");
+        assert!(e.reason.contains("`result_summary` differs"), "{e}");
+        let fs = change("leases.json", |b| {
+            replace(b, "\"lease_id\"", "\"priority\":99,\"lease_id\"")
+        });
+        let e = verify(tar_of(&fs).as_slice(), &public(&key())).unwrap_err();
+        assert_eq!(e.file, "leases.json");
+        assert!(e.reason.contains("`priority` differs from event 11"), "{e}");
     }
 
     #[test]
