@@ -125,7 +125,7 @@ struct Args {
     idle_seconds: u64,
     /// Instead of the full run: lease cycles with the lab policy
     /// configured ([`POLICY_ON`]: principal policy, action budgets, the
-    /// rate limit) against none, on two fresh registries, alternating
+    /// rate limit, queue aging) against none, on two fresh registries, alternating
     /// off/on `--policy-rounds` times, `own` capabilities at each
     /// `--clients` count; prints registry CPU per cycle side by side.
     #[arg(long)]
@@ -154,7 +154,7 @@ max_concurrent_leases = 4
 max_lease_seconds = 600
 allowed_capability_types = ["relay", "camera"]
 allowed_tags = ["bench", "lab"]
-allowed_preempt_reasons = ["higher_priority_audit"]
+allowed_preempt_reasons = ["hardware_audit_deadline"]
 
 [policy.principals."audit:bench-client-0000"]
 max_priority = 70
@@ -168,6 +168,10 @@ per_principal = 60
 [policy.rate_limit]
 requests_per_minute = 6000000
 burst = 1000000
+
+[policy.queue_aging]
+priority_per_minute = 1.0
+max_boost = 10
 "#;
 
 /// Reference figures: the labgrid 26 coordinator measured on this machine.
