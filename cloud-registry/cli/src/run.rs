@@ -693,14 +693,12 @@ fn print_session(s: &Value) {
     }
 }
 
-/// Download `artifact_id` to `out`, streaming, with a progress bar above
-/// 1 MiB (on a terminal), and check its sha256 against the artifact's
-/// stored checksum. The file is written as `{out}.partial` and renamed only
-/// when the checksum matches.
-async fn artifact_get(ctx: &Ctx, artifact_id: &str, out: &Path) -> Outcome {
-    let meta = ctx.get(&format!("/api/v1/artifacts/{artifact_id}")).await?;
-    let expected = meta["checksum"].as_str().unwrap_or_default().to_string();
-    let path = format!("/api/v1/artifacts/{artifact_id}/content");
+/// `GET path` (relative to the registry) for a download whose body is
+/// streamed: the answer when it is 200.
+///
+/// Errors: the request failed, or the registry answered otherwise (its
+/// error body mapped as every command's).
+async fn get_download(ctx: &Ctx, path: &str) -> Result<reqwest::Response, Failure> {
     let resp = ctx
         .agent
         .http()
@@ -715,6 +713,18 @@ async fn artifact_get(ctx: &Ctx, artifact_id: &str, out: &Path) -> Outcome {
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         return Err(Failure::from_answer(&format!("GET {path}"), status, &body));
     }
+    Ok(resp)
+}
+
+/// Download `artifact_id` to `out`, streaming, with a progress bar above
+/// 1 MiB (on a terminal), and check its sha256 against the artifact's
+/// stored checksum. The file is written as `{out}.partial` and renamed only
+/// when the checksum matches.
+async fn artifact_get(ctx: &Ctx, artifact_id: &str, out: &Path) -> Outcome {
+    let meta = ctx.get(&format!("/api/v1/artifacts/{artifact_id}")).await?;
+    let expected = meta["checksum"].as_str().unwrap_or_default().to_string();
+    let path = format!("/api/v1/artifacts/{artifact_id}/content");
+    let resp = get_download(ctx, &path).await?;
     let total = resp.content_length().unwrap_or(0);
     let bar = (total > 1024 * 1024 && !ctx.json).then(|| {
         let b = indicatif::ProgressBar::new(total);
@@ -987,20 +997,7 @@ fn partial_path(out: &Path) -> std::path::PathBuf {
 /// `{out}.partial`, then rename it to `out`.
 async fn audit_bundle(ctx: &Ctx, id: &str, out: &Path) -> Outcome {
     let path = format!("/api/v1/audit-requests/{}/bundle", encode(id));
-    let resp = ctx
-        .agent
-        .http()
-        .get(format!("{}{path}", ctx.agent.base_url))
-        .bearer_auth(ctx.agent.token())
-        .send()
-        .await
-        .map_err(|e| Failure::from(anyhow::Error::new(e).context(format!("GET {path}"))))?;
-    let status = resp.status();
-    if status != StatusCode::OK {
-        let text = resp.text().await.unwrap_or_default();
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        return Err(Failure::from_answer(&format!("GET {path}"), status, &body));
-    }
+    let resp = get_download(ctx, &path).await?;
     let partial = partial_path(out);
     let io_err = |e: std::io::Error| Failure::new(API, format!("{}: {e}", partial.display()));
     let mut file = std::fs::File::create(&partial).map_err(io_err)?;

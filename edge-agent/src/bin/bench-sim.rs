@@ -240,86 +240,86 @@ fn start(args: &Args) -> anyhow::Result<Bench> {
     Ok(Bench { sims, dut_power })
 }
 
-/// Append each switch frame `lcus` accepts to `path`, from a thread that
-/// looks every 5 ms (the switch's instant is turned into wall time).
+/// Append each switch frame `lcus` accepts to `path` (see [`journal`]).
 ///
 /// Errors: the file cannot be opened for appending.
 fn journal_switches(lcus: LcusHandle, path: PathBuf) -> anyhow::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("opening the journal {}", path.display()))?;
-    std::thread::Builder::new()
-        .name("journal".into())
-        .spawn(move || {
-            let mut written = 0;
-            loop {
-                let switches = lcus.snapshot().switches;
-                for sw in switches.iter().skip(written) {
-                    let ago = std::time::Instant::now().saturating_duration_since(sw.at);
-                    let at = chrono::Utc::now()
-                        - chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::zero());
-                    let line = serde_json::json!({
-                        "device": "lcus",
-                        "channel": sw.channel,
-                        "on": sw.on,
-                        "changed": sw.changed,
-                        "at_unix_ms": at.timestamp_millis(),
-                    });
-                    if append_line(&mut file, &line).is_err() {
-                        return;
-                    }
-                }
-                written = switches.len();
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-        })
-        .context("starting the journal thread")?;
-    Ok(())
+    journal(
+        path,
+        "journal",
+        move || lcus.snapshot().switches,
+        |sw| {
+            (
+                sw.at,
+                serde_json::json!({
+                    "device": "lcus",
+                    "channel": sw.channel,
+                    "on": sw.on,
+                    "changed": sw.changed,
+                }),
+            )
+        },
+    )
 }
 
-/// Append `line` and a newline in one write, so two journal threads never
-/// interleave within a line (the file is opened for appending).
-fn append_line(file: &mut std::fs::File, line: &serde_json::Value) -> std::io::Result<()> {
-    use std::io::Write;
-    file.write_all(format!("{line}\n").as_bytes())
-}
-
-/// Append each command the Korad supply `korad` receives to `path`, as
-/// [`journal_switches`] does for the relay board.
+/// Append each command the Korad supply `korad` receives to `path` (see
+/// [`journal`]).
 ///
 /// Errors: the file cannot be opened for appending.
 fn journal_korad(korad: KoradHandle, path: PathBuf) -> anyhow::Result<()> {
+    journal(
+        path,
+        "journal-korad",
+        move || korad.snapshot().history,
+        |cmd| {
+            (
+                cmd.received_at,
+                serde_json::json!({"device": "korad", "command": cmd.text}),
+            )
+        },
+    )
+}
+
+/// From a thread named `name` that looks every 5 ms, append each new entry
+/// of `entries()` (a history that only grows) to `path` as one JSON line:
+/// `line(entry)`'s object with `at_unix_ms`, the entry's instant turned
+/// into wall time. Each line is one write to a file opened for appending,
+/// so two journal threads never interleave within a line.
+///
+/// Errors: the file cannot be opened for appending.
+fn journal<T: 'static>(
+    path: PathBuf,
+    name: &str,
+    entries: impl Fn() -> Vec<T> + Send + 'static,
+    line: impl Fn(&T) -> (std::time::Instant, serde_json::Value) + Send + 'static,
+) -> anyhow::Result<()> {
+    use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
         .with_context(|| format!("opening the journal {}", path.display()))?;
     std::thread::Builder::new()
-        .name("journal-korad".into())
+        .name(name.into())
         .spawn(move || {
             let mut written = 0;
             loop {
-                let history = korad.snapshot().history;
-                for cmd in history.iter().skip(written) {
-                    let ago = std::time::Instant::now().saturating_duration_since(cmd.received_at);
+                let all = entries();
+                for e in all.iter().skip(written) {
+                    let (when, mut v) = line(e);
+                    let ago = std::time::Instant::now().saturating_duration_since(when);
                     let at = chrono::Utc::now()
                         - chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::zero());
-                    let line = serde_json::json!({
-                        "device": "korad",
-                        "command": cmd.text,
-                        "at_unix_ms": at.timestamp_millis(),
-                    });
-                    if append_line(&mut file, &line).is_err() {
+                    v["at_unix_ms"] = serde_json::json!(at.timestamp_millis());
+                    if file.write_all(format!("{v}\n").as_bytes()).is_err() {
                         return;
                     }
                 }
-                written = history.len();
+                written = all.len();
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         })
-        .context("starting the korad journal thread")?;
+        .with_context(|| format!("starting the {name} thread"))?;
     Ok(())
 }
 
