@@ -30,6 +30,7 @@ pub mod event;
 pub mod lease;
 pub mod mqtt;
 pub mod provider;
+pub mod regions;
 pub mod session;
 pub mod speech;
 pub mod validate;
