@@ -61,6 +61,48 @@ pub fn row_hash(prev_hash: &str, row: &ChainRow) -> String {
     hex::encode(h.finalize())
 }
 
+/// Lowercase hex SHA-256 of `record` in canonical JSON: object keys sorted
+/// by their bytes at every level, no whitespace, numbers and strings as
+/// serde_json writes them. An event carries this digest of a record too
+/// large to carry whole (an audit request's `request_sha256`, a result's
+/// `result_sha256`), so the chain covers every field of it and an auditor
+/// recomputes it from the bundle's copy.
+pub fn record_digest(record: &serde_json::Value) -> String {
+    fn write(v: &serde_json::Value, out: &mut String) {
+        use serde_json::Value;
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(&map[k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut text = String::new();
+    write(record, &mut text);
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
 /// The bytes a checkpoint's Ed25519 signature covers:
 /// `benchlink-event-checkpoint-v1\n{event_id}\n{hash}\n{signed_at}`.
 pub fn checkpoint_message(event_id: u64, hash: &str, signed_at: &str) -> String {
@@ -115,6 +157,21 @@ pub struct BundleFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_digest_ignores_key_order_and_sees_every_value() {
+        let a = serde_json::json!({"b": [1, {"y": "x", "x": 0.92}], "a": null});
+        let b = serde_json::json!({"a": null, "b": [1, {"x": 0.92, "y": "x"}]});
+        assert_eq!(record_digest(&a), record_digest(&b));
+        let c = serde_json::json!({"a": null, "b": [1, {"x": 0.93, "y": "x"}]});
+        assert_ne!(record_digest(&a), record_digest(&c));
+        let d = serde_json::json!({"a": null, "b": [{"x": 0.92, "y": "x"}, 1]});
+        assert_ne!(record_digest(&a), record_digest(&d));
+        // A round trip through text (what a bundle's reader does) keeps it.
+        let text = serde_json::to_string_pretty(&a).unwrap();
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(record_digest(&a), record_digest(&back));
+    }
 
     #[test]
     fn a_chained_row_is_one_flat_json_object() {

@@ -306,6 +306,26 @@ async fn a_bundle_of_a_real_audit_verifies_offline_and_any_changed_byte_fails_it
         .map(|s| s[..4].to_string())
         .expect("an occurred_at");
     let other_year = if year == "2099" { "2098" } else { "2099" };
+    let result_file = tar_entries(&bundle)
+        .into_iter()
+        .map(|(p, _, _)| p)
+        .find(|p| p.starts_with("results/"))
+        .expect("a result in the bundle");
+    // One letter of a finding's title changes case: a field no event
+    // carries whole, covered by the completed event's result_sha256.
+    let retitled = tamper_with(&bundle, &result_file, true, |c| {
+        let key = b"\"title\": \"";
+        let at = c
+            .windows(key.len())
+            .position(|w| w == key)
+            .expect("a finding title")
+            + key.len();
+        assert!(
+            c[at].is_ascii_alphabetic(),
+            "a title starting with a letter"
+        );
+        c[at] ^= 0x20;
+    });
     let cases: Vec<(&str, Vec<u8>, String, &str, &str)> = vec![
         (
             "a flipped byte in an artifact",
@@ -352,6 +372,20 @@ async fn a_bundle_of_a_real_audit_verifies_offline_and_any_changed_byte_fails_it
             key.clone(),
             "sessions.json",
             "`status` differs from event",
+        ),
+        (
+            "a changed acceptance criterion with its manifest entry fixed",
+            tamper(&bundle, "request.json", "\"LED ", "\"XYZ ", true),
+            key.clone(),
+            "request.json",
+            "differs from the one event",
+        ),
+        (
+            "a changed finding with its manifest entry fixed",
+            retitled,
+            key.clone(),
+            result_file.as_str(),
+            "result_sha256",
         ),
         (
             "a changed artifact with its manifest entry fixed",

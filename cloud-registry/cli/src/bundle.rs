@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use shared_protocol::chain::{
-    checkpoint_message, row_hash, BundleManifest, ChainedRow, BUNDLE_FORMAT,
+    self, checkpoint_message, row_hash, BundleManifest, ChainedRow, BUNDLE_FORMAT,
 };
 
 /// The first thing wrong with a bundle: the file it is about (a path in
@@ -82,6 +82,9 @@ pub struct VerifiedBundle {
     pub artifacts_without_bytes: Vec<String>,
     /// Events of the segment about other work (carried for the chain).
     pub other_events: usize,
+    /// What the chain covers only in part (records whose events predate
+    /// `request_sha256` / `result_sha256`), one line each.
+    pub notes: Vec<String>,
     pub timeline: Vec<TimelineEntry>,
 }
 
@@ -344,6 +347,7 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
     let ev_data =
         |r: &ChainedRow| serde_json::from_str::<Value>(&r.row.data).unwrap_or(Value::Null);
     let id = manifest.audit_request_id.clone();
+    let mut uncovered: Vec<String> = Vec::new();
     let record: Value = json_of(&files, "request.json")?;
     let request = record.get("request").cloned().unwrap_or(Value::Null);
     if str_at(&request, "audit_request_id") != Some(id.as_str()) {
@@ -373,6 +377,25 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
                 format!("`{field}` differs from event {}'s", created.row.event_id),
             );
         }
+    }
+    // Every other field (objective, acceptance criteria, …) through the
+    // digest the event carries; events written before it existed have none.
+    match carried.get("request_sha256").and_then(Value::as_str) {
+        Some(digest) if digest != chain::record_digest(&request) => {
+            return fail(
+                "request.json",
+                format!(
+                    "the request differs from the one event {} recorded (request_sha256)",
+                    created.row.event_id
+                ),
+            );
+        }
+        Some(_) => {}
+        None => uncovered.push(format!(
+            "request.json: event {} predates request_sha256; only audit_type, project_id, \
+             task_id and priority are checked",
+            created.row.event_id
+        )),
     }
     for (path, _) in files.iter().filter(|(p, _)| p.starts_with("claims/")) {
         let claim: Value = json_of(&files, path)?;
@@ -424,6 +447,22 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
                     format!("`{field}` differs from event {}'s", ev.row.event_id),
                 );
             }
+        }
+        match carried.get("result_sha256").and_then(Value::as_str) {
+            Some(digest) if digest != chain::record_digest(&result) => {
+                return fail(
+                    path,
+                    format!(
+                        "the result differs from the one event {} recorded (result_sha256)",
+                        ev.row.event_id
+                    ),
+                );
+            }
+            Some(_) => {}
+            None => uncovered.push(format!(
+                "{path}: event {} predates result_sha256; findings are counted, not compared",
+                ev.row.event_id
+            )),
         }
         let findings = result
             .get("findings")
@@ -614,6 +653,7 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
         files: manifest.files.len(),
         artifacts: artifact_files,
         artifacts_without_bytes: manifest.artifacts_without_bytes,
+        notes: uncovered,
         timeline,
     })
 }
@@ -661,6 +701,9 @@ impl VerifiedBundle {
         );
         for a in &self.artifacts_without_bytes {
             out.push_str(&format!("note: artifact {a} has no bytes in the bundle\n"));
+        }
+        for n in &self.notes {
+            out.push_str(&format!("note: {n}\n"));
         }
         for t in &self.timeline {
             let mut ids = String::new();

@@ -164,6 +164,12 @@ impl AuditService {
         let now = Utc::now();
         req.created_at.get_or_insert(now);
         let sig = requirements_signature(&req);
+        // Every field of the request, as stored, in the chain (an audit
+        // bundle's verify recomputes it from request.json).
+        let request_sha256 = shared_protocol::chain::record_digest(
+            &serde_json::to_value(&req)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?,
+        );
         let by = who.name.clone();
         let max_attempts = self.cfg.max_attempts;
         let (mut record, event) = self
@@ -197,6 +203,7 @@ impl AuditService {
                             "capability_types": req.capability_requirements
                                 .iter().map(|r| r.capability_type).collect::<Vec<_>>(),
                             "request_status": AuditRequestStatus::Queued,
+                            "request_sha256": request_sha256,
                         }),
                     )
                     .audit_request(id.clone()),
@@ -1233,6 +1240,10 @@ fn complete(
                 "final_decision": result.chief.final_decision,
                 "handoff_target": result.chief.handoff_target,
                 "request_status": AuditRequestStatus::Completed,
+                "result_sha256": shared_protocol::chain::record_digest(
+                    &serde_json::to_value(result)
+                        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?,
+                ),
             }),
         )
         .audit_request(id),
