@@ -333,12 +333,15 @@ impl LeaseSync for EngineSync {
 
 /// Build the whole HTTP router from `routes` (every feature's router,
 /// already with its state; full paths): the authenticator extension, body
-/// limit and JSON fallbacks.
+/// limit and JSON fallbacks, inside the request id and access log
+/// ([`crate::access_log`]).
 pub fn build_router(routes: Router, auth: Arc<Authenticator>, body_limit_bytes: usize) -> Router {
-    api::with_fallbacks(routes)
-        .layer(DefaultBodyLimit::max(body_limit_bytes))
-        .layer(Extension(crate::extract::BodyLimit(body_limit_bytes)))
-        .layer(Extension(auth))
+    crate::access_log::layer(
+        api::with_fallbacks(routes)
+            .layer(DefaultBodyLimit::max(body_limit_bytes))
+            .layer(Extension(crate::extract::BodyLimit(body_limit_bytes)))
+            .layer(Extension(auth)),
+    )
 }
 
 /// Compose the documented routes: `v1` (relative to `/api/v1`), `root`

@@ -32,6 +32,7 @@
 pub use registry_agents as agents;
 pub use registry_core::{auth, db, error, extract, ids, storage};
 
+pub mod access_log;
 pub mod api;
 pub mod app;
 pub mod audit;

@@ -799,3 +799,94 @@ async fn sigterm_answers_waiting_callers_at_once_and_exits_cleanly() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// Every answered request has an id, the client's when it gave a plain
+/// one, in the answer's `x-request-id` and in one access-log line with the
+/// route's pattern, status and latency (cloud_registry::access_log).
+#[tokio::test]
+async fn each_request_gets_an_id_in_its_answer_and_one_access_log_line() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&dir, "");
+    let token_file = dir.path().join("admin.token");
+    let mut child = registry()
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--bootstrap-admin-token-file")
+        .arg(&token_file)
+        .env("RUST_LOG", "warn,benchlink::access=info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cloud-registry serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("ready line");
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+    let base = format!("http://{}", ready["http"].as_str().unwrap());
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let http = reqwest::Client::new();
+    let given = http
+        .get(format!("{base}/api/v1/capabilities/cam-nowhere"))
+        .bearer_auth(token.trim())
+        .header("x-request-id", "lab-check-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(given.status().as_u16(), 404);
+    assert_eq!(given.headers()["x-request-id"], "lab-check-42");
+    // A forged id (a space, as a log-line splitter would use) is replaced.
+    let forged = http
+        .get(format!("{base}/api/v1/capabilities"))
+        .header("x-request-id", "a b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 401);
+    let made = forged.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(made.len(), 32, "a fresh UUID: {made}");
+
+    let mut lines = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline && !lines.iter().any(|l: &String| l.contains(&made))
+    {
+        if let Ok(l) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            lines.push(l);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let of = |id: &str| -> Vec<&String> {
+        lines
+            .iter()
+            .filter(|l| l.contains("benchlink::access") && l.contains(id))
+            .collect()
+    };
+    let first = of("lab-check-42");
+    assert_eq!(first.len(), 1, "one line for the request: {lines:#?}");
+    for part in [
+        "method=GET",
+        "route=\"/api/v1/capabilities/{capability_id}\"",
+        "path=\"/api/v1/capabilities/cam-nowhere\"",
+        "status=404",
+        "latency_ms=",
+    ] {
+        assert!(first[0].contains(part), "{part} in {}", first[0]);
+    }
+    let second = of(&made);
+    assert_eq!(second.len(), 1, "{lines:#?}");
+    assert!(second[0].contains("status=401"), "{}", second[0]);
+}
