@@ -560,6 +560,45 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
                 );
             }
         }
+        // Evidence the registry derived: it names its source's bytes, as
+        // the chained event says, and the source in the bundle has them.
+        let derived = |v: &Value, key: &str| {
+            v.get("metadata_json")
+                .and_then(|m| m.get(key))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        if let Some(source) = derived(a, "derived_from") {
+            for key in ["derived_from", "source_sha256"] {
+                if derived(carried, key) != derived(a, key) {
+                    return fail(
+                        "artifacts.json",
+                        format!("artifact {aid}: `metadata_json.{key}` differs from its artifact_uploaded event"),
+                    );
+                }
+            }
+            let want = derived(a, "source_sha256").unwrap_or_default();
+            let found = artifacts
+                .iter()
+                .find(|s| str_at(s, "artifact_id") == Some(source.as_str()));
+            match found.and_then(|s| str_at(s, "checksum")) {
+                None => {
+                    return fail(
+                        "artifacts.json",
+                        format!("artifact {aid}: derived from {source}, which is not in the bundle"),
+                    )
+                }
+                Some(have) if have != want => {
+                    return fail(
+                        "artifacts.json",
+                        format!(
+                            "artifact {aid}: derived from {source} with SHA-256 {want}, but that artifact's is {have}"
+                        ),
+                    )
+                }
+                Some(_) => {}
+            }
+        }
         let sha = str_at(a, "checksum").unwrap_or_default();
         if !files.contains_key(&format!("artifacts/{sha}"))
             && !manifest.artifacts_without_bytes.iter().any(|x| x == aid)
