@@ -15,7 +15,9 @@ packages=(
   pulseaudio       # tests: userland audio server with a null sink
   pulseaudio-utils # pactl
   espeak-ng        # speaker play_tts default TTS command
-  tesseract-ocr    # screen_capture ocr default command
+  tesseract-ocr    # screen_capture ocr default command; the registry's derived ocr_text
+  pocketsphinx     # the registry's `command` speech provider (config/speech/bench-words.gram)
+  pocketsphinx-en-us # its English acoustic model and dictionary
   mosquitto        # tests: the external-broker path
   faketime         # tests: libfaketime steps the registry's wall clock (clock_steps)
   curl             # README "A first look by hand", docs/http-api.md walk-through

@@ -215,6 +215,12 @@ pub struct CapabilityConfig {
     /// (docs/policy.md "Safe state on release"); sent at registration as
     /// `metadata_json.on_release`. Empty: none.
     pub on_release: Vec<OnReleaseAction>,
+    /// `[capabilities.regions.<name>]`: named regions of the picture
+    /// (`box = [x, y, w, h]` fractions 0..1, `kind = "colour" | "text"`),
+    /// checked with `shared_protocol::regions::parse` and sent as
+    /// `metadata_json.regions`, from which the registry derives evidence
+    /// (docs/audit-trail.md "Derived evidence"). Empty when not given.
+    pub regions: Map<String, Value>,
 }
 
 /// Most `on_release` actions one capability may list.
@@ -378,6 +384,8 @@ struct RawCapability {
     driver: toml::Table,
     #[serde(default)]
     on_release: Vec<RawOnRelease>,
+    #[serde(default)]
+    regions: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -874,6 +882,22 @@ fn resolve_capability(
         }
     }
     let on_release = resolve_on_release(i, c.capability_type, &c.on_release, v);
+    let regions = c
+        .regions
+        .as_ref()
+        .map(toml_table_to_json)
+        .unwrap_or_default();
+    if !regions.is_empty() {
+        let mut meta = Map::new();
+        meta.insert(
+            shared_protocol::regions::METADATA_KEY.into(),
+            Value::Object(regions.clone()),
+        );
+        if let Err(e) = shared_protocol::regions::parse(&meta) {
+            let key = e.field.trim_start_matches("metadata_json.").to_string();
+            v.issue(at(&key), e.message);
+        }
+    }
     let mut settings = toml_table_to_json(&c.driver);
     settings.remove("backend");
     let driver = DriverSpec {
@@ -899,6 +923,7 @@ fn resolve_capability(
         constraints,
         driver,
         on_release,
+        regions,
     }
 }
 

@@ -384,6 +384,12 @@ impl Runners {
                     Value::Array(cap.on_release.iter().map(|a| a.to_json()).collect()),
                 );
             }
+            if !cap.regions.is_empty() {
+                metadata.insert(
+                    shared_protocol::regions::METADATA_KEY.into(),
+                    Value::Object(cap.regions.clone()),
+                );
+            }
             registrations.push(CapabilityRegistration {
                 capability_id: cap.id.clone(),
                 capability_type: cap.capability_type,

@@ -543,3 +543,29 @@ fn an_unknown_or_misplaced_constraint_is_named_with_its_line() {
         "{err}"
     );
 }
+
+#[test]
+fn regions_are_checked_and_kept_for_registration() {
+    let with = |regions: &str| {
+        GOOD.replace(
+            "tags = [\"front\"]\n",
+            &format!("tags = [\"front\"]\n{regions}\n"),
+        )
+    };
+    let cfg = parse(&with(
+        r#"regions = { led = { box = [0.8, 0.1, 0.1, 0.1], kind = "colour" } }"#,
+    ))
+    .expect("valid regions");
+    let regions = &cfg.capabilities[0].regions;
+    assert_eq!(regions["led"]["kind"], "colour");
+    assert_eq!(regions["led"]["box"][0], 0.8);
+    let issue = only_issue(&with(
+        r#"regions = { led = { box = [0.95, 0.1, 0.1, 0.1], kind = "colour" } }"#,
+    ));
+    assert_eq!(issue.key, "capabilities[0].regions.led.box");
+    let issue = only_issue(&with(
+        r#"regions = { led = { box = [0.1, 0.1, 0.1, 0.1], kind = "hue" } }"#,
+    ));
+    assert_eq!(issue.key, "capabilities[0].regions.led");
+    assert!(parse(GOOD).unwrap().capabilities[0].regions.is_empty());
+}

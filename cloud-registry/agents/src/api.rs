@@ -180,6 +180,9 @@ impl From<AgentError> for ApiError {
             AgentError::Speech(SpeechError::Timeout(_)) => {
                 ApiError::new(StatusCode::GATEWAY_TIMEOUT, "asr_timeout", msg)
             }
+            AgentError::Speech(SpeechError::Audio(_)) => {
+                ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_audio", msg)
+            }
             AgentError::Speech(_) => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "asr_provider_error", msg)
             }

@@ -164,6 +164,9 @@ pub enum SpeechProvider {
     #[default]
     OpenaiCompatible,
     LocalWhisper,
+    /// A local recogniser program (`command`), e.g. pocketsphinx: no
+    /// network; WAV audio only.
+    Command,
 }
 
 impl SpeechProvider {
@@ -173,6 +176,7 @@ impl SpeechProvider {
             SpeechProvider::OpenaiWhisper => "openai_whisper",
             SpeechProvider::OpenaiCompatible => "openai_compatible",
             SpeechProvider::LocalWhisper => "local_whisper",
+            SpeechProvider::Command => "command",
         }
     }
 }
@@ -218,6 +222,13 @@ pub struct SpeechConfig {
     /// Largest accepted upload, MiB; larger uploads get 413.
     pub max_audio_size_mb: u64,
     pub response_format: TranscriptionFormat,
+    /// For `provider = "command"`: the program and its arguments; `{input}`
+    /// is replaced by the path of a 16 kHz mono 16-bit WAV, and its trimmed
+    /// stdout is the transcript, e.g. `["pocketsphinx_continuous",
+    /// "-infile", "{input}", "-jsgf", "config/speech/bench-words.gram",
+    /// "-wip", "1e-2", "-logfn", "/dev/null"]`. It is killed after
+    /// `timeout_seconds`.
+    pub command: Vec<String>,
 }
 
 impl Default for SpeechConfig {
@@ -232,6 +243,7 @@ impl Default for SpeechConfig {
             timeout_seconds: 60,
             max_audio_size_mb: 25,
             response_format: TranscriptionFormat::VerboseJson,
+            command: Vec::new(),
         }
     }
 }
@@ -250,6 +262,15 @@ impl SpeechConfig {
             }
             _ => None,
         }
+    }
+
+    /// For the `command` provider, when speech is usable: `enabled` and a
+    /// program named.
+    pub fn effective_command(&self) -> Option<&[String]> {
+        (self.enabled
+            && self.provider == SpeechProvider::Command
+            && self.command.first().is_some_and(|p| !p.trim().is_empty()))
+        .then_some(self.command.as_slice())
     }
 
     /// The configured key, else the first set variable of [`ASR_API_KEY_ENV`].

@@ -40,6 +40,7 @@ pub mod protocol;
 pub mod runtime;
 pub mod service;
 pub mod speech;
+pub mod speech_command;
 pub mod store;
 pub mod tools;
 pub mod websearch;

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::config::{IntegrationSettings, SpeechConfig};
+use crate::config::{IntegrationSettings, SpeechConfig, SpeechProvider};
+use crate::speech_command;
 
 /// Why a transcription failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -30,6 +31,12 @@ pub enum SpeechError {
     Status { status: u16, body: String },
     #[error("speech provider answer is not a transcription: {0}")]
     Decode(String),
+    /// The audio cannot be given to the `command` provider (not WAV).
+    #[error("{0}")]
+    Audio(String),
+    /// The `command` provider's program failed.
+    #[error("speech command: {0}")]
+    Command(String),
 }
 
 /// A transcription as the provider gave it.
@@ -123,7 +130,8 @@ impl SpeechGateway {
 
     /// True when transcriptions can be requested.
     pub fn is_configured(&self) -> bool {
-        self.current().base_url.is_some()
+        let st = self.current();
+        st.base_url.is_some() || st.cfg.effective_command().is_some()
     }
 
     /// The configuration in force (with applied settings).
@@ -138,7 +146,6 @@ impl SpeechGateway {
         language: &str,
     ) -> Result<Transcript, SpeechError> {
         let st = self.current();
-        let base = st.base_url.as_deref().ok_or(SpeechError::NotConfigured)?;
         let limit = st.cfg.max_audio_bytes();
         if audio.bytes.len() > limit {
             return Err(SpeechError::TooLarge {
@@ -146,6 +153,16 @@ impl SpeechGateway {
                 limit,
             });
         }
+        if st.cfg.provider == SpeechProvider::Command {
+            let command = st
+                .cfg
+                .effective_command()
+                .ok_or(SpeechError::NotConfigured)?
+                .to_vec();
+            return transcribe_with_command(&command, audio, language, st.cfg.timeout_seconds)
+                .await;
+        }
+        let base = st.base_url.as_deref().ok_or(SpeechError::NotConfigured)?;
         let url = format!("{}/audio/transcriptions", base.trim_end_matches('/'));
         let file_name = audio
             .file_name
@@ -195,6 +212,49 @@ impl SpeechGateway {
         t.metadata.insert("response_format".into(), json!(format));
         Ok(t)
     }
+}
+
+/// The `command` provider: convert `audio` to a 16 kHz mono WAV in a
+/// temporary file (off the async workers), run `command` on it, killed
+/// after `timeout_seconds`.
+async fn transcribe_with_command(
+    command: &[String],
+    audio: AudioUpload,
+    language: &str,
+    timeout_seconds: u64,
+) -> Result<Transcript, SpeechError> {
+    let started = Instant::now();
+    let (file, duration_ms) = tokio::task::spawn_blocking(move || {
+        let c = speech_command::to_16k_mono_wav(&audio.bytes).map_err(SpeechError::Audio)?;
+        let mut f = tempfile::Builder::new()
+            .prefix("speech-")
+            .suffix(".wav")
+            .tempfile()
+            .map_err(|e| SpeechError::Command(format!("cannot write the audio: {e}")))?;
+        std::io::Write::write_all(&mut f, &c.wav)
+            .map_err(|e| SpeechError::Command(format!("cannot write the audio: {e}")))?;
+        Ok::<_, SpeechError>((f.into_temp_path(), c.duration_ms))
+    })
+    .await
+    .map_err(|e| SpeechError::Command(e.to_string()))??;
+    let timeout = Duration::from_secs(timeout_seconds.max(1));
+    let text = speech_command::run(command, &file, timeout)
+        .await
+        .map_err(|e| match e {
+            Some(m) => SpeechError::Command(m),
+            None => SpeechError::Timeout(timeout.as_millis() as u64),
+        })?;
+    drop(file);
+    let mut metadata = Map::new();
+    metadata.insert("provider".into(), json!("command"));
+    Ok(Transcript {
+        text,
+        audio_duration_ms: duration_ms,
+        language: Some(language.to_string()),
+        confidence: None,
+        request_ms: started.elapsed().as_millis() as u64,
+        metadata,
+    })
 }
 
 /// Parse a `/audio/transcriptions` JSON body (`json` or `verbose_json`).

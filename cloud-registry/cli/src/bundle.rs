@@ -599,6 +599,45 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
                 );
             }
         }
+        // Evidence the registry derived: it names its source's bytes, as
+        // the chained event says, and the source in the bundle has them.
+        let derived = |v: &Value, key: &str| {
+            v.get("metadata_json")
+                .and_then(|m| m.get(key))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        if let Some(source) = derived(a, "derived_from") {
+            for key in ["derived_from", "source_sha256"] {
+                if derived(carried, key) != derived(a, key) {
+                    return fail(
+                        "artifacts.json",
+                        format!("artifact {aid}: `metadata_json.{key}` differs from its artifact_uploaded event"),
+                    );
+                }
+            }
+            let want = derived(a, "source_sha256").unwrap_or_default();
+            let found = artifacts
+                .iter()
+                .find(|s| str_at(s, "artifact_id") == Some(source.as_str()));
+            match found.and_then(|s| str_at(s, "checksum")) {
+                None => {
+                    return fail(
+                        "artifacts.json",
+                        format!("artifact {aid}: derived from {source}, which is not in the bundle"),
+                    )
+                }
+                Some(have) if have != want => {
+                    return fail(
+                        "artifacts.json",
+                        format!(
+                            "artifact {aid}: derived from {source} with SHA-256 {want}, but that artifact's is {have}"
+                        ),
+                    )
+                }
+                Some(_) => {}
+            }
+        }
         let sha = str_at(a, "checksum").unwrap_or_default();
         if !files.contains_key(&format!("artifacts/{sha}"))
             && !manifest.artifacts_without_bytes.iter().any(|x| x == aid)
@@ -750,6 +789,13 @@ mod tests {
     /// session with one uploaded artifact, one unrelated event, in
     /// events 10..=14.
     fn files() -> Vec<(String, Vec<u8>)> {
+        files_with_derived(None)
+    }
+
+    /// [`files`], and with `Some(source_sha256)` also a `detection_json`
+    /// derived from `art_1` naming that checksum as its source's, uploaded
+    /// in event 15 (the checkpoint then at 15).
+    fn files_with_derived(source_sha256: Option<&str>) -> Vec<(String, Vec<u8>)> {
         let bytes = SHA_OF_BYTES.as_bytes().to_vec();
         let art_sha = sha(&bytes);
         let session = json!({"session_id": "sess_1", "lease_id": "lease_1",
@@ -777,7 +823,14 @@ mod tests {
             audit_request_id: req.map(str::to_string),
             data: data.to_string(),
         };
-        let rows = vec![
+        let derived_bytes = b"{\"regions\": []}".to_vec();
+        let derived = source_sha256.map(|src| {
+            json!({"artifact_id": "art_2", "session_id": "sess_1",
+                "artifact_type": "detection_json", "checksum": sha(&derived_bytes),
+                "size_bytes": derived_bytes.len(), "uploaded": true,
+                "metadata_json": {"derived_from": "art_1", "source_sha256": src}})
+        });
+        let mut rows = vec![
             ev(
                 10,
                 "audit_task_created",
@@ -824,6 +877,18 @@ mod tests {
                 artifact.clone(),
             ),
         ];
+        if let Some(d) = &derived {
+            rows.push(ev(
+                15,
+                "artifact_uploaded",
+                Some("lease_1"),
+                Some("sess_1"),
+                Some("art_2"),
+                None,
+                d.clone(),
+            ));
+        }
+        let head = rows.len() as u64 + 9;
         let mut prev = "ab".repeat(32);
         let mut events = String::new();
         for row in rows {
@@ -839,8 +904,8 @@ mod tests {
         }
         let k = key();
         let signed_at = "2026-12-02T10:01:00Z";
-        let sig = k.sign(checkpoint_message(14, &prev, signed_at).as_bytes());
-        let cp = json!({"event_id": 14, "hash": prev, "signed_at": signed_at,
+        let sig = k.sign(checkpoint_message(head, &prev, signed_at).as_bytes());
+        let cp = json!({"event_id": head, "hash": prev, "signed_at": signed_at,
             "public_key": public(&k), "signature": hex::encode(sig.to_bytes())});
         vec![
             (
@@ -861,12 +926,24 @@ mod tests {
             ),
             (
                 "artifacts.json".into(),
-                json!([artifact]).to_string().into_bytes(),
+                json!(std::iter::once(artifact)
+                    .chain(derived.clone())
+                    .collect::<Vec<_>>())
+                .to_string()
+                .into_bytes(),
             ),
             ("events.jsonl".into(), events.into_bytes()),
             ("checkpoint.json".into(), cp.to_string().into_bytes()),
             (format!("artifacts/{art_sha}"), bytes),
         ]
+        .into_iter()
+        .chain(derived.map(|d| {
+            (
+                format!("artifacts/{}", d["checksum"].as_str().unwrap()),
+                derived_bytes.clone(),
+            )
+        }))
+        .collect()
     }
 
     /// A tar of `files` with a manifest listing them (as they are, so a
@@ -1009,6 +1086,26 @@ mod tests {
         let e = verify(tar_of(&fs).as_slice(), &public(&key())).unwrap_err();
         assert_eq!(e.file, "leases.json");
         assert!(e.reason.contains("`priority` differs from event 11"), "{e}");
+    }
+
+    #[test]
+    fn a_derived_artifact_must_name_its_sources_checksum() {
+        let source = sha(SHA_OF_BYTES.as_bytes());
+        verify(
+            tar_of(&files_with_derived(Some(&source))).as_slice(),
+            &public(&key()),
+        )
+        .expect("a derived artifact naming its source's bytes verifies");
+        let e = verify(
+            tar_of(&files_with_derived(Some(&"0".repeat(64)))).as_slice(),
+            &public(&key()),
+        )
+        .unwrap_err();
+        assert_eq!(e.file, "artifacts.json");
+        assert!(
+            e.reason.contains("derived from art_1 with SHA-256 000"),
+            "{e}"
+        );
     }
 
     #[test]
