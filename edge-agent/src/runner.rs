@@ -377,6 +377,13 @@ impl Runners {
             let (supported, mut metadata) = info_rx
                 .recv_timeout(Duration::from_secs(30))
                 .unwrap_or_else(|_| (cap.capability_type.supported_actions().to_vec(), Map::new()));
+            if !cap.regions.is_empty() {
+                // What the registry derives evidence from (docs/audit-trail.md).
+                metadata.insert(
+                    shared_protocol::regions::METADATA_KEY.into(),
+                    Value::Object(cap.regions.clone()),
+                );
+            }
             if !cap.on_release.is_empty() {
                 // For the registry's safe-state runs (docs/policy.md).
                 metadata.insert(
