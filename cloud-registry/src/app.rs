@@ -66,6 +66,7 @@ pub const MIGRATIONS: &[(&str, MigrateFn)] = &[
     ("providers", sqlite::migrate),
     ("leases", leases::migrate),
     ("sessions", sessions::migrate),
+    ("derive", crate::derive::sql::migrate),
     ("audit", audit::migrate),
     ("agents", agents::migrate),
 ];
@@ -740,6 +741,16 @@ impl Registry {
                 .run_liveness_monitor(mqtt.hearing(), shutdown_rx.clone()),
         )];
         background.push(sessions.spawn_background(shutdown_rx.clone()));
+        let (_deriver, derive_tasks) = crate::derive::Deriver::start(
+            db.clone(),
+            bus.clone(),
+            sessions.clone(),
+            providers.store().clone(),
+            Some(agents.speech_gateway()),
+            config.derived_evidence.clone(),
+            shutdown_rx.clone(),
+        );
+        background.extend(derive_tasks);
         background.push(crate::safe_state::spawn(
             engine.clone(),
             sessions.clone(),

@@ -109,6 +109,12 @@ pub struct Config {
     pub audit_log: crate::events::chain::AuditLogConfig,
     /// `[policy]`: the lab's rules (docs/policy.md).
     pub policy: PolicyConfig,
+    /// `[derived_evidence]`: what the registry derives from uploaded
+    /// artifacts (`enabled`, `ocr_command`, `timeout_seconds`,
+    /// `max_concurrent_jobs`, `queue_capacity`, `feeds`; see
+    /// `crate::derive::DeriveConfig`, docs/audit-trail.md "Derived
+    /// evidence").
+    pub derived_evidence: crate::derive::DeriveConfig,
 }
 
 /// `[policy]`: the lab's rules on how the bench may be driven
@@ -521,6 +527,7 @@ impl Config {
         out.extend(crate::policy::health_check::problems(
             &self.policy.health_checks,
         ));
+        out.extend(self.derived_evidence.problems());
         out
     }
 

@@ -40,6 +40,7 @@ pub mod broker_log;
 pub mod budgets;
 pub mod config;
 pub mod console;
+pub mod derive;
 pub mod events;
 pub mod fdlimit;
 pub mod health;

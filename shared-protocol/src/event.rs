@@ -30,6 +30,11 @@ wire_enum! {
         /// A provider reported an action the bench started outside its
         /// lease; `data` is the session with its `late_report`.
         SessionLateReport = "session_late_report",
+        /// The registry could not derive evidence (`detection_json`,
+        /// `ocr_text`, `transcript`) from an uploaded artifact; `data` is
+        /// `{source_artifact_id, source_sha256, artifact_type, deriver,
+        /// reason}` (docs/audit-trail.md "Derived evidence").
+        ArtifactDerivationFailed = "artifact_derivation_failed",
         AuditTaskCreated = "audit_task_created",
         AuditTaskClaimed = "audit_task_claimed",
         AuditTaskReleased = "audit_task_released",

@@ -172,6 +172,12 @@ impl AgentService {
         &self.rt.config
     }
 
+    /// The speech gateway, shared (the registry's derived evidence
+    /// transcribes audio clips through it).
+    pub fn speech_gateway(&self) -> Arc<SpeechGateway> {
+        Arc::clone(&self.speech)
+    }
+
     /// The speech gateway.
     pub(crate) fn speech(&self) -> &SpeechGateway {
         &self.speech

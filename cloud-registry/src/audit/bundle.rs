@@ -419,6 +419,7 @@ fn gather(conn: &Connection, id: &str) -> rusqlite::Result<Gathered> {
                     session_id: Some(s.session.session_id.clone()),
                     lease_id: None,
                     uploaded: None,
+                    derived_from: None,
                     limit: ALL,
                 },
             )? {

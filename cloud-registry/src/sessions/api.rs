@@ -31,7 +31,7 @@
 //!   `X-Checksum-Sha256` (or `?sha256=`); what the registry holds of that
 //!   upload, `{artifact_id, checksum, complete, received_bytes,
 //!   metadata_received}` (see [`Sessions::upload_status`]);
-//! - `GET /api/v1/artifacts[?session_id=&lease_id=&uploaded=&limit=]`,
+//! - `GET /api/v1/artifacts[?session_id=&lease_id=&uploaded=&derived_from=&limit=]`,
 //!   `GET /api/v1/artifacts/{artifact_id}` (metadata),
 //!   `GET /api/v1/artifacts/{artifact_id}/content` (the bytes, with
 //!   `Content-Type`, `Content-Length` and `X-Checksum-Sha256`; `409
@@ -244,6 +244,10 @@ struct ArtifactQuery {
     lease_id: Option<String>,
     /// Only artifacts whose bytes did (`true`) or did not arrive.
     uploaded: Option<bool>,
+    /// Only the evidence the registry derived from this artifact
+    /// (`detection_json`, `ocr_text`, `transcript`; each has
+    /// `metadata_json.derived_from` = this id).
+    derived_from: Option<String>,
     /// At least 1, default 500.
     #[param(minimum = 1)]
     limit: Option<usize>,
@@ -264,6 +268,7 @@ async fn list_artifacts(
             session_id: nonempty(q.session_id),
             lease_id: nonempty(q.lease_id),
             uploaded: q.uploaded,
+            derived_from: nonempty(q.derived_from),
             limit: crate::api::list_limit(q.limit, 500, super::MAX_LIST)?,
         })
         .await?;

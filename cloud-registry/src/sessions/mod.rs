@@ -195,7 +195,14 @@ pub struct Sessions {
     /// judged once the monotonic instant passes (`evidence_grace_ms`
     /// after the end): lease id by due instant.
     evidence_due: Mutex<Vec<(std::time::Instant, String)>>,
+    /// Called with each `artifact_uploaded` event once it is committed
+    /// (the deriving of evidence, `crate::derive`); see
+    /// [`Sessions::on_artifact_uploaded`].
+    uploaded_hook: OnceLock<UploadedHook>,
 }
+
+/// What [`Sessions::on_artifact_uploaded`] registers.
+pub type UploadedHook = Arc<dyn Fn(&CapabilityEvent) + Send + Sync>;
 
 impl Sessions {
     /// A service over `db` (tables from [`migrate`]), publishing on `bus`,
@@ -231,6 +238,7 @@ impl Sessions {
             resync_after_full: Mutex::new(HashSet::new()),
             budgets: OnceLock::new(),
             evidence_due: Mutex::new(Vec::new()),
+            uploaded_hook: OnceLock::new(),
         })
     }
 
@@ -262,6 +270,26 @@ impl Sessions {
         self.max_command_bytes.store(bytes, Ordering::Relaxed);
     }
 
+    /// Call `hook` (once; later calls are ignored) with every
+    /// `artifact_uploaded` event after its transaction committed, whatever
+    /// path bound the bytes (an upload after the metadata, or metadata
+    /// after held bytes). It must not block.
+    pub fn on_artifact_uploaded(&self, hook: UploadedHook) {
+        let _ = self.uploaded_hook.set(hook);
+    }
+
+    /// Hold off the sweep of unbound bytes while bytes just stored in the
+    /// blob store are not yet bound by a committed artifact row (as an
+    /// upload does): keep the guard until the row is committed.
+    pub async fn hold_blobs(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.blob_gc.read().await
+    }
+
+    /// The blob store of artifact bytes.
+    pub fn blobs(&self) -> &Arc<dyn BlobStore> {
+        &self.blobs
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &SessionsConfig {
         &self.cfg
@@ -273,6 +301,12 @@ impl Sessions {
         let events: Vec<CapabilityEvent> = events.into_iter().collect();
         let mut closed = Vec::new();
         for ev in &events {
+            if ev.event_type == EventType::ArtifactUploaded {
+                if let Some(hook) = self.uploaded_hook.get() {
+                    hook(ev);
+                }
+                continue;
+            }
             if !matches!(
                 ev.event_type,
                 EventType::SessionCompleted | EventType::SessionFailed

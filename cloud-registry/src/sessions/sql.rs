@@ -91,6 +91,20 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     if !has_late_report {
         conn.execute_batch("ALTER TABLE capability_sessions ADD COLUMN late_report TEXT")?;
     }
+    // `derived_from` (the source of evidence the registry derived, see
+    // `crate::derive`) came later too.
+    let has_derived_from = conn
+        .prepare(
+            "SELECT 1 FROM pragma_table_info('capability_artifacts') WHERE name = 'derived_from'",
+        )?
+        .exists([])?;
+    if !has_derived_from {
+        conn.execute_batch("ALTER TABLE capability_artifacts ADD COLUMN derived_from TEXT")?;
+    }
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS capability_artifacts_derived_from
+            ON capability_artifacts(derived_from) WHERE derived_from IS NOT NULL",
+    )?;
     Ok(())
 }
 
@@ -723,6 +737,46 @@ fn insert_artifact(
     Ok(None)
 }
 
+/// Store `artifact`, evidence the registry derived from the artifact
+/// `derived_from` of the same session (bytes already in the blob store,
+/// `uploaded`), and append its `artifact_uploaded` event with actor
+/// `registry`, chained like any other. Runs on the caller's transaction.
+///
+/// Errors: SQLite (a row with the id exists: a constraint error).
+pub fn insert_derived_artifact(
+    tx: &Connection,
+    provider_id: &str,
+    session: &SessionRow,
+    artifact: &CapabilityArtifact,
+    derived_from: &str,
+    now: Timestamp,
+) -> rusqlite::Result<CapabilityEvent> {
+    tx.execute(
+        "INSERT INTO capability_artifacts (artifact_id, session_id, provider_id, artifact_type,
+             storage_uri, content_type, captured_at, duration_ms, checksum, size_bytes,
+             metadata_json, uploaded, uploaded_at, received_at, derived_from)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 1, ?12, ?12, ?13)",
+        params![
+            artifact.artifact_id,
+            artifact.session_id,
+            provider_id,
+            artifact.artifact_type.as_str(),
+            artifact.storage_uri,
+            artifact.content_type,
+            ts(&artifact.captured_at),
+            artifact.duration_ms.map(|d| d as i64),
+            artifact.checksum,
+            artifact.size_bytes as i64,
+            Value::Object(artifact.metadata_json.clone()).to_string(),
+            ts(&now),
+            derived_from,
+        ],
+    )?;
+    let mut ev = artifact_event(provider_id, session, artifact);
+    ev.actor = "registry".into();
+    append(tx, ev)
+}
+
 fn artifact_event(
     provider_id: &str,
     session: &SessionRow,
@@ -807,6 +861,10 @@ pub struct ArtifactFilter {
     /// Artifacts of every session of this lease.
     pub lease_id: Option<String>,
     pub uploaded: Option<bool>,
+    /// Only the evidence the registry derived from this artifact id
+    /// (`detection_json`, `ocr_text`, `transcript`; docs/audit-trail.md
+    /// "Derived evidence").
+    pub derived_from: Option<String>,
     pub limit: usize,
 }
 
@@ -818,6 +876,7 @@ pub fn list_artifacts(conn: &Connection, f: &ArtifactFilter) -> rusqlite::Result
            AND (?2 IS NULL OR a.session_id IN
                 (SELECT session_id FROM capability_sessions WHERE lease_id = ?2))
            AND (?3 IS NULL OR a.uploaded = ?3)
+           AND (?5 IS NULL OR a.derived_from = ?5)
          ORDER BY a.captured_at, a.rowid LIMIT ?4",
         ARTIFACT_COLUMNS
             .split(',')
@@ -826,7 +885,13 @@ pub fn list_artifacts(conn: &Connection, f: &ArtifactFilter) -> rusqlite::Result
             .join(", ")
     ))?;
     let rows = stmt.query_map(
-        params![f.session_id, f.lease_id, f.uploaded, f.limit as i64],
+        params![
+            f.session_id,
+            f.lease_id,
+            f.uploaded,
+            f.limit as i64,
+            f.derived_from
+        ],
         read_artifact,
     )?;
     rows.collect()
