@@ -362,7 +362,9 @@ impl Image {
     fn text(&self, name: &str) -> Option<(String, String)> {
         let o = self.ocr.as_ref()?;
         let m = &o["metadata_json"];
-        let t = m["regions_text"][name].as_str().or_else(|| m["text"].as_str())?;
+        let t = m["regions_text"][name]
+            .as_str()
+            .or_else(|| m["text"].as_str())?;
         Some((t.to_lowercase(), o["artifact_id"].as_str()?.to_string()))
     }
 
@@ -383,7 +385,11 @@ struct Evidence {
 /// of each, waiting up to `wait_ms` for the derivers: images until they
 /// have a `detection_json` and an `ocr_text`, audio clips until they have a
 /// `transcript`.
-async fn gather(c: &Client, ids: &[(String, &'static str)], wait_ms: u64) -> Result<Vec<(Value, &'static str, Vec<Value>)>> {
+async fn gather(
+    c: &Client,
+    ids: &[(String, &'static str)],
+    wait_ms: u64,
+) -> Result<Vec<(Value, &'static str, Vec<Value>)>> {
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut records = Vec::new();
     for (id, origin) in ids {
@@ -462,8 +468,17 @@ fn evidence_of(records: Vec<(Value, &'static str, Vec<Value>)>) -> Evidence {
 /// `blue` must be captured at most `deadline_ms` after the tap's session
 /// ended.
 fn judge_led(tap: &Step, ev: &Evidence, deadline_ms: u64) -> Verdict {
-    let (Some(start), Some(end)) = (session_time(tap, "started_at"), session_time(tap, "ended_at")) else {
-        return Verdict::NotMet(format!("the tap did not complete: {}", tap.error.clone().unwrap_or_default()), tap.artifacts());
+    let (Some(start), Some(end)) = (
+        session_time(tap, "started_at"),
+        session_time(tap, "ended_at"),
+    ) else {
+        return Verdict::NotMet(
+            format!(
+                "the tap did not complete: {}",
+                tap.error.clone().unwrap_or_default()
+            ),
+            tap.artifacts(),
+        );
     };
     let seen: Vec<(&Image, String, String)> = ev
         .images
@@ -472,13 +487,22 @@ fn judge_led(tap: &Step, ev: &Evidence, deadline_ms: u64) -> Verdict {
         .filter_map(|i| i.colour("led").map(|(c, d)| (i, c, d)))
         .collect();
     if seen.is_empty() {
-        return Verdict::NotVerified("no colour detection of the `led` region after the tap; check the frames".into(), vec![]);
+        return Verdict::NotVerified(
+            "no colour detection of the `led` region after the tap; check the frames".into(),
+            vec![],
+        );
     }
     if let Some((img, _, det)) = seen.iter().find(|(_, c, _)| c == "blue") {
         let after = img.ms_after(end);
         let ids = vec![det.clone(), img.artifact_id.clone()];
         return if after <= deadline_ms as i64 {
-            Verdict::Met(format!("LED blue {after} ms after the tap ended (a {} image)", img.origin), ids)
+            Verdict::Met(
+                format!(
+                    "LED blue {after} ms after the tap ended (a {} image)",
+                    img.origin
+                ),
+                ids,
+            )
         } else {
             Verdict::NotMet(format!("LED first blue {after} ms after the tap ended (a {} image), later than {deadline_ms} ms", img.origin), ids)
         };
@@ -487,9 +511,18 @@ fn judge_led(tap: &Step, ev: &Evidence, deadline_ms: u64) -> Verdict {
     let covered = last.ms_after(end);
     let ids = vec![det.clone(), last.artifact_id.clone()];
     if covered >= deadline_ms as i64 {
-        Verdict::NotMet(format!("LED `{colour}`, never blue, in {} images up to {covered} ms after the tap ended", seen.len()), ids)
+        Verdict::NotMet(
+            format!(
+                "LED `{colour}`, never blue, in {} images up to {covered} ms after the tap ended",
+                seen.len()
+            ),
+            ids,
+        )
     } else {
-        Verdict::NotVerified(format!("LED `{colour}` and no image {deadline_ms} ms after the tap; check the frames"), ids)
+        Verdict::NotVerified(
+            format!("LED `{colour}` and no image {deadline_ms} ms after the tap; check the frames"),
+            ids,
+        )
     }
 }
 
@@ -511,10 +544,17 @@ fn judge_screen(tap: &Step, ev: &Evidence) -> Verdict {
     }
     match read.last() {
         Some((img, t, ocr)) => Verdict::NotMet(
-            format!("display reads `{}`, no `listening`, in {} images", t.trim(), read.len()),
+            format!(
+                "display reads `{}`, no `listening`, in {} images",
+                t.trim(),
+                read.len()
+            ),
             vec![ocr.clone(), img.artifact_id.clone()],
         ),
-        None => Verdict::NotVerified("no OCR of the `display` region after the tap; check the frames".into(), vec![]),
+        None => Verdict::NotVerified(
+            "no OCR of the `display` region after the tap; check the frames".into(),
+            vec![],
+        ),
     }
 }
 
@@ -531,12 +571,24 @@ fn words(text: &str) -> Vec<String> {
 /// clip's `transcript` has must reach `min_share`.
 fn judge_welcome(audio_step: &Step, ev: &Evidence, expected: &str, min_share: f64) -> Verdict {
     let Some((clip, transcript)) = &ev.audio else {
-        return Verdict::NotMet(format!("no recording: {}", audio_step.error.clone().unwrap_or_default()), vec![]);
+        return Verdict::NotMet(
+            format!(
+                "no recording: {}",
+                audio_step.error.clone().unwrap_or_default()
+            ),
+            vec![],
+        );
     };
     let Some(t) = transcript else {
-        return Verdict::NotVerified("no transcript of the recording; listen to it".into(), vec![clip.clone()]);
+        return Verdict::NotVerified(
+            "no transcript of the recording; listen to it".into(),
+            vec![clip.clone()],
+        );
     };
-    let ids = vec![t["artifact_id"].as_str().unwrap_or_default().to_string(), clip.clone()];
+    let ids = vec![
+        t["artifact_id"].as_str().unwrap_or_default().to_string(),
+        clip.clone(),
+    ];
     let heard_text = t["metadata_json"]["text"].as_str().unwrap_or_default();
     let heard = words(heard_text);
     let mut want = words(expected);
@@ -564,7 +616,10 @@ fn judge_welcome(audio_step: &Step, ev: &Evidence, expected: &str, min_share: f6
 /// the robot's stylus (`finger_colour`).
 fn judge_press(tap: &Step, ev: &Evidence, finger_colour: &str) -> Verdict {
     let Some(start) = session_time(tap, "started_at").filter(|_| tap.completed()) else {
-        return Verdict::NotMet(format!("tap failed: {}", tap.error.clone().unwrap_or_default()), vec![]);
+        return Verdict::NotMet(
+            format!("tap failed: {}", tap.error.clone().unwrap_or_default()),
+            vec![],
+        );
     };
     let seen: Vec<(&Image, String, String)> = ev
         .images
@@ -580,10 +635,16 @@ fn judge_press(tap: &Step, ev: &Evidence, finger_colour: &str) -> Verdict {
     }
     match seen.last() {
         Some((img, c, det)) => Verdict::NotMet(
-            format!("the button region stays `{c}` in {} images: no stylus seen", seen.len()),
+            format!(
+                "the button region stays `{c}` in {} images: no stylus seen",
+                seen.len()
+            ),
             vec![det.clone(), img.artifact_id.clone()],
         ),
-        None => Verdict::NotVerified("no colour detection of the `button` region; check the frames".into(), vec![]),
+        None => Verdict::NotVerified(
+            "no colour detection of the `button` region; check the frames".into(),
+            vec![],
+        ),
     }
 }
 
@@ -737,7 +798,11 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
             judge_led(&tap, &ev, args.led_deadline_ms),
             "visual",
         ),
-        ("屏幕切换到 listening 状态", judge_screen(&tap, &ev), "visual"),
+        (
+            "屏幕切换到 listening 状态",
+            judge_screen(&tap, &ev),
+            "visual",
+        ),
         (
             "扬声器播报欢迎语",
             judge_welcome(&audio, &ev, &args.welcome_line, args.welcome_min_share),
