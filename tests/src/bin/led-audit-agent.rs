@@ -729,6 +729,7 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
         )
         .await;
         let tapped_at = Instant::now();
+        // The wake phrase plays while the deadline frame waits for its time.
         let speak = act(
             c,
             t0,
@@ -737,22 +738,24 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
             "play_tts",
             json!({ "text": args.wake_phrase }),
             15_000,
-        )
-        .await;
-        tokio::time::sleep(
-            Duration::from_millis(args.led_deadline_ms).saturating_sub(tapped_at.elapsed()),
-        )
-        .await;
-        let led = act(
-            c,
-            t0,
-            "frame at the LED deadline",
-            &camera,
-            "snapshot",
-            json!({}),
-            15_000,
-        )
-        .await;
+        );
+        let led = async {
+            tokio::time::sleep(
+                Duration::from_millis(args.led_deadline_ms).saturating_sub(tapped_at.elapsed()),
+            )
+            .await;
+            act(
+                c,
+                t0,
+                "frame at the LED deadline",
+                &camera,
+                "snapshot",
+                json!({}),
+                15_000,
+            )
+            .await
+        };
+        let (speak, led) = tokio::join!(speak, led);
         (tap, speak, led)
     };
     let (audio, (tap, speak, led)) = tokio::join!(audio, wake);
