@@ -702,13 +702,15 @@ pub fn adapt_edge_config(
 
 /// Registry TOML (for [`LabOptions::registry_extra_toml`]) that turns on
 /// the local recogniser the registry transcribes audio clips with:
-/// pocketsphinx with the word grammar of the LED audit's script
-/// (`config/speech/`), as docs/audit-trail.md "Derived evidence" shows.
+/// `pocketsphinx_continuous` with the word-loop grammar of the lab's
+/// spoken scripts (`config/speech/bench-words.gram`), `provider =
+/// "command"` of `[agents.speech]`.
 pub fn local_speech_toml() -> String {
-    let grammar = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech/led-audit.jsgf");
+    let grammar = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech/bench-words.gram");
     format!(
         "\n[agents.speech]\nenabled = true\nprovider = \"command\"\n\
-         command = \"pocketsphinx_continuous -infile {{in}} -jsgf {} -wip 1e-2 -logfn /dev/null\"\n",
+         command = [\"pocketsphinx_continuous\", \"-infile\", \"{{input}}\", \"-jsgf\", \"{}\", \
+         \"-wip\", \"1e-2\", \"-logfn\", \"/dev/null\"]\n",
         grammar.display()
     )
 }
