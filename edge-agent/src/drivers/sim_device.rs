@@ -109,7 +109,7 @@ impl Default for SimDeviceSettings {
             welcome_line: "welcome how can i help you today".into(),
             welcome_delay_ms: 1000,
             voice: "en".into(),
-            speech_rate_wpm: 160,
+            speech_rate_wpm: 140,
             awake_ms: 30_000,
         }
     }
@@ -622,8 +622,8 @@ mod tests {
             return;
         }
         let dev = Arc::new(SimDevice::new(settings(json!({}))));
-        dev.stylus_at([20.0, 35.0, 2.0], true);
         let woke = Instant::now();
+        dev.stylus_at([20.0, 35.0, 2.0], true);
         let deadline = woke + Duration::from_secs(20);
         let u = loop {
             if let Some(u) = dev.utterance() {
