@@ -249,6 +249,10 @@ fn the_microphone_hears_the_welcome_line_after_the_wake() {
     );
     let peak =
         |o: &edge_agent::drivers::ActionOutcome| o.result_summary["peak_dbfs"].as_f64().unwrap();
-    assert!(peak(&quiet) < -60.0, "quiet before: {}", peak(&quiet));
+    assert!(
+        peak(&quiet) < -45.0,
+        "the room's noise floor before: {}",
+        peak(&quiet)
+    );
     assert!(peak(&heard) > -30.0, "the welcome line: {}", peak(&heard));
 }

@@ -20,8 +20,8 @@
 //!
 //! On an edge with a simulated DUT ([`crate::drivers::sim_device`]) the
 //! microphone also hears the DUT's welcome line, mixed into `signal` in
-//! real time while it is said (use `signal = "silence"` to hear only the
-//! DUT).
+//! real time while it is said (over a quiet `signal = "noise"` floor,
+//! recognisers hear it best).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
