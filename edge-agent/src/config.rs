@@ -38,6 +38,7 @@ use shared_protocol::artifact::ArtifactType;
 use shared_protocol::capability::{CapabilityAction, CapabilityType, LeaseMode};
 use shared_protocol::constraints::Constraints;
 use shared_protocol::mqtt::DEFAULT_TOPIC_PREFIX;
+use shared_protocol::regions;
 use shared_protocol::validate::check_id;
 use shared_protocol::validate::limits::{
     MAX_CAPABILITIES_PER_BATCH, MAX_EVIDENCE_MODES, MAX_PROVIDER_LABELS, MAX_TAGS,
@@ -45,6 +46,7 @@ use shared_protocol::validate::limits::{
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
+use crate::drivers::sim_device::{self, SimDeviceSettings};
 use crate::drivers::{self, Driver, DriverConfigError, DriverSpec};
 
 /// Where the daemon keeps its state when the file does not say:
@@ -69,6 +71,9 @@ pub struct EdgeConfig {
     pub registry: RegistryConfig,
     pub outbox: OutboxConfig,
     pub capabilities: Vec<CapabilityConfig>,
+    /// `[simulated_device]`: the simulated DUT the `sim` drivers share
+    /// (docs/devices.md "Simulated device under test"); `None` when absent.
+    pub simulated_device: Option<SimDeviceSettings>,
     /// The TOML text, kept to map driver errors back to lines.
     source: String,
 }
@@ -82,6 +87,7 @@ impl fmt::Debug for EdgeConfig {
             .field("registry", &self.registry)
             .field("outbox", &self.outbox)
             .field("capabilities", &self.capabilities)
+            .field("simulated_device", &self.simulated_device)
             .finish()
     }
 }
@@ -209,18 +215,19 @@ pub struct CapabilityConfig {
     /// at load: known keys only, of the capability's type), sent as the
     /// capability's `constraints_json`; empty when not given.
     pub constraints: Map<String, Value>,
+    /// `[capabilities.regions.<name>]`: named regions of a camera's or
+    /// screen's view (`{"<name>": {"box": [x, y, w, h], "kind": "colour" |
+    /// "text"}}`, fractions of the image; checked at load with
+    /// `shared_protocol::regions::parse`), sent as the capability's
+    /// `metadata_json.regions` so the registry derives evidence from its
+    /// images (docs/audit-trail.md "Derived evidence"); empty when not given.
+    pub regions: Map<String, Value>,
     /// `[capabilities.driver]`: backend name and its settings.
     pub driver: DriverSpec,
     /// `on_release`: actions the registry runs whenever a lease on it ends
     /// (docs/policy.md "Safe state on release"); sent at registration as
     /// `metadata_json.on_release`. Empty: none.
     pub on_release: Vec<OnReleaseAction>,
-    /// `[capabilities.regions.<name>]`: named regions of the picture
-    /// (`box = [x, y, w, h]` fractions 0..1, `kind = "colour" | "text"`),
-    /// checked with `shared_protocol::regions::parse` and sent as
-    /// `metadata_json.regions`, from which the registry derives evidence
-    /// (docs/audit-trail.md "Derived evidence"). Empty when not given.
-    pub regions: Map<String, Value>,
 }
 
 /// Most `on_release` actions one capability may list.
@@ -304,6 +311,8 @@ struct RawConfig {
     outbox: RawOutbox,
     #[serde(default)]
     capabilities: Vec<RawCapability>,
+    #[serde(default)]
+    simulated_device: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -381,11 +390,11 @@ struct RawCapability {
     evidence_modes: Option<Vec<ArtifactType>>,
     #[serde(default)]
     constraints: Option<toml::Table>,
+    #[serde(default)]
+    regions: Option<toml::Table>,
     driver: toml::Table,
     #[serde(default)]
     on_release: Vec<RawOnRelease>,
-    #[serde(default)]
-    regions: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -477,6 +486,13 @@ impl EdgeConfig {
                 message: e.message().to_string(),
             }],
         })?;
+        // The simulated DUT first: the `sim` drivers built next share it.
+        match &self.simulated_device {
+            Some(s) => {
+                sim_device::install(&self.state_dir, s.clone()).prerender();
+            }
+            None => sim_device::remove(&self.state_dir),
+        }
         let mut issues = Vec::new();
         let mut built = Vec::new();
         for (i, cap) in self.capabilities.iter().enumerate() {
@@ -592,6 +608,14 @@ fn resolve(
     let registry = resolve_registry(raw.registry, &abs, env_token, v);
     let outbox = resolve_outbox(raw.outbox, &abs, &state_dir, v);
     let capabilities = resolve_capabilities(raw.capabilities, &state_dir, v);
+    let simulated_device = raw.simulated_device.as_ref().and_then(|t| {
+        SimDeviceSettings::parse(&toml_table_to_json(t))
+            .map_err(|(key, message)| {
+                let key = key.trim_start_matches('.');
+                v.issue(format!("simulated_device.{key}"), message)
+            })
+            .ok()
+    });
     Some(EdgeConfig {
         origin: PathBuf::new(),
         state_dir,
@@ -599,6 +623,7 @@ fn resolve(
         registry,
         outbox,
         capabilities,
+        simulated_device,
         source: String::new(),
     })
 }
@@ -881,23 +906,36 @@ fn resolve_capability(
             v.issue(at(&format!("constraints.{key}")), message);
         }
     }
-    let on_release = resolve_on_release(i, c.capability_type, &c.on_release, v);
     let regions = c
         .regions
         .as_ref()
         .map(toml_table_to_json)
         .unwrap_or_default();
     if !regions.is_empty() {
+        if !matches!(
+            c.capability_type,
+            CapabilityType::Camera | CapabilityType::ScreenCapture
+        ) {
+            v.issue(
+                at("regions"),
+                format!(
+                    "regions are for camera and screen_capture images, not {}",
+                    c.capability_type
+                ),
+            );
+        }
         let mut meta = Map::new();
-        meta.insert(
-            shared_protocol::regions::METADATA_KEY.into(),
-            Value::Object(regions.clone()),
-        );
-        if let Err(e) = shared_protocol::regions::parse(&meta) {
-            let key = e.field.trim_start_matches("metadata_json.").to_string();
+        meta.insert(regions::METADATA_KEY.into(), Value::Object(regions.clone()));
+        if let Err(e) = regions::parse(&meta) {
+            let key = e
+                .field
+                .strip_prefix("metadata_json.")
+                .unwrap_or(&e.field)
+                .to_string();
             v.issue(at(&key), e.message);
         }
     }
+    let on_release = resolve_on_release(i, c.capability_type, &c.on_release, v);
     let mut settings = toml_table_to_json(&c.driver);
     settings.remove("backend");
     let driver = DriverSpec {
@@ -921,9 +959,9 @@ fn resolve_capability(
             .evidence_modes
             .unwrap_or_else(|| default_evidence_modes(c.capability_type)),
         constraints,
+        regions,
         driver,
         on_release,
-        regions,
     }
 }
 

@@ -377,17 +377,18 @@ impl Runners {
             let (supported, mut metadata) = info_rx
                 .recv_timeout(Duration::from_secs(30))
                 .unwrap_or_else(|_| (cap.capability_type.supported_actions().to_vec(), Map::new()));
+            if !cap.regions.is_empty() {
+                // What the registry derives evidence from (docs/audit-trail.md).
+                metadata.insert(
+                    shared_protocol::regions::METADATA_KEY.into(),
+                    Value::Object(cap.regions.clone()),
+                );
+            }
             if !cap.on_release.is_empty() {
                 // For the registry's safe-state runs (docs/policy.md).
                 metadata.insert(
                     "on_release".into(),
                     Value::Array(cap.on_release.iter().map(|a| a.to_json()).collect()),
-                );
-            }
-            if !cap.regions.is_empty() {
-                metadata.insert(
-                    shared_protocol::regions::METADATA_KEY.into(),
-                    Value::Object(cap.regions.clone()),
                 );
             }
             registrations.push(CapabilityRegistration {

@@ -569,3 +569,70 @@ fn regions_are_checked_and_kept_for_registration() {
     assert_eq!(issue.key, "capabilities[0].regions.led");
     assert!(parse(GOOD).unwrap().capabilities[0].regions.is_empty());
 }
+
+#[test]
+fn camera_regions_are_kept_for_the_registration_and_bad_ones_named() {
+    let text = format!(
+        "{GOOD}[capabilities.regions.led]\nbox = [0.6, 0.1, 0.03, 0.05]\nkind = \"colour\"\n"
+    );
+    let cfg = parse(&text).expect("valid");
+    let regions = &cfg.capabilities[0].regions;
+    assert_eq!(regions["led"]["kind"], "colour");
+    assert_eq!(regions["led"]["box"][0], 0.6);
+
+    let text = format!(
+        "{GOOD}[capabilities.regions.led]\nbox = [0.9, 0.1, 0.3, 0.05]\nkind = \"colour\"\n"
+    );
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "capabilities[0].regions.led.box");
+    assert!(
+        issue.message.contains("fractions 0..1"),
+        "{}",
+        issue.message
+    );
+
+    let text =
+        format!("{GOOD}[capabilities.regions.led]\nbox = [0.1, 0.1, 0.3, 0.05]\nkind = \"hue\"\n");
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "capabilities[0].regions.led");
+}
+
+#[test]
+fn a_bad_simulated_device_setting_is_named_with_its_line() {
+    let text = format!("{GOOD}\n[simulated_device]\nled_awake = \"purple\"\n");
+    let issue = only_issue(&text);
+    assert_eq!(issue.key, "simulated_device.led_awake");
+    assert_eq!(issue.line, Some(line_of(&text, "purple")));
+    assert!(
+        issue.message.contains("not one of red"),
+        "{}",
+        issue.message
+    );
+
+    let text = format!("{GOOD}\n[simulated_device]\nled_delay = 5\n");
+    assert_eq!(only_issue(&text).key, "simulated_device.led_delay");
+
+    let ok = parse(&format!(
+        "{GOOD}\n[simulated_device]\nled_awake = \"red\"\n"
+    ))
+    .unwrap();
+    assert_eq!(ok.simulated_device.unwrap().led_awake, "red");
+    assert!(parse(GOOD).unwrap().simulated_device.is_none());
+}
+
+#[test]
+fn a_device_scene_without_a_simulated_device_is_refused() {
+    let text = format!("{GOOD}scene = \"device\"\n");
+    let err = parse(&text)
+        .unwrap()
+        .build_drivers()
+        .err()
+        .expect("refused");
+    let issue = &err.issues()[0];
+    assert_eq!(issue.key, "capabilities[0].driver.scene");
+    assert!(
+        issue.message.contains("[simulated_device]"),
+        "{}",
+        issue.message
+    );
+}

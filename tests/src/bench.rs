@@ -700,6 +700,21 @@ pub fn adapt_edge_config(
     out
 }
 
+/// Registry TOML (for [`LabOptions::registry_extra_toml`]) that turns on
+/// the local recogniser the registry transcribes audio clips with:
+/// `pocketsphinx_continuous` with the word-loop grammar of the lab's
+/// spoken scripts (`config/speech/bench-words.gram`), `provider =
+/// "command"` of `[agents.speech]`.
+pub fn local_speech_toml() -> String {
+    let grammar = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech/bench-words.gram");
+    format!(
+        "\n[agents.speech]\nenabled = true\nprovider = \"command\"\n\
+         command = [\"pocketsphinx_continuous\", \"-infile\", \"{{input}}\", \"-jsgf\", \"{}\", \
+         \"-wip\", \"1e-2\", \"-logfn\", \"/dev/null\"]\n",
+        grammar.display()
+    )
+}
+
 /// The bench TOML: four simulated media capabilities and four real serial
 /// drivers on the simulator's ptys.
 pub fn edge_toml(

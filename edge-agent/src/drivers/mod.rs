@@ -239,6 +239,7 @@ pub mod psu;
 pub mod relay;
 pub mod screen;
 pub mod serial;
+pub mod sim_device;
 pub mod speaker;
 pub mod thumb_robot;
 pub mod transport;

@@ -13,12 +13,17 @@
 //!    and the speaker says the wake phrase; a snapshot from the stream
 //!    `--led-deadline-ms` after the tap; stopping the stream keeps its
 //!    keyframes as evidence of the press;
-//! 5. judges the acceptance criteria from the sessions' `result_summary`
-//!    (keys such as `led_color`, `ocr_text`, `transcript`, `peak_dbfs`)
-//!    and posts an `AuditTaskResult` with findings, the artifacts as
-//!    evidence, and the multimodal outputs (§11.2). A criterion the
-//!    drivers give no data for is reported as not verified, and the result
-//!    asks for human review instead of guessing.
+//! 5. waits (`--derive-wait-ms`) for the evidence the registry derives
+//!    from the script's images and recording (docs/audit-trail.md
+//!    "Derived evidence", listed by `GET /api/v1/artifacts?derived_from=`):
+//!    `detection_json` of the `led` and `button` regions, `ocr_text` of the
+//!    `display` region, the recording's `transcript`;
+//! 6. judges each acceptance criterion from it (docs/audit-protocol.md
+//!    "Example agent"), one finding per criterion citing the derived
+//!    artifact and its source, and posts an `AuditTaskResult` with the
+//!    multimodal outputs (§11.2). The verdict is pass only when all four
+//!    are met; a criterion without derived evidence is reported as not
+//!    verified, and the result asks for human review instead of guessing.
 //!
 //! ```text
 //! led-audit-agent --base-url http://127.0.0.1:8080 --token "$TOKEN" \
@@ -36,9 +41,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use chrono::{DateTime, Utc};
 use clap::Parser;
 use reqwest::StatusCode;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// Command line (see the module doc).
 #[derive(Debug, Clone, Parser)]
@@ -82,11 +88,24 @@ struct Args {
     /// What the speaker says to wake the device.
     #[arg(long, default_value = "你好，小助手")]
     wake_phrase: String,
-    /// The greeting the device should answer with.
-    #[arg(long, default_value = "欢迎")]
-    greeting: String,
+    /// The welcome line the device should say (the simulated DUT's
+    /// default `welcome_line`).
+    #[arg(long, default_value = "welcome how can i help you today")]
+    welcome_line: String,
+    /// Share (0..1) of the welcome line's distinct words the transcript
+    /// must have.
+    #[arg(long, default_value_t = 0.6)]
+    welcome_min_share: f64,
+    /// Colour name the `button` region has while the robot's stylus is
+    /// over it.
+    #[arg(long, default_value = "black")]
+    finger_colour: String,
+    /// How long to wait for the registry's derived evidence of the
+    /// script's images and recording, milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    derive_wait_ms: u64,
     /// Length of the audio recording, milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 7000)]
     record_ms: u64,
     /// The LED must be blue this long after the tap, milliseconds.
     #[arg(long, default_value_t = 2000)]
@@ -219,13 +238,6 @@ impl Step {
                 .is_some_and(|s| s["status"] == "completed")
     }
 
-    fn summary(&self) -> Map<String, Value> {
-        self.session
-            .as_ref()
-            .and_then(|s| s["result_summary"].as_object().cloned())
-            .unwrap_or_default()
-    }
-
     fn artifacts(&self) -> Vec<String> {
         self.session
             .as_ref()
@@ -280,89 +292,359 @@ async fn act(
     }
 }
 
-/// Verdict on one acceptance criterion.
+/// Verdict on one acceptance criterion, with the artifacts it rests on
+/// (each derived artifact and its source).
 enum Verdict {
-    Met(String),
-    NotMet(String),
-    NotVerified(String),
+    Met(String, Vec<String>),
+    NotMet(String, Vec<String>),
+    NotVerified(String, Vec<String>),
 }
 
-/// Any string value of `summary` under one of `keys`, lowercased.
-fn text_of(summary: &Map<String, Value>, keys: &[&str]) -> Option<String> {
-    keys.iter().find_map(|k| summary.get(*k)).map(|v| match v {
-        Value::String(s) => s.to_lowercase(),
-        other => other.to_string().to_lowercase(),
-    })
-}
-
-fn judge_led(step: &Step, deadline_ms: u64) -> Verdict {
-    if !step.completed() {
-        return Verdict::NotMet(format!(
-            "no frame at {deadline_ms} ms: {}",
-            step.error.clone().unwrap_or_default()
-        ));
-    }
-    match text_of(&step.summary(), &["led_color", "dominant_color", "color"]) {
-        Some(c) if c.contains("blue") || c.contains('蓝') => {
-            Verdict::Met(format!("LED blue within {deadline_ms} ms"))
+impl Verdict {
+    fn evidence(&self) -> &[String] {
+        match self {
+            Verdict::Met(_, e) | Verdict::NotMet(_, e) | Verdict::NotVerified(_, e) => e,
         }
-        Some(c) => Verdict::NotMet(format!("LED `{c}` at {deadline_ms} ms, expected blue")),
-        None => Verdict::NotVerified("the camera reported no LED colour; check the frame".into()),
+    }
+    fn why(&self) -> &str {
+        match self {
+            Verdict::Met(w, _) | Verdict::NotMet(w, _) | Verdict::NotVerified(w, _) => w,
+        }
     }
 }
 
-fn judge_screen(step: &Step) -> Verdict {
-    if !step.completed() {
-        return Verdict::NotMet(format!(
-            "no frame: {}",
-            step.error.clone().unwrap_or_default()
-        ));
+/// An artifact timestamp: `metadata_json.captured_at` (a camera frame's
+/// own time) when present, else the record's `captured_at`.
+fn captured_at(a: &Value) -> Option<DateTime<Utc>> {
+    let text = a["metadata_json"]["captured_at"]
+        .as_str()
+        .or_else(|| a["captured_at"].as_str())?;
+    DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+fn session_time(step: &Step, key: &str) -> Option<DateTime<Utc>> {
+    let text = step.session.as_ref()?[key].as_str()?.to_string();
+    DateTime::parse_from_rfc3339(&text)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// One camera image and what the registry derived from it.
+#[derive(Debug, Clone)]
+struct Image {
+    artifact_id: String,
+    /// `keyframe` (of the stream) or `snapshot`.
+    origin: &'static str,
+    at: DateTime<Utc>,
+    /// `detection_json` record.
+    detection: Option<Value>,
+    /// `ocr_text` record.
+    ocr: Option<Value>,
+}
+
+impl Image {
+    /// The colour name the detection gives region `name`.
+    fn colour(&self, name: &str) -> Option<(String, String)> {
+        let d = self.detection.as_ref()?;
+        let region = d["metadata_json"]["regions"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == name)?;
+        Some((
+            region["colour"].as_str()?.to_string(),
+            d["artifact_id"].as_str()?.to_string(),
+        ))
     }
-    match text_of(&step.summary(), &["ocr_text", "screen_state", "text"]) {
-        Some(t) if t.contains("listening") => Verdict::Met("screen shows `listening`".into()),
-        Some(t) => Verdict::NotMet(format!("screen text `{t}` has no `listening`")),
-        None => Verdict::NotVerified("no OCR text from the camera; check the frame".into()),
+
+    /// The text OCR read in region `name` (lowercased).
+    fn text(&self, name: &str) -> Option<(String, String)> {
+        let o = self.ocr.as_ref()?;
+        let m = &o["metadata_json"];
+        let t = m["regions_text"][name]
+            .as_str()
+            .or_else(|| m["text"].as_str())?;
+        Some((t.to_lowercase(), o["artifact_id"].as_str()?.to_string()))
+    }
+
+    fn ms_after(&self, t: DateTime<Utc>) -> i64 {
+        (self.at - t).num_milliseconds()
     }
 }
 
-fn judge_greeting(step: &Step, greeting: &str) -> Verdict {
-    if !step.completed() {
-        return Verdict::NotMet(format!(
-            "no recording: {}",
-            step.error.clone().unwrap_or_default()
-        ));
+/// The derived evidence the judges read.
+struct Evidence {
+    /// Images of the camera, in capture order.
+    images: Vec<Image>,
+    /// The microphone clip and its `transcript` record, when derived.
+    audio: Option<(String, Option<Value>)>,
+}
+
+/// The artifact records of `ids`, with the registry's derived artifacts
+/// of each, waiting up to `wait_ms` for the derivers: images until they
+/// have a `detection_json` and an `ocr_text`, audio clips until they have a
+/// `transcript`.
+async fn gather(
+    c: &Client,
+    ids: &[(String, &'static str)],
+    wait_ms: u64,
+) -> Result<Vec<(Value, &'static str, Vec<Value>)>> {
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let mut records = Vec::new();
+    for (id, origin) in ids {
+        let (s, a) = c
+            .call(reqwest::Method::GET, &format!("/artifacts/{id}"), None)
+            .await?;
+        if !s.is_success() {
+            bail!("artifact {id}: {s} {a}");
+        }
+        records.push((a, *origin, Vec::new()));
     }
-    let summary = step.summary();
-    if let Some(t) = text_of(&summary, &["transcript", "text"]) {
-        return if t.contains(&greeting.to_lowercase()) {
-            Verdict::Met(format!("greeting heard: `{t}`"))
+    loop {
+        let mut missing = 0;
+        for (a, _, derived) in records.iter_mut() {
+            let want: &[&str] = match a["artifact_type"].as_str() {
+                Some("image") => &["detection_json", "ocr_text"],
+                Some("audio_clip") => &["transcript"],
+                _ => &[],
+            };
+            let has = |d: &[Value], t: &str| d.iter().any(|x| x["artifact_type"] == t);
+            if want.iter().all(|t| has(derived, t)) {
+                continue;
+            }
+            let id = a["artifact_id"].as_str().unwrap_or_default();
+            let (s, list) = c
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/artifacts?derived_from={id}"),
+                    None,
+                )
+                .await?;
+            if s.is_success() {
+                *derived = list["artifacts"].as_array().cloned().unwrap_or_default();
+            }
+            if !want.iter().all(|t| has(derived, t)) {
+                missing += 1;
+            }
+        }
+        if missing == 0 || Instant::now() >= deadline {
+            if missing > 0 {
+                eprintln!("{missing} artifact(s) still lack derived evidence after {wait_ms} ms");
+            }
+            return Ok(records);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn evidence_of(records: Vec<(Value, &'static str, Vec<Value>)>) -> Evidence {
+    let mut images = Vec::new();
+    let mut audio = None;
+    for (a, origin, derived) in records {
+        let id = a["artifact_id"].as_str().unwrap_or_default().to_string();
+        let of = |t: &str| derived.iter().find(|d| d["artifact_type"] == t).cloned();
+        match a["artifact_type"].as_str() {
+            Some("image") => {
+                if let Some(at) = captured_at(&a) {
+                    images.push(Image {
+                        artifact_id: id,
+                        origin,
+                        at,
+                        detection: of("detection_json"),
+                        ocr: of("ocr_text"),
+                    });
+                }
+            }
+            Some("audio_clip") if audio.is_none() => audio = Some((id, of("transcript"))),
+            _ => {}
+        }
+    }
+    images.sort_by_key(|i| i.at);
+    Evidence { images, audio }
+}
+
+/// LED: the first image after the tap started whose `led` region is
+/// `blue` must be captured at most `deadline_ms` after the tap's session
+/// ended.
+fn judge_led(tap: &Step, ev: &Evidence, deadline_ms: u64) -> Verdict {
+    let (Some(start), Some(end)) = (
+        session_time(tap, "started_at"),
+        session_time(tap, "ended_at"),
+    ) else {
+        return Verdict::NotMet(
+            format!(
+                "the tap did not complete: {}",
+                tap.error.clone().unwrap_or_default()
+            ),
+            tap.artifacts(),
+        );
+    };
+    let seen: Vec<(&Image, String, String)> = ev
+        .images
+        .iter()
+        .filter(|i| i.at >= start)
+        .filter_map(|i| i.colour("led").map(|(c, d)| (i, c, d)))
+        .collect();
+    if seen.is_empty() {
+        return Verdict::NotVerified(
+            "no colour detection of the `led` region after the tap; check the frames".into(),
+            vec![],
+        );
+    }
+    if let Some((img, _, det)) = seen.iter().find(|(_, c, _)| c == "blue") {
+        let after = img.ms_after(end);
+        let ids = vec![det.clone(), img.artifact_id.clone()];
+        return if after <= deadline_ms as i64 {
+            Verdict::Met(
+                format!(
+                    "LED blue {after} ms after the tap ended (a {} image)",
+                    img.origin
+                ),
+                ids,
+            )
         } else {
-            Verdict::NotMet(format!("heard `{t}`, expected `{greeting}`"))
+            Verdict::NotMet(format!("LED first blue {after} ms after the tap ended (a {} image), later than {deadline_ms} ms", img.origin), ids)
         };
     }
-    match summary.get("peak_dbfs").and_then(Value::as_f64) {
-        Some(p) if p > -50.0 => Verdict::NotVerified(format!(
-            "sound at {p:.1} dBFS but no transcript; listen to the recording"
-        )),
-        Some(p) => Verdict::NotMet(format!("silence: peak {p:.1} dBFS")),
-        None => Verdict::NotVerified("the microphone reported no level or transcript".into()),
+    let (last, colour, det) = seen.last().expect("not empty");
+    let covered = last.ms_after(end);
+    let ids = vec![det.clone(), last.artifact_id.clone()];
+    if covered >= deadline_ms as i64 {
+        Verdict::NotMet(
+            format!(
+                "LED `{colour}`, never blue, in {} images up to {covered} ms after the tap ended",
+                seen.len()
+            ),
+            ids,
+        )
+    } else {
+        Verdict::NotVerified(
+            format!("LED `{colour}` and no image {deadline_ms} ms after the tap; check the frames"),
+            ids,
+        )
     }
 }
 
-fn judge_motion(tap: &Step, clip: &Step) -> Verdict {
-    match (tap.completed(), clip.completed()) {
-        (true, true) if !clip.artifacts().is_empty() => {
-            Verdict::Met("tap completed and recorded on the clip".into())
-        }
-        (true, true) => Verdict::NotVerified("tap completed but the clip has no artifact".into()),
-        (false, _) => Verdict::NotMet(format!(
-            "tap failed: {}",
-            tap.error.clone().unwrap_or_default()
-        )),
-        (true, false) => Verdict::NotMet(format!(
-            "clip failed: {}",
-            clip.error.clone().unwrap_or_default()
-        )),
+/// Screen: an `ocr_text` of the `display` region after the tap started
+/// containing `listening`.
+fn judge_screen(tap: &Step, ev: &Evidence) -> Verdict {
+    let start = session_time(tap, "started_at").unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let read: Vec<(&Image, String, String)> = ev
+        .images
+        .iter()
+        .filter(|i| i.at >= start)
+        .filter_map(|i| i.text("display").map(|(t, d)| (i, t, d)))
+        .collect();
+    if let Some((img, t, ocr)) = read.iter().find(|(_, t, _)| t.contains("listening")) {
+        return Verdict::Met(
+            format!("display reads `{}` (a {} image)", t.trim(), img.origin),
+            vec![ocr.clone(), img.artifact_id.clone()],
+        );
+    }
+    match read.last() {
+        Some((img, t, ocr)) => Verdict::NotMet(
+            format!(
+                "display reads `{}`, no `listening`, in {} images",
+                t.trim(),
+                read.len()
+            ),
+            vec![ocr.clone(), img.artifact_id.clone()],
+        ),
+        None => Verdict::NotVerified(
+            "no OCR of the `display` region after the tap; check the frames".into(),
+            vec![],
+        ),
+    }
+}
+
+/// Lowercase words of `text` (letters, digits and apostrophes).
+fn words(text: &str) -> Vec<String> {
+    text.to_lowercase()
+        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Welcome line: the share of the expected line's distinct words that the
+/// clip's `transcript` has must reach `min_share`.
+fn judge_welcome(audio_step: &Step, ev: &Evidence, expected: &str, min_share: f64) -> Verdict {
+    let Some((clip, transcript)) = &ev.audio else {
+        return Verdict::NotMet(
+            format!(
+                "no recording: {}",
+                audio_step.error.clone().unwrap_or_default()
+            ),
+            vec![],
+        );
+    };
+    let Some(t) = transcript else {
+        return Verdict::NotVerified(
+            "no transcript of the recording; listen to it".into(),
+            vec![clip.clone()],
+        );
+    };
+    let ids = vec![
+        t["artifact_id"].as_str().unwrap_or_default().to_string(),
+        clip.clone(),
+    ];
+    let heard_text = t["metadata_json"]["text"].as_str().unwrap_or_default();
+    let heard = words(heard_text);
+    let mut want = words(expected);
+    want.sort();
+    want.dedup();
+    if want.is_empty() {
+        return Verdict::NotVerified("the expected welcome line has no words".into(), ids);
+    }
+    let found = want.iter().filter(|w| heard.contains(w)).count();
+    let share = found as f64 / want.len() as f64;
+    let why = format!(
+        "heard `{heard_text}`: {found} of {} words of `{expected}` ({:.0} %, at least {:.0} % needed)",
+        want.len(),
+        share * 100.0,
+        min_share * 100.0
+    );
+    if share + 1e-9 >= min_share {
+        Verdict::Met(why, ids)
+    } else {
+        Verdict::NotMet(why, ids)
+    }
+}
+
+/// Press: an image during or after the tap whose `button` region shows
+/// the robot's stylus (`finger_colour`).
+fn judge_press(tap: &Step, ev: &Evidence, finger_colour: &str) -> Verdict {
+    let Some(start) = session_time(tap, "started_at").filter(|_| tap.completed()) else {
+        return Verdict::NotMet(
+            format!("tap failed: {}", tap.error.clone().unwrap_or_default()),
+            vec![],
+        );
+    };
+    let seen: Vec<(&Image, String, String)> = ev
+        .images
+        .iter()
+        .filter(|i| i.at >= start)
+        .filter_map(|i| i.colour("button").map(|(c, d)| (i, c, d)))
+        .collect();
+    if let Some((img, _, det)) = seen.iter().find(|(_, c, _)| c == finger_colour) {
+        return Verdict::Met(
+            format!("the stylus ({finger_colour}) covers the button {} ms after the tap started (a {} image)", img.ms_after(start), img.origin),
+            vec![det.clone(), img.artifact_id.clone()],
+        );
+    }
+    match seen.last() {
+        Some((img, c, det)) => Verdict::NotMet(
+            format!(
+                "the button region stays `{c}` in {} images: no stylus seen",
+                seen.len()
+            ),
+            vec![det.clone(), img.artifact_id.clone()],
+        ),
+        None => Verdict::NotVerified(
+            "no colour detection of the `button` region; check the frames".into(),
+            vec![],
+        ),
     }
 }
 
@@ -447,6 +729,7 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
         )
         .await;
         let tapped_at = Instant::now();
+        // The wake phrase plays while the deadline frame waits for its time.
         let speak = act(
             c,
             t0,
@@ -455,22 +738,24 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
             "play_tts",
             json!({ "text": args.wake_phrase }),
             15_000,
-        )
-        .await;
-        tokio::time::sleep(
-            Duration::from_millis(args.led_deadline_ms).saturating_sub(tapped_at.elapsed()),
-        )
-        .await;
-        let led = act(
-            c,
-            t0,
-            "frame at the LED deadline",
-            &camera,
-            "snapshot",
-            json!({}),
-            15_000,
-        )
-        .await;
+        );
+        let led = async {
+            tokio::time::sleep(
+                Duration::from_millis(args.led_deadline_ms).saturating_sub(tapped_at.elapsed()),
+            )
+            .await;
+            act(
+                c,
+                t0,
+                "frame at the LED deadline",
+                &camera,
+                "snapshot",
+                json!({}),
+                15_000,
+            )
+            .await
+        };
+        let (speak, led) = tokio::join!(speak, led);
         (tap, speak, led)
     };
     let (audio, (tap, speak, led)) = tokio::join!(audio, wake);
@@ -480,7 +765,10 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
         "keyframes of the wake-up",
         &camera,
         "stop_stream",
-        json!({ "keep": "keyframes" }),
+        // Every frame that differs from the previous keyframe, at most
+        // two a second: the robot's stylus arriving, the display and the
+        // LED changing.
+        json!({ "keep": "keyframes", "change_threshold": 0.0, "min_interval_ms": 500, "max_keyframes": 30 }),
         30_000,
     )
     .await;
@@ -493,21 +781,39 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
         clip.clone(),
     ];
 
+    // The images (the stream's keyframes and the snapshot at the LED
+    // deadline) and the recording, with what the registry derived.
+    let mut sources: Vec<(String, &'static str)> = Vec::new();
+    for id in clip.artifacts() {
+        sources.push((id, "keyframe"));
+    }
+    for id in led.artifacts() {
+        sources.push((id, "snapshot"));
+    }
+    for id in audio.artifacts() {
+        sources.push((id, "recording"));
+    }
+    let ev = evidence_of(gather(c, &sources, args.derive_wait_ms).await?);
+
     let criteria = [
         (
             "LED 在 2 秒内变蓝",
-            judge_led(&led, args.led_deadline_ms),
+            judge_led(&tap, &ev, args.led_deadline_ms),
             "visual",
         ),
-        ("屏幕切换到 listening 状态", judge_screen(&led), "visual"),
+        (
+            "屏幕切换到 listening 状态",
+            judge_screen(&tap, &ev),
+            "visual",
+        ),
         (
             "扬声器播报欢迎语",
-            judge_greeting(&audio, &args.greeting),
+            judge_welcome(&audio, &ev, &args.welcome_line, args.welcome_min_share),
             "audio",
         ),
         (
             "摄像头观测到机械动作完成",
-            judge_motion(&tap, &clip),
+            judge_press(&tap, &ev, &args.finger_colour),
             "interaction",
         ),
     ];
@@ -515,34 +821,32 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
     let (mut visual, mut audio_mm, mut interaction, mut unverified) =
         (vec![], vec![], vec![], vec![]);
     for (i, (criterion, verdict, kind)) in criteria.iter().enumerate() {
-        match verdict {
-            Verdict::Met(_) => {}
-            Verdict::NotMet(why) => {
-                findings.push(json!({
-                    "finding_id": format!("f-criterion-{}", i + 1),
-                    "severity": "high",
-                    "title": format!("not met: {criterion}"),
-                    "description": why,
-                    "evidence_ref_ids": steps.iter().flat_map(Step::artifacts).collect::<Vec<_>>(),
-                }));
+        let (severity, title) = match verdict {
+            Verdict::Met(..) => ("low", format!("met: {criterion}")),
+            Verdict::NotMet(why, _) => {
                 match *kind {
                     "visual" => visual.push(why.clone()),
                     "audio" => audio_mm.push(why.clone()),
                     _ => interaction.push(why.clone()),
                 }
+                ("high", format!("not met: {criterion}"))
             }
-            Verdict::NotVerified(why) => {
+            Verdict::NotVerified(why, _) => {
                 unverified.push(format!("{criterion}: {why}"));
-                findings.push(json!({
-                    "finding_id": format!("f-criterion-{}", i + 1),
-                    "severity": "low",
-                    "title": format!("not verified automatically: {criterion}"),
-                    "description": why,
-                    "evidence_ref_ids": steps.iter().flat_map(Step::artifacts).collect::<Vec<_>>(),
-                    "suggested_fix": "review the recorded evidence",
-                }));
+                ("low", format!("not verified automatically: {criterion}"))
             }
+        };
+        let mut finding = json!({
+            "finding_id": format!("f-criterion-{}", i + 1),
+            "severity": severity,
+            "title": title,
+            "description": verdict.why(),
+            "evidence_ref_ids": verdict.evidence(),
+        });
+        if matches!(verdict, Verdict::NotVerified(..)) {
+            finding["suggested_fix"] = json!("review the recorded evidence");
         }
+        findings.push(finding);
     }
     for s in steps.iter().filter(|s| s.error.is_some()) {
         findings.push(json!({
@@ -555,7 +859,7 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
     }
     let failed = criteria
         .iter()
-        .any(|(_, v, _)| matches!(v, Verdict::NotMet(_)));
+        .any(|(_, v, _)| matches!(v, Verdict::NotMet(..)));
     let (status, decision) = if failed {
         ("completed", "fail")
     } else if !unverified.is_empty() {
@@ -565,10 +869,11 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
     };
     let met = criteria
         .iter()
-        .filter(|(_, v, _)| matches!(v, Verdict::Met(_)))
+        .filter(|(_, v, _)| matches!(v, Verdict::Met(..)))
         .count();
     let mut artifact_refs: Vec<String> = Vec::new();
-    for a in steps.iter().flat_map(Step::artifacts) {
+    let cited = criteria.iter().flat_map(|(_, v, _)| v.evidence().to_vec());
+    for a in steps.iter().flat_map(Step::artifacts).chain(cited) {
         if !artifact_refs.contains(&a) {
             artifact_refs.push(a);
         }
@@ -605,9 +910,9 @@ async fn run_script(c: &Client, args: &Args, leases: &[(String, Held)]) -> Resul
         "audio_mismatches": audio_mm,
         "interaction_failures": interaction,
         "perceptual_verdict": criteria.iter().map(|(c, v, _)| match v {
-            Verdict::Met(w) => format!("{c}: met ({w})"),
-            Verdict::NotMet(w) => format!("{c}: NOT met ({w})"),
-            Verdict::NotVerified(w) => format!("{c}: not verified ({w})"),
+            Verdict::Met(w, _) => format!("{c}: met ({w})"),
+            Verdict::NotMet(w, _) => format!("{c}: NOT met ({w})"),
+            Verdict::NotVerified(w, _) => format!("{c}: not verified ({w})"),
         }).collect::<Vec<_>>().join("; "),
         "needs_human_review_reason": if unverified.is_empty() { Value::Null } else { json!(unverified.join("; ")) },
     }))

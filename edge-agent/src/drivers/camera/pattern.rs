@@ -1,9 +1,12 @@
 //! Synthetic pictures for the simulated camera and screen: a test pattern
-//! (colour bars, a moving box, the time in big blocky digits) and a 5x7
-//! block font that draws upper-case text legible to people and to OCR.
+//! (colour bars, a moving box, the time in big blocky digits), the
+//! simulated DUT seen from above ([`device_scene`]) and a 5x7 block font
+//! that draws upper-case text legible to people and to OCR.
 
 use chrono::{DateTime, Timelike, Utc};
 use image::{Rgb, RgbImage};
+
+use crate::drivers::sim_device::{Look, WakeButton, FACE_MM};
 
 /// The 75 % colour bars (white, yellow, cyan, green, magenta, red, blue).
 pub const BARS: [[u8; 3]; 7] = [
@@ -70,6 +73,109 @@ pub fn test_pattern(
         }
     }
     img
+}
+
+/// Where the device scene puts things, as `[x, y, w, h]` fractions of the
+/// image (the `box` of a `[capabilities.regions.<name>]`).
+pub mod device_layout {
+    /// The DUT's face; the robot's frame `(0, 0)`..[`super::FACE_MM`] maps onto it.
+    pub const FACE: [f64; 4] = [0.30, 0.04, 0.40, 0.92];
+    /// Centre and radii of the LED disk.
+    pub const LED: [f64; 4] = [0.62, 0.12, 0.025, 0.044];
+    /// The display (dark text on a light background).
+    pub const DISPLAY: [f64; 4] = [0.33, 0.42, 0.34, 0.22];
+    /// Radii of the stylus tip seen from above.
+    pub const FINGER_RADII: [f64; 2] = [0.04, 0.065];
+}
+
+/// Colour of the stylus tip in the device scene.
+pub const FINGER_RGB: [u8; 3] = [20, 20, 20];
+/// Colour of the wake button in the device scene.
+pub const BUTTON_RGB: [u8; 3] = [235, 235, 235];
+
+/// Robot frame (mm) to image fractions of the device scene.
+pub fn mm_to_fraction(x_mm: f64, y_mm: f64) -> (f64, f64) {
+    let [fx, fy, fw, fh] = device_layout::FACE;
+    (fx + fw * x_mm / FACE_MM.0, fy + fh * y_mm / FACE_MM.1)
+}
+
+/// The simulated DUT seen from above as `look` says: its face, the LED
+/// disk, the display with its lines in the block font (centred, as large
+/// as fits), the wake button `button` and, where the robot's stylus is,
+/// its tip (drawn last: it hides what is under it).
+pub fn device_scene(width: u32, height: u32, look: &Look, button: &WakeButton) -> RgbImage {
+    let (w, h) = (f64::from(width), f64::from(height));
+    let px = |f: f64, n: f64| (f * n).round().max(0.0) as u32;
+    let mut img = RgbImage::from_pixel(width, height, Rgb([40, 40, 44]));
+    let [fx, fy, fw, fh] = device_layout::FACE;
+    fill_rect(
+        &mut img,
+        px(fx, w),
+        px(fy, h),
+        px(fw, w),
+        px(fh, h),
+        [70, 70, 78],
+    );
+    let [lx, ly, lrx, lry] = device_layout::LED;
+    fill_ellipse(&mut img, lx * w, ly * h, lrx * w, lry * h, look.led_rgb);
+
+    let [dx, dy, dw, dh] = device_layout::DISPLAY;
+    let (dx, dy, dw, dh) = (px(dx, w), px(dy, h), px(dw, w), px(dh, h));
+    fill_rect(&mut img, dx, dy, dw, dh, [235, 235, 225]);
+    let lines = look.display.len().max(1) as u32;
+    let longest = look
+        .display
+        .iter()
+        .map(|l| l.chars().count() as u32)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let scale = (dw * 8 / 10 / (longest * 6))
+        .min(dh * 8 / 10 / (lines * 10))
+        .max(1);
+    let block_h = lines * 10 * scale - 3 * scale;
+    let mut y = dy + dh.saturating_sub(block_h) / 2;
+    for line in &look.display {
+        let x = dx + dw.saturating_sub(text_width(line, scale).saturating_sub(scale)) / 2;
+        draw_text(&mut img, x, y, scale, line, [10, 10, 10]);
+        y += 10 * scale;
+    }
+
+    let (bx, by) = mm_to_fraction(button.x_mm, button.y_mm);
+    let (brx, bry) = (
+        fw * button.radius_mm / FACE_MM.0,
+        fh * button.radius_mm / FACE_MM.1,
+    );
+    fill_ellipse(&mut img, bx * w, by * h, brx * w, bry * h, BUTTON_RGB);
+
+    if let Some([x, y, _]) = look.stylus_mm {
+        let (sx, sy) = mm_to_fraction(x, y);
+        let [rx, ry] = device_layout::FINGER_RADII;
+        fill_ellipse(&mut img, sx * w, sy * h, rx * w, ry * h, FINGER_RGB);
+    }
+    img
+}
+
+/// Fill an ellipse centred at (cx, cy) with radii (rx, ry), pixels,
+/// clipped to the image.
+pub fn fill_ellipse(img: &mut RgbImage, cx: f64, cy: f64, rx: f64, ry: f64, colour: [u8; 3]) {
+    let (iw, ih) = img.dimensions();
+    if rx <= 0.0 || ry <= 0.0 {
+        return;
+    }
+    let y0 = (cy - ry).floor().max(0.0) as u32;
+    let y1 = ((cy + ry).ceil().max(0.0) as u32).min(ih);
+    let x0 = (cx - rx).floor().max(0.0) as u32;
+    let x1 = ((cx + rx).ceil().max(0.0) as u32).min(iw);
+    for yy in y0..y1 {
+        for xx in x0..x1 {
+            let dx = (f64::from(xx) + 0.5 - cx) / rx;
+            let dy = (f64::from(yy) + 0.5 - cy) / ry;
+            if dx * dx + dy * dy <= 1.0 {
+                img.put_pixel(xx, yy, Rgb(colour));
+            }
+        }
+    }
 }
 
 /// Fill a rectangle, clipped to the image.
@@ -153,7 +259,7 @@ fn glyph(c: char) -> [u8; 7] {
         'K' => [0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11],
         'L' => [0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F],
         'M' => [0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11],
-        'N' => [0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11],
+        'N' => [0x11, 0x19, 0x19, 0x15, 0x13, 0x13, 0x11],
         'O' => [0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E],
         'P' => [0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10],
         'Q' => [0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D],

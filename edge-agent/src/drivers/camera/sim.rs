@@ -16,6 +16,7 @@
 //! | `max_fps` | `30` | highest rate it offers (also offers 15 and 5) |
 //! | `connected` | `true` | `false` simulates an unplugged camera |
 //! | `ptz` | `false` | whether it has pan/tilt/zoom controls |
+//! | `scene` | `pattern` | `pattern` (the test pattern) or `device`: the edge's simulated DUT seen from above ([`pattern::device_scene`]; needs a `[simulated_device]` table) |
 //!
 //! Defaults differ from nokhwa in `resolution` (`640x480`) and
 //! `warmup_frames` (`0`).
@@ -29,6 +30,7 @@ use serde::Deserialize;
 use super::frames::{self, CaptureMode, PixelFormat, RawFrame, StillFormat};
 use super::pattern;
 use super::{CameraBackend, CameraDriver, CommonToml, FrameSource, PtzAxis};
+use crate::drivers::sim_device::{self, SimDevice};
 use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
@@ -50,6 +52,7 @@ struct SimToml {
     max_fps: u32,
     connected: bool,
     ptz: bool,
+    scene: String,
 }
 
 impl Default for SimToml {
@@ -74,6 +77,7 @@ impl Default for SimToml {
             max_fps: 30,
             connected: true,
             ptz: false,
+            scene: "pattern".into(),
         }
     }
 }
@@ -107,6 +111,21 @@ pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
         }
         sizes.push((w, h));
     }
+    let dut = match t.scene.as_str() {
+        "pattern" => None,
+        "device" => Some(sim_device::attached(&spec.state_dir).ok_or_else(|| {
+            bad(
+                "scene",
+                "`device` needs the edge's [simulated_device] table".into(),
+            )
+        })?),
+        other => {
+            return Err(bad(
+                "scene",
+                format!("`{other}` is not one of pattern, device"),
+            ))
+        }
+    };
     if !(1..=240).contains(&t.max_fps) {
         return Err(bad("max_fps", format!("{} is outside 1..=240", t.max_fps)));
     }
@@ -145,6 +164,7 @@ pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
         offered,
         connected: t.connected,
         ptz: t.ptz,
+        dut,
     };
     Ok(Box::new(CameraDriver::new(
         &spec.capability_id,
@@ -160,6 +180,8 @@ pub struct SimCamera {
     offered: Vec<CaptureMode>,
     connected: bool,
     ptz: bool,
+    /// `scene = "device"`: the DUT it films.
+    dut: Option<Arc<SimDevice>>,
 }
 
 impl CameraBackend for SimCamera {
@@ -193,6 +215,7 @@ impl CameraBackend for SimCamera {
             started_at: None,
             frame_no: 0,
             ptz: if self.ptz { Some([0, 0, 100]) } else { None },
+            dut: self.dut.clone(),
         }))
     }
 }
@@ -205,6 +228,7 @@ struct SimSource {
     frame_no: u64,
     /// pan, tilt, zoom
     ptz: Option<[i64; 3]>,
+    dut: Option<Arc<SimDevice>>,
 }
 
 impl FrameSource for SimSource {
@@ -253,7 +277,15 @@ impl FrameSource for SimSource {
             Some([p, t, z]) => format!("{} P{p} T{t} Z{z}", self.name),
             None => self.name.clone(),
         };
-        let img = pattern::test_pattern(mode.width, mode.height, self.frame_no, at, &label);
+        let img = match &self.dut {
+            Some(d) => pattern::device_scene(
+                mode.width,
+                mode.height,
+                &d.look(Instant::now()),
+                &d.settings().wake_button,
+            ),
+            None => pattern::test_pattern(mode.width, mode.height, self.frame_no, at, &label),
+        };
         self.frame_no += 1;
         let data = match mode.format {
             PixelFormat::Mjpeg => frames::encode(&img, StillFormat::Jpeg, 80)?,
@@ -312,7 +344,7 @@ mod defaults_tests {
     fn a_minimal_table_takes_the_documented_defaults() {
         crate::drivers::defaults_pin::check::<SimToml>(
             serde_json::json!({}),
-            "SimToml { device: \"sim-camera\", format: \"auto\", resolution: \"640x480\", fps: 30, capture_timeout_ms: 3000, ring_seconds: 10, ring_max_mb: 256, jpeg_quality: 85, warmup_frames: 0, max_clip_ms: 60000, field_of_view_deg: None, offered_formats: [\"mjpeg\", \"yuyv\"], offered_resolutions: [\"320x240\", \"640x480\", \"1280x720\"], max_fps: 30, connected: true, ptz: false }",
+            "SimToml { device: \"sim-camera\", format: \"auto\", resolution: \"640x480\", fps: 30, capture_timeout_ms: 3000, ring_seconds: 10, ring_max_mb: 256, jpeg_quality: 85, warmup_frames: 0, max_clip_ms: 60000, field_of_view_deg: None, offered_formats: [\"mjpeg\", \"yuyv\"], offered_resolutions: [\"320x240\", \"640x480\", \"1280x720\"], max_fps: 30, connected: true, ptz: false, scene: \"pattern\" }",
         );
     }
 }

@@ -17,6 +17,11 @@
 //! | `supported_sample_rates` | `[8000, 16000, 22050, 44100, 48000]` | others are refused like a device would |
 //! | `max_channels` | `2` | |
 //! | `connected` | `true` | `false` simulates an unplugged microphone |
+//!
+//! On an edge with a simulated DUT ([`crate::drivers::sim_device`]) the
+//! microphone also hears the DUT's welcome line, mixed into `signal` in
+//! real time while it is said (over a quiet `signal = "noise"` floor,
+//! recognisers hear it best).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,6 +31,7 @@ use serde::Deserialize;
 
 use super::capture::CaptureBuffer;
 use super::{AudioInput, AudioRequest, CommonMicToml, MicrophoneDriver, OpenCapture};
+use crate::drivers::sim_device::{self, SimDevice};
 use crate::drivers::{Defaults, Driver, DriverConfigError, DriverError, DriverSpec};
 
 #[derive(Debug, Deserialize)]
@@ -141,6 +147,7 @@ pub fn build(spec: &DriverSpec) -> Result<Box<dyn Driver>, DriverConfigError> {
         rates: t.supported_sample_rates,
         max_channels: t.max_channels,
         connected: t.connected,
+        dut: sim_device::attached(&spec.state_dir),
     };
     Ok(Box::new(MicrophoneDriver::new(
         &spec.capability_id,
@@ -160,6 +167,8 @@ pub struct SimInput {
     rates: Vec<u32>,
     max_channels: u16,
     connected: bool,
+    /// The simulated DUT whose voice it hears.
+    dut: Option<Arc<SimDevice>>,
 }
 
 struct Stop(Arc<AtomicBool>);
@@ -215,6 +224,7 @@ impl AudioInput for SimInput {
             channels,
             frame: 0,
             noise_state: 0x2545_F491_4F6C_DD1D,
+            dut: self.dut.clone(),
         };
         let (b, s) = (buffer.clone(), stop.clone());
         std::thread::Builder::new()
@@ -242,6 +252,7 @@ struct Generator {
     channels: u16,
     frame: u64,
     noise_state: u64,
+    dut: Option<Arc<SimDevice>>,
 }
 
 impl Generator {
@@ -252,8 +263,13 @@ impl Generator {
             let due = (t0.elapsed().as_secs_f64() * f64::from(self.rate)) as u64;
             let mut block =
                 Vec::with_capacity(((due - self.frame) * u64::from(self.channels)) as usize);
+            let voice = self.dut.as_ref().and_then(|d| d.utterance());
             while self.frame < due {
-                let s = self.sample();
+                let mut s = self.sample();
+                if let Some(v) = &voice {
+                    let at = t0 + Duration::from_secs_f64(self.frame as f64 / f64::from(self.rate));
+                    s = (s + v.sample_at(at)).clamp(-1.0, 1.0);
+                }
                 for _ in 0..self.channels {
                     block.push(s);
                 }

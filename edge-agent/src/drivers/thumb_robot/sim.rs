@@ -5,12 +5,14 @@
 //! would get, each line acknowledged when its motion has finished.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::grbl::GrblSettings;
 use super::{distance, Bounds, Geometry, Motion, MotionController, Spot};
+use crate::drivers::sim_device::{self, SimDevice};
 use crate::drivers::transport::{bad_setting, Transcript};
 use crate::drivers::{Defaults, DriverConfigError, DriverError, DriverHealth, DriverSpec};
 
@@ -67,9 +69,13 @@ impl Defaults for SimRobotSettings {
     const REQUIRED: &'static [&'static str] = &["bounds_mm", "safe_z_mm", "press_z_mm"];
 }
 
-/// The simulated gantry.
+/// The simulated gantry. With a simulated DUT on the edge
+/// ([`sim_device`]) it reports its stylus position after every step, so
+/// a press on the DUT's wake button wakes it.
 pub struct SimRobot {
     position: [f64; 3],
+    press_z_mm: f64,
+    dut: Option<Arc<SimDevice>>,
     rapid_mm_per_min: f64,
     speedup: f64,
     model: String,
@@ -105,9 +111,16 @@ impl SimRobot {
             ));
         }
         let b = geometry.bounds;
+        let position = [b.x_min, b.y_min, geometry.safe_z_mm];
+        let dut = sim_device::attached(&spec.state_dir);
+        if let Some(d) = &dut {
+            d.stylus_at(position, false);
+        }
         Ok((
             SimRobot {
-                position: [b.x_min, b.y_min, geometry.safe_z_mm],
+                position,
+                press_z_mm: geometry.press_z_mm,
+                dut,
                 rapid_mm_per_min: s.rapid_mm_per_min,
                 speedup: s.speedup,
                 model: s
@@ -142,6 +155,9 @@ impl MotionController for SimRobot {
             self.transcript.tx(m.gcode());
             std::thread::sleep(Duration::from_secs_f64(seconds / self.speedup));
             self.position = to;
+            if let Some(d) = &self.dut {
+                d.stylus_at(to, (to[2] - self.press_z_mm).abs() < 1e-6);
+            }
             self.transcript.rx("ok");
         }
         Ok(self.position)
