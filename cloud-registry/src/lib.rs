@@ -36,6 +36,7 @@ pub mod api;
 pub mod app;
 pub mod audit;
 pub mod broker;
+pub mod broker_gate;
 pub mod broker_log;
 pub mod budgets;
 pub mod config;
