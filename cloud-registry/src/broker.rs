@@ -11,23 +11,19 @@
 //! - an `admin` / `super_admin` token holder with its principal as user name
 //!   (debugging with `mosquitto_sub`).
 //!
-//! # What rumqttd 0.20 cannot do: per-topic ACLs
-//! rumqttd's only hook is the connect-time auth handler
-//! `Fn(client_id, username, password) -> bool`. It has no per-topic
-//! authorization for PUBLISH or SUBSCRIBE; its only topic isolation is the
-//! `validate-tenant-prefix` feature, which takes the tenant from a TLS client
-//! certificate's organization and forces topics under `/tenants/{tenant}/`,
-//! a scheme that does not fit `benchlink/v1/providers/{p}/…` and needs a
-//! PKI. So on the embedded broker an authenticated provider *can* publish to
-//! and subscribe to another provider's topics. What is enforced:
-//! - only holders of a provider (or admin) token connect at all, and a
-//!   provider only under its own id as client id and user name;
-//! - the registry accepts a message on `…/providers/{p}/…` only when its
-//!   body's `provider_id` is `{p}` (see [`crate::mqtt`]).
-//!
-//! Where providers do not trust each other, run Mosquitto with the ACL in
-//! `config/mosquitto/` (`mode = "external"`), which confines each provider
-//! to its own topics.
+//! # Per-topic authorization: the gate
+//! rumqttd 0.20's only hook is the connect-time auth handler; it has no
+//! per-topic authorization for PUBLISH or SUBSCRIBE (its
+//! `validate-tenant-prefix` feature needs TLS client certificates and a
+//! `/tenants/{tenant}/` scheme). So rumqttd listens on a loopback port and
+//! accepts only a per-start secret, and the public address is the gate of
+//! [`crate::broker_gate`]: it checks the login ([`allow_login`]), then
+//! confines a provider to its own topics (a foreign PUBLISH closes the
+//! connection, a foreign SUBSCRIBE filter gets 0x80, a foreign will is
+//! refused). Admins and the registry pass unchecked; the registry's client
+//! connects to rumqttd directly ([`EmbeddedBroker::internal_addr`]). The
+//! registry also accepts a message on `…/providers/{p}/…` only when its
+//! body's `provider_id` is `{p}` (see [`crate::mqtt`]).
 //!
 //! # Latency: no Nagle
 //! rumqttd 0.20 accepts connections without setting `TCP_NODELAY`, so a

@@ -17,7 +17,7 @@
 //!   (`registry-agents`: the agent runtime and the Earth command,
 //!   docs/earth-command.md); [`budgets`] (actuator action budgets and
 //!   the per-principal request rate limit, docs/policy.md).
-//! - MQTT: [`broker`] / [`broker_log`] (the embedded broker and its
+//! - MQTT: [`broker`] / [`broker_gate`] / [`broker_log`] (the embedded broker, its per-topic gate and its
 //!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
 //!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
 //!   under one provider id).
