@@ -575,22 +575,28 @@ impl Registry {
         // envelope and topic), whatever the body limit.
         let max_packet = config.http.body_limit_bytes.max(MIN_MQTT_PACKET_BYTES);
         let mut kick = None;
+        let mut gate_stats = None;
         let (mqtt_addr, settings) = match config.mqtt.mode {
             MqttMode::Embedded => {
                 let listen = config.mqtt.listen;
                 let a = auth.clone();
                 let user = config.mqtt.client_id.clone();
+                let prefix = config.mqtt.topic_prefix.clone();
                 let broker = tokio::task::spawn_blocking(move || {
-                    EmbeddedBroker::start(listen, a, &user, max_packet)
+                    EmbeddedBroker::start(listen, a, &user, max_packet, &prefix)
                 })
                 .await??;
                 let login = broker.registry_login().clone();
-                kick = Some((broker.addr(), login.clone()));
+                gate_stats = Some(broker.gate_stats());
+                // The registry's client (and the revocation kick) talk to
+                // rumqttd directly: only benches and admins pass the gate.
+                let internal = broker.internal_addr();
+                kick = Some((internal, login.clone()));
                 (
                     broker.addr(),
                     MqttSettings {
-                        host: broker.addr().ip().to_string(),
-                        port: broker.addr().port(),
+                        host: internal.ip().to_string(),
+                        port: internal.port(),
                         client_id: config.mqtt.client_id.clone(),
                         username: Some(login.username),
                         password: Some(login.password),
@@ -674,6 +680,7 @@ impl Registry {
                     Arc::new(move || flag.load(std::sync::atomic::Ordering::Relaxed))
                 },
                 stats: mqtt.stats(),
+                gate: gate_stats,
             },
         });
         let v1 = OpenApiRouter::new()

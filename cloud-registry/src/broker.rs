@@ -11,23 +11,19 @@
 //! - an `admin` / `super_admin` token holder with its principal as user name
 //!   (debugging with `mosquitto_sub`).
 //!
-//! # What rumqttd 0.20 cannot do: per-topic ACLs
-//! rumqttd's only hook is the connect-time auth handler
-//! `Fn(client_id, username, password) -> bool`. It has no per-topic
-//! authorization for PUBLISH or SUBSCRIBE; its only topic isolation is the
-//! `validate-tenant-prefix` feature, which takes the tenant from a TLS client
-//! certificate's organization and forces topics under `/tenants/{tenant}/`,
-//! a scheme that does not fit `benchlink/v1/providers/{p}/…` and needs a
-//! PKI. So on the embedded broker an authenticated provider *can* publish to
-//! and subscribe to another provider's topics. What is enforced:
-//! - only holders of a provider (or admin) token connect at all, and a
-//!   provider only under its own id as client id and user name;
-//! - the registry accepts a message on `…/providers/{p}/…` only when its
-//!   body's `provider_id` is `{p}` (see [`crate::mqtt`]).
-//!
-//! Where providers do not trust each other, run Mosquitto with the ACL in
-//! `config/mosquitto/` (`mode = "external"`), which confines each provider
-//! to its own topics.
+//! # Per-topic authorization: the gate
+//! rumqttd 0.20's only hook is the connect-time auth handler; it has no
+//! per-topic authorization for PUBLISH or SUBSCRIBE (its
+//! `validate-tenant-prefix` feature needs TLS client certificates and a
+//! `/tenants/{tenant}/` scheme). So rumqttd listens on a loopback port and
+//! accepts only a per-start secret, and the public address is the gate of
+//! [`crate::broker_gate`]: it checks the login ([`allow_login`]), then
+//! confines a provider to its own topics (a foreign PUBLISH closes the
+//! connection, a foreign SUBSCRIBE filter gets 0x80, a foreign will is
+//! refused). Admins and the registry pass unchecked; the registry's client
+//! connects to rumqttd directly ([`EmbeddedBroker::internal_addr`]). The
+//! registry also accepts a message on `…/providers/{p}/…` only when its
+//! body's `provider_id` is `{p}` (see [`crate::mqtt`]).
 //!
 //! # Latency: no Nagle
 //! rumqttd 0.20 accepts connections without setting `TCP_NODELAY`, so a
@@ -63,6 +59,8 @@ use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
 
 use crate::auth::{Authenticator, TokenLookup};
+use crate::broker_gate::Gate;
+pub use crate::broker_gate::{Access, GateStats};
 
 /// How often [`run_revocation_watch`] looks for revoked providers.
 pub const REVOCATION_WATCH_EVERY: Duration = Duration::from_secs(1);
@@ -162,35 +160,39 @@ pub struct RegistryLogin {
     pub password: String,
 }
 
-/// A running embedded broker.
+/// A running embedded broker: the gate on the public address and rumqttd
+/// behind it on loopback.
 #[derive(Debug, Clone)]
 pub struct EmbeddedBroker {
     addr: SocketAddr,
+    internal: SocketAddr,
     login: RegistryLogin,
+    stats: Arc<GateStats>,
 }
 
 fn digest(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
-/// Whether a client may log in to the embedded broker: the registry's own
-/// client with its per-start secret, a provider with its own token and
-/// its provider id as both user name and client id, or an admin. The
+/// Whether a client may log in to the embedded broker, and to what: the
+/// registry's own client with its per-start secret ([`Access::Full`]), a
+/// provider with its own token and its provider id as both user name and
+/// client id ([`Access::Provider`]), or an admin ([`Access::Full`]). The
 /// token is looked up in the store at every connect, so one created or
 /// revoked with the CLI while the registry runs counts at once. `Err`
 /// says why not, in words for the log (never the secret).
-async fn allow_login(
+pub(crate) async fn allow_login(
     auth: &Authenticator,
     registry_user: &str,
     registry_password_hash: &[u8; 32],
     client_id: &str,
     username: &str,
     password: &str,
-) -> Result<(), String> {
+) -> Result<Access, String> {
     if username == registry_user {
         // Compare digests: equal length, no early exit on the secret.
         return if &digest(password) == registry_password_hash {
-            Ok(())
+            Ok(Access::Full)
         } else {
             Err("wrong secret for the registry's own client".into())
         };
@@ -207,12 +209,12 @@ async fn allow_login(
                     "client id `{client_id}` is not the provider id `{username}`"
                 ))
             } else {
-                Ok(())
+                Ok(Access::Provider(p.name))
             }
         }
         TokenLookup::Valid(p) if matches!(p.role, Role::Admin | Role::SuperAdmin) => {
             if p.name == username {
-                Ok(())
+                Ok(Access::Full)
             } else {
                 Err(format!(
                     "the {} token belongs to `{}`, not to user name `{username}`",
@@ -233,27 +235,49 @@ async fn allow_login(
 }
 
 impl EmbeddedBroker {
-    /// Start rumqttd listening on `listen` (port 0: a free port is picked)
-    /// with logins checked against `auth`. Returns once its threads are
-    /// started; the registry's own client connecting (which
-    /// [`crate::app::Registry::start`] waits for) proves it listens. `registry_user` is the user name the registry's client
-    /// will use; `max_payload_bytes` bounds a message.
+    /// Start the broker: rumqttd on a free loopback port, and the gate
+    /// ([`crate::broker_gate`]) on `listen` (port 0: a free port is
+    /// picked), which checks logins against `auth` and confines each
+    /// provider to its own topics under `topic_prefix`. Returns once both
+    /// listen (the registry's own client connecting, which
+    /// [`crate::app::Registry::start`] waits for, proves rumqttd answers).
+    /// `registry_user` is the user name the registry's client will use;
+    /// `max_payload_bytes` bounds a packet (remaining length, bytes).
+    /// Must run inside a tokio runtime (the gate is spawned on it; a
+    /// blocking task of the runtime will do).
     ///
-    /// Errors: the address is taken, or the thread cannot be started.
+    /// Errors: `listen` is taken, no loopback port is free, no runtime,
+    /// or the broker thread cannot be started.
     pub fn start(
         listen: SocketAddr,
         auth: Arc<Authenticator>,
         registry_user: &str,
         max_payload_bytes: usize,
+        topic_prefix: &str,
     ) -> Result<Self, BrokerError> {
-        // Bind once ourselves: reports a taken port clearly (rumqttd would
-        // only log it in its own thread) and resolves port 0.
-        let probe = TcpListener::bind(listen).map_err(|source| BrokerError::Bind {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| BrokerError::Thread(std::io::Error::other(e)))?;
+        // The public address is ours (the gate's): bound here, so a taken
+        // port is reported clearly and port 0 resolves.
+        let public = TcpListener::bind(listen).map_err(|source| BrokerError::Bind {
             addr: listen,
             source,
         })?;
-        let addr = probe.local_addr().map_err(|source| BrokerError::Bind {
+        let addr = public.local_addr().map_err(|source| BrokerError::Bind {
             addr: listen,
+            source,
+        })?;
+        public
+            .set_nonblocking(true)
+            .map_err(|source| BrokerError::Bind { addr, source })?;
+        // rumqttd binds its own listener: find a free loopback port for it.
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let probe = TcpListener::bind(loopback).map_err(|source| BrokerError::Bind {
+            addr: loopback,
+            source,
+        })?;
+        let internal = probe.local_addr().map_err(|source| BrokerError::Bind {
+            addr: loopback,
             source,
         })?;
         drop(probe);
@@ -262,9 +286,8 @@ impl EmbeddedBroker {
             username: registry_user.to_string(),
             password: crate::auth::new_token(),
         };
-        let registry_hash = digest(&login.password);
+        let secret_hash = digest(&login.password);
         crate::broker_log::set_broker_packet_limit(max_payload_bytes);
-        let registry_user = login.username.clone();
         let mut connections = ConnectionSettings {
             connection_timeout_ms: 10_000,
             max_payload_size: max_payload_bytes,
@@ -273,22 +296,21 @@ impl EmbeddedBroker {
             external_auth: None,
             dynamic_filters: true,
         };
+        // Only the gate and the registry's client know the secret: a
+        // process on this host that dials rumqttd's port directly gets in
+        // with nothing else.
         connections.set_auth_handler(move |client_id: String, username: String, password: String| {
-            let auth = auth.clone();
-            let registry_user = registry_user.clone();
             async move {
-                match allow_login(&auth, &registry_user, &registry_hash, &client_id, &username, &password).await {
-                    Ok(()) => true,
-                    Err(reason) => {
-                        tracing::warn!(client_id = %client_id, username = %username, %reason, "MQTT login refused: {reason}");
-                        false
-                    }
+                let ok = digest(&password) == secret_hash;
+                if !ok {
+                    tracing::warn!(client_id = %client_id, username = %username, "MQTT login on the broker's internal port refused: wrong secret");
                 }
+                ok
             }
         });
         let server = ServerSettings {
             name: "benchlink-v4".into(),
-            listen: addr,
+            listen: internal,
             tls: None,
             next_connection_delay_ms: 1,
             connections,
@@ -317,26 +339,59 @@ impl EmbeddedBroker {
             })
             .map_err(BrokerError::Thread)?;
 
-        match disable_nagle_on_listener(addr, std::time::Duration::from_secs(5)) {
-            Ok(()) => tracing::debug!(%addr, "TCP_NODELAY set on the broker's listener"),
+        match disable_nagle_on_listener(internal, std::time::Duration::from_secs(5)) {
+            Ok(()) => tracing::debug!(%internal, "TCP_NODELAY set on the broker's listener"),
             Err(e) => tracing::warn!(
-                %addr,
+                %internal,
                 error = %e,
                 "cannot set TCP_NODELAY on the broker's listener; small MQTT messages may wait ~40 ms"
             ),
         }
-        tracing::info!(%addr, "embedded MQTT broker listening");
-        Ok(Self { addr, login })
+        let stats = Arc::new(GateStats::default());
+        let gate = Arc::new(Gate {
+            auth,
+            registry_user: login.username.clone(),
+            secret_hash,
+            secret: login.password.clone(),
+            internal,
+            prefix: topic_prefix.to_string(),
+            max_packet_bytes: max_payload_bytes,
+            stats: stats.clone(),
+        });
+        runtime.spawn(async move {
+            match tokio::net::TcpListener::from_std(public) {
+                Ok(listener) => gate.serve(listener).await,
+                Err(e) => tracing::error!(error = %e, "the MQTT gate cannot listen"),
+            }
+        });
+        tracing::info!(%addr, %internal, "embedded MQTT broker listening (provider topics isolated)");
+        Ok(Self {
+            addr,
+            internal,
+            login,
+            stats,
+        })
     }
 
-    /// Where the broker listens.
+    /// Where the broker listens for benches and admins (the gate).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// rumqttd's own loopback address, for the registry's client (with
+    /// [`Self::registry_login`]); nothing else gets in there.
+    pub fn internal_addr(&self) -> SocketAddr {
+        self.internal
     }
 
     /// The login for the registry's own client.
     pub fn registry_login(&self) -> &RegistryLogin {
         &self.login
+    }
+
+    /// The gate's counters (connections, refusals).
+    pub fn gate_stats(&self) -> Arc<GateStats> {
+        self.stats.clone()
     }
 }
 
@@ -443,8 +498,11 @@ mod tests {
             let auth = auth.clone();
             async move { allow_login(&auth, "registry", &hash, client, user, &token).await }
         };
-        assert_eq!(login("prov-1", "prov-1", provider.clone()).await, Ok(()));
-        let why = |r: Result<(), String>| r.unwrap_err();
+        assert_eq!(
+            login("prov-1", "prov-1", provider.clone()).await,
+            Ok(Access::Provider("prov-1".into()))
+        );
+        let why = |r: Result<Access, String>| r.unwrap_err();
         assert!(why(login("x", "x", "blk_nope".into()).await).contains("unknown token"));
         assert!(why(login("prov-2", "prov-2", gone).await).contains("revoked"));
         assert!(why(login("viewer-1", "viewer-1", viewer).await).contains("needs a provider token"));

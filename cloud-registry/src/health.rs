@@ -40,6 +40,8 @@ pub struct MqttHealth {
     /// True while the registry's client is connected.
     pub connected: Arc<dyn Fn() -> bool + Send + Sync>,
     pub stats: Arc<MqttStats>,
+    /// The embedded broker's gate counters (`None` on an external broker).
+    pub gate: Option<Arc<crate::broker::GateStats>>,
 }
 
 /// What the health and metrics handlers read.
@@ -309,6 +311,28 @@ async fn metrics(State(st): State<HealthState>) -> Response {
         "1 while the registry's MQTT client is connected.",
         &[(String::new(), u64::from((st.mqtt.connected)()))],
     );
+    if let Some(g) = &st.mqtt.gate {
+        metric(
+            &mut out,
+            "benchlink_mqtt_gate_connections_total",
+            "counter",
+            "Connections accepted by the embedded broker's gate.",
+            &one(&g.connections),
+        );
+        metric(
+            &mut out,
+            "benchlink_mqtt_gate_refused_total",
+            "counter",
+            "What the embedded broker's gate refused: logins, wills, publishes and subscription filters outside a provider's own topics.",
+            &[
+                ("login", &g.refused_logins),
+                ("will", &g.refused_wills),
+                ("publish", &g.refused_publishes),
+                ("subscribe", &g.refused_subscriptions),
+            ]
+            .map(|(what, n)| (format!("{{what=\"{what}\"}}"), n.load(Ordering::Relaxed))),
+        );
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -17,7 +17,7 @@
 //!   (`registry-agents`: the agent runtime and the Earth command,
 //!   docs/earth-command.md); [`budgets`] (actuator action budgets and
 //!   the per-principal request rate limit, docs/policy.md).
-//! - MQTT: [`broker`] / [`broker_log`] (the embedded broker and its
+//! - MQTT: [`broker`] / [`broker_gate`] / [`broker_log`] (the embedded broker, its per-topic gate and its
 //!   reports), [`mqtt`] (the registry's client: ingest, command forwarding),
 //!   [`hearing`] (whether the registry can hear), [`twins`] (two benches
 //!   under one provider id).
@@ -37,6 +37,7 @@ pub mod api;
 pub mod app;
 pub mod audit;
 pub mod broker;
+pub mod broker_gate;
 pub mod broker_log;
 pub mod budgets;
 pub mod config;
