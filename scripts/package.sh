@@ -65,6 +65,12 @@ fi
 
 bins=(edge-agent cloud-registry benchlink)
 if ((build)); then
+  # Without the console's vendored scripts the registry builds, but its
+  # Earth page has no map: not something to ship.
+  if [ ! -f cloud-registry/console-vendor/node_modules/.package-lock.json ]; then
+    echo "package: cloud-registry/console-vendor/node_modules is missing; run scripts/setup.sh first" >&2
+    exit 1
+  fi
   cargo build --profile "$profile" -p edge-agent -p cloud-registry -p benchlink \
     --bin edge-agent --bin cloud-registry --bin benchlink
 else
