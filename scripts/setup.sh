@@ -25,6 +25,8 @@ packages=(
   chromium         # tests: the console's browser tests (tests/browser)
   fonts-wqy-microhei # a CJK font, so the Earth page's Chinese text shows in chromium's screenshots
   systemd          # tests: systemd-analyze verify / security on the shipped units
+  lintian          # scripts/package.sh --lint, tests/tests/packages.rs
+  debootstrap      # tests/tests/packages.rs: the Debian 12 root the packages install into
 )
 
 missing=()
