@@ -1,6 +1,6 @@
 //! The embedded broker's public listener: an MQTT-aware gate in front of
 //! rumqttd that confines each provider to its own topics
-//! (docs/architecture.md "Provider isolation", docs/security.md).
+//! (docs/architecture.md "Control plane (MQTT)").
 //!
 //! rumqttd 0.20 checks a login only at connect, so it listens on a
 //! loopback port of its own and accepts only the gate and the registry's

@@ -890,3 +890,45 @@ async fn each_request_gets_an_id_in_its_answer_and_one_access_log_line() {
     assert_eq!(second.len(), 1, "{lines:#?}");
     assert!(second[0].contains("status=401"), "{}", second[0]);
 }
+
+/// A machine without CA certificates (no `ca-certificates` package): the
+/// registry still starts, saying why HTTPS calls of its gateways will
+/// fail, instead of panicking while it builds their HTTP clients.
+#[test]
+fn without_ca_certificates_the_registry_starts_and_says_why() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&dir, "");
+    let nowhere = dir.path().join("no-certificates");
+    let mut child = registry()
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("SSL_CERT_FILE", &nowhere)
+        .env("SSL_CERT_DIR", &nowhere)
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cloud-registry serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("ready line");
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(line.contains("\"ready\""), "{line}\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("cannot load the system's CA certificates"),
+        "{stderr}"
+    );
+}

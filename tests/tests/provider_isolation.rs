@@ -2,7 +2,7 @@
 //! (`bench-sim`, `cloud-registry` with its embedded broker, `edge-agent`
 //! as provider A, a raw MQTT client as provider B with its own valid
 //! provider token): B can neither read A's commands nor act in A's name
-//! (docs/security.md "Provider isolation").
+//! (docs/architecture.md "Control plane (MQTT)").
 
 use std::collections::BTreeMap;
 use std::time::Duration;

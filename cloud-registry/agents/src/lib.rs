@@ -31,6 +31,7 @@ pub mod config;
 pub mod earth;
 pub mod error;
 pub mod events;
+pub mod http_client;
 pub mod integrations;
 pub mod model;
 pub mod policy;

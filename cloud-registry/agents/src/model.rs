@@ -106,11 +106,11 @@ struct ModelState {
 
 impl ModelState {
     fn new(cfg: &ModelConfig, enabled: bool) -> ModelState {
-        let http = reqwest::Client::builder()
-            .timeout(cfg.timeout())
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap_or_default();
+        let http = crate::http_client::build("model", || {
+            reqwest::Client::builder()
+                .timeout(cfg.timeout())
+                .connect_timeout(Duration::from_secs(10))
+        });
         ModelState {
             http,
             cfg: cfg.clone(),

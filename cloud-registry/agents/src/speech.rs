@@ -83,11 +83,11 @@ struct SpeechState {
 
 impl SpeechState {
     fn new(cfg: &SpeechConfig) -> SpeechState {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(cfg.timeout_seconds.max(1)))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap_or_default();
+        let http = crate::http_client::build("speech", || {
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(cfg.timeout_seconds.max(1)))
+                .connect_timeout(Duration::from_secs(10))
+        });
         SpeechState {
             http,
             base_url: cfg.effective_base_url(),

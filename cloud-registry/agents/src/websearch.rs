@@ -33,10 +33,9 @@ pub struct WebSearch {
 }
 
 fn client(cfg: &WebSearchConfig) -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(cfg.timeout_seconds.max(1)))
-        .build()
-        .unwrap_or_default()
+    crate::http_client::build("web_search", || {
+        reqwest::Client::builder().timeout(Duration::from_secs(cfg.timeout_seconds.max(1)))
+    })
 }
 
 impl WebSearch {
