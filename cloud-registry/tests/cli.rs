@@ -800,22 +800,13 @@ async fn sigterm_answers_waiting_callers_at_once_and_exits_cleanly() {
     assert!(status.success(), "{status:?}");
 }
 
-/// Every answered request has an id, the client's when it gave a plain
-/// one, in the answer's `x-request-id` and in one access-log line with the
-/// route's pattern, status and latency (cloud_registry::access_log).
-#[tokio::test]
-async fn each_request_gets_an_id_in_its_answer_and_one_access_log_line() {
+/// `cmd` (`cloud-registry serve …`) with `--config config`, stdout and
+/// stderr piped (no colour); the child and its ready line, once printed.
+fn serve_piped(cmd: &mut Command, config: &Path) -> (std::process::Child, String) {
     use std::io::{BufRead, BufReader};
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&dir, "");
-    let token_file = dir.path().join("admin.token");
-    let mut child = registry()
-        .arg("serve")
+    let mut child = cmd
         .arg("--config")
-        .arg(&config)
-        .arg("--bootstrap-admin-token-file")
-        .arg(&token_file)
-        .env("RUST_LOG", "warn,benchlink::access=info")
+        .arg(config)
         .env("NO_COLOR", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -825,6 +816,26 @@ async fn each_request_gets_an_id_in_its_answer_and_one_access_log_line() {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .expect("ready line");
+    (child, line)
+}
+
+/// Every answered request has an id, the client's when it gave a plain
+/// one, in the answer's `x-request-id` and in one access-log line with the
+/// route's pattern, status and latency (cloud_registry::access_log).
+#[tokio::test]
+async fn each_request_gets_an_id_in_its_answer_and_one_access_log_line() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&dir, "");
+    let token_file = dir.path().join("admin.token");
+    let (mut child, line) = serve_piped(
+        registry()
+            .arg("serve")
+            .arg("--bootstrap-admin-token-file")
+            .arg(&token_file)
+            .env("RUST_LOG", "warn,benchlink::access=info"),
+        &config,
+    );
     let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
     let base = format!("http://{}", ready["http"].as_str().unwrap());
     let token = std::fs::read_to_string(&token_file).unwrap();
@@ -896,26 +907,18 @@ async fn each_request_gets_an_id_in_its_answer_and_one_access_log_line() {
 /// fail, instead of panicking while it builds their HTTP clients.
 #[test]
 fn without_ca_certificates_the_registry_starts_and_says_why() {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(&dir, "");
     let nowhere = dir.path().join("no-certificates");
-    let mut child = registry()
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .env("SSL_CERT_FILE", &nowhere)
-        .env("SSL_CERT_DIR", &nowhere)
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cloud-registry serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("ready line");
+    let (mut child, line) = serve_piped(
+        registry()
+            .arg("serve")
+            .env("SSL_CERT_FILE", &nowhere)
+            .env("SSL_CERT_DIR", &nowhere)
+            .env("RUST_LOG", "warn"),
+        &config,
+    );
     let _ = child.kill();
     let _ = child.wait();
     let mut stderr = String::new();

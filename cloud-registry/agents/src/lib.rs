@@ -35,6 +35,7 @@ pub mod http_client;
 pub mod integrations;
 pub mod model;
 pub mod policy;
+pub mod program;
 pub mod prompts;
 pub mod proposals;
 pub mod protocol;

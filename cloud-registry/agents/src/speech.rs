@@ -241,8 +241,10 @@ async fn transcribe_with_command(
     let text = speech_command::run(command, &file, timeout)
         .await
         .map_err(|e| match e {
-            Some(m) => SpeechError::Command(m),
-            None => SpeechError::Timeout(timeout.as_millis() as u64),
+            crate::program::ProgramError::Timeout { .. } => {
+                SpeechError::Timeout(timeout.as_millis() as u64)
+            }
+            other => SpeechError::Command(other.to_string()),
         })?;
     drop(file);
     let mut metadata = Map::new();

@@ -5,16 +5,10 @@
 
 use std::io::Cursor;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
-
-use tokio::io::AsyncReadExt;
 
 /// The sample rate recognisers such as pocketsphinx expect, Hz.
 pub const TARGET_RATE_HZ: u32 = 16_000;
-
-/// Most bytes of the program's stdout kept.
-const MAX_OUTPUT_BYTES: u64 = 1 << 20;
 
 /// Half the length of the resampling filter, in samples of the slower of
 /// the two rates.
@@ -125,64 +119,17 @@ pub fn resample(input: &[f32], from: u32, to: u32) -> Vec<f32> {
     out
 }
 
-/// `command` with each `{input}` replaced by `input`.
-pub fn fill(command: &[String], input: &Path) -> Vec<String> {
-    let path = input.to_string_lossy();
-    command
-        .iter()
-        .map(|a| a.replace("{input}", &path))
-        .collect()
-}
-
-/// Run `command` on the WAV at `input`, killed after `timeout`; returns its
+/// Run `command` on the WAV at `input` ([`crate::program::run`]); its
 /// stdout's non-empty lines joined by spaces.
 ///
-/// Errors: the program cannot start, exits non-zero (with the end of its
-/// stderr), or runs past `timeout` (`Err(None)`).
+/// Errors: see [`crate::program::ProgramError`].
 pub async fn run(
     command: &[String],
     input: &Path,
     timeout: Duration,
-) -> Result<String, Option<String>> {
-    let args = fill(command, input);
-    let program = args.first().cloned().unwrap_or_default();
-    let mut child = tokio::process::Command::new(&program)
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| Some(format!("cannot start `{program}`: {e}")))?;
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
-    let work = async {
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let read_out = async {
-            if let Some(s) = stdout.as_mut() {
-                let _ = s.take(MAX_OUTPUT_BYTES).read_to_end(&mut out).await;
-            }
-        };
-        let read_err = async {
-            if let Some(s) = stderr.as_mut() {
-                let _ = s.take(MAX_OUTPUT_BYTES).read_to_end(&mut err).await;
-            }
-        };
-        tokio::join!(read_out, read_err);
-        (child.wait().await, out, err)
-    };
-    let (status, out, err) = tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| None)?;
-    let status = status.map_err(|e| Some(format!("`{program}`: {e}")))?;
-    if !status.success() {
-        let err = String::from_utf8_lossy(&err);
-        let err = err.trim();
-        let skip = err.chars().count().saturating_sub(500);
-        let tail: String = err.chars().skip(skip).collect();
-        return Err(Some(format!("`{program}` exited with {status}: {tail}")));
-    }
-    Ok(String::from_utf8_lossy(&out)
+) -> Result<String, crate::program::ProgramError> {
+    let out = crate::program::run(command, input, timeout).await?;
+    Ok(out
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())

@@ -4,11 +4,9 @@
 //! (docs/audit-trail.md "Derived evidence").
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use image::{imageops, GrayImage, Luma, RgbImage};
-use tokio::io::AsyncReadExt;
 
 /// Crops lower than this are scaled up (smoothly, by a whole factor)
 /// before OCR, pixels: recognisers read small text badly.
@@ -23,9 +21,6 @@ pub const MAX_OCR_HEIGHT_PX: u32 = 300;
 
 /// Largest factor a crop is scaled up by.
 pub const MAX_UPSCALE: u32 = 8;
-
-/// Most bytes of an OCR program's output kept.
-const MAX_OUTPUT_BYTES: usize = 1 << 20;
 
 /// The `(x, y, w, h)` box of `img` as the OCR program gets it: grey,
 /// scaled by a whole factor into [`MIN_OCR_HEIGHT_PX`] ..
@@ -79,97 +74,20 @@ fn shrink(img: &GrayImage, k: u32) -> GrayImage {
 /// Why an OCR run gave no text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OcrError {
-    #[error("cannot start `{program}`: {message}")]
-    Spawn { program: String, message: String },
-    #[error("`{program}` did not finish within {seconds} s (killed)")]
-    Timeout { program: String, seconds: u64 },
-    #[error("`{program}` exited with {status}: {stderr}")]
-    Failed {
-        program: String,
-        status: String,
-        stderr: String,
-    },
+    /// The OCR program could not run, timed out or failed.
+    #[error(transparent)]
+    Program(#[from] registry_agents::program::ProgramError),
     #[error("cannot write the image for OCR: {0}")]
     Io(String),
 }
 
-/// `command` with each `{input}` replaced by `input`.
-pub fn fill(command: &[String], input: &Path) -> Vec<String> {
-    let path = input.to_string_lossy();
-    command
-        .iter()
-        .map(|a| a.replace("{input}", &path))
-        .collect()
-}
-
-/// Run `command` (`{input}` = the PNG at `input`), killed after `timeout`;
-/// its trimmed stdout is the text.
+/// Run `command` (`{input}` = the PNG at `input`,
+/// [`registry_agents::program::run`]); its trimmed stdout is the text.
 ///
-/// Errors: [`OcrError::Spawn`] (program missing), [`OcrError::Timeout`],
-/// [`OcrError::Failed`] (non-zero exit, with the end of its stderr).
+/// Errors: [`OcrError::Program`] (missing, timed out, non-zero exit).
 pub async fn run(command: &[String], input: &Path, timeout: Duration) -> Result<String, OcrError> {
-    let args = fill(command, input);
-    let program = args.first().cloned().unwrap_or_default();
-    let mut child = tokio::process::Command::new(&program)
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| OcrError::Spawn {
-            program: program.clone(),
-            message: e.to_string(),
-        })?;
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
-    let work = async {
-        let mut out = Vec::new();
-        let mut err = Vec::new();
-        let read_out = async {
-            if let Some(s) = stdout.as_mut() {
-                let _ = s.take(MAX_OUTPUT_BYTES as u64).read_to_end(&mut out).await;
-            }
-        };
-        let read_err = async {
-            if let Some(s) = stderr.as_mut() {
-                let _ = s.take(MAX_OUTPUT_BYTES as u64).read_to_end(&mut err).await;
-            }
-        };
-        tokio::join!(read_out, read_err);
-        let status = child.wait().await;
-        (status, out, err)
-    };
-    match tokio::time::timeout(timeout, work).await {
-        Err(_) => Err(OcrError::Timeout {
-            program,
-            seconds: timeout.as_secs(),
-        }),
-        Ok((Err(e), _, _)) => Err(OcrError::Spawn {
-            program,
-            message: e.to_string(),
-        }),
-        Ok((Ok(status), out, err)) => {
-            if !status.success() {
-                let err = String::from_utf8_lossy(&err);
-                let tail: String = err
-                    .trim()
-                    .chars()
-                    .rev()
-                    .take(500)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                return Err(OcrError::Failed {
-                    program,
-                    status: status.to_string(),
-                    stderr: tail,
-                });
-            }
-            Ok(String::from_utf8_lossy(&out).trim().to_string())
-        }
-    }
+    let out = registry_agents::program::run(command, input, timeout).await?;
+    Ok(out.trim().to_string())
 }
 
 /// Write `img` as a PNG in `dir` (blocking: call from `spawn_blocking`).
@@ -220,7 +138,7 @@ mod tests {
             .map(String::from)
             .to_vec();
         assert_eq!(
-            fill(&cmd, Path::new("/tmp/a.png")),
+            registry_agents::program::fill(&cmd, Path::new("/tmp/a.png")),
             vec!["tesseract", "/tmp/a.png", "stdout"]
         );
     }
