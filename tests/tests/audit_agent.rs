@@ -48,6 +48,11 @@ async fn the_led_audit_agent_audits_the_demo_bench_and_leaves_downloadable_evide
             "1500",
             "--led-deadline-ms",
             "1000",
+            // This bench declares no camera regions and the registry has no
+            // recogniser: nothing will be derived, so the criteria stay
+            // "not verified" after a short wait.
+            "--derive-wait-ms",
+            "3000",
         ])
         .env_remove("BENCHLINK_URL")
         .env_remove("BENCHLINK_TOKEN")
