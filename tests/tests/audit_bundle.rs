@@ -396,6 +396,21 @@ async fn a_bundle_of_a_real_audit_verifies_offline_and_any_changed_byte_fails_it
             "`status` differs from event",
         ),
         (
+            "a changed derived colour with its manifest entry fixed",
+            tamper_with(&bundle, "artifacts.json", true, |c| {
+                let key = b"\"colour\": \"";
+                let at = c
+                    .windows(key.len())
+                    .position(|w| w == key)
+                    .expect("a derived detection's colour in artifacts.json")
+                    + key.len();
+                c[at] ^= 0x20;
+            }),
+            key.clone(),
+            "artifacts.json",
+            "`metadata_json` differs from its artifact_uploaded event",
+        ),
+        (
             "a changed acceptance criterion with its manifest entry fixed",
             tamper(&bundle, "request.json", "\"LED ", "\"XYZ ", true),
             key.clone(),

@@ -591,7 +591,18 @@ pub fn verify(r: impl Read, public_key: &str) -> Result<VerifiedBundle, BundleEr
                 format!("artifact {aid}: no artifact_uploaded event of it in the segment"),
             );
         };
-        for field in ["checksum", "size_bytes", "session_id", "artifact_type"] {
+        // Every field the event carries whole: what derived evidence says
+        // (`metadata_json`: colours, text) and when it was captured too.
+        for field in [
+            "checksum",
+            "size_bytes",
+            "session_id",
+            "artifact_type",
+            "content_type",
+            "captured_at",
+            "duration_ms",
+            "metadata_json",
+        ] {
             if carried.get(field) != a.get(field) {
                 return fail(
                     "artifacts.json",
