@@ -5,7 +5,8 @@
 //! - A snapshot uploaded while deriving is off is derived after a restart
 //!   with it on: a `detection_json` of the same session whose regions name
 //!   the colour bars the sim camera drew there, whose bytes hash to its
-//!   checksum, listed by `GET /api/v1/artifacts?derived_from=`.
+//!   checksum, listed by `GET /api/v1/artifacts?derived_from=` (404 for an
+//!   unknown source, 400 for an empty one).
 //! - A screenshot yields `ocr_text` holding the sim screen's status line.
 //! - With an OCR program that cannot start, a screenshot yields an
 //!   `artifact_derivation_failed` event and no `ocr_text`.
@@ -164,6 +165,17 @@ async fn the_registry_derives_colours_and_text_and_reports_failures() {
         .iter()
         .all(|r| r["name"] != "clock"));
     assert_eq!(det["metadata_json"]["regions"], doc["regions"]);
+    // A source that does not exist is a 404, an empty one a 400: neither
+    // reads as "nothing was derived".
+    let (status, body) = hw
+        .get("/api/v1/artifacts?derived_from=art_no_such")
+        .await
+        .unwrap();
+    assert_eq!(status.as_u16(), 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    let (status, body) = hw.get("/api/v1/artifacts?derived_from=").await.unwrap();
+    assert_eq!(status.as_u16(), 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_query", "{body}");
     // The camera's text region was read too.
     let cam_text = eventually(Duration::from_secs(30), "camera ocr_text", || async {
         derived(&hw, &snapshot, "ocr_text").await

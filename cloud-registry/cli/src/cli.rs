@@ -210,6 +210,10 @@ pub enum ArtifactCommand {
         /// Of this lease.
         #[arg(long)]
         lease: Option<String>,
+        /// Only the evidence the registry derived from this artifact
+        /// (detection_json, ocr_text, transcript).
+        #[arg(long)]
+        derived_from: Option<String>,
     },
 }
 

@@ -171,13 +171,18 @@ pub async fn run(ctx: &Ctx, command: Command) -> Outcome {
             let out = output.unwrap_or_else(|| artifact_id.clone().into());
             artifact_get(ctx, &artifact_id, &out).await
         }
-        Command::Artifact(ArtifactCommand::List { session, lease }) => {
+        Command::Artifact(ArtifactCommand::List {
+            session,
+            lease,
+            derived_from,
+        }) => {
             let v = ctx
                 .get(&query(
                     "/api/v1/artifacts",
                     &[
                         ("session_id", session.as_deref()),
                         ("lease_id", lease.as_deref()),
+                        ("derived_from", derived_from.as_deref()),
                     ],
                 ))
                 .await?;

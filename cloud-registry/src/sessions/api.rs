@@ -256,19 +256,38 @@ struct ArtifactQuery {
 /// Artifact records (every role but `provider`).
 #[utoipa::path(get, path = "/api/v1/artifacts", tag = "artifacts",
     params(ArtifactQuery),
-    responses((status = 200, body = ArtifactList)))]
+    responses(
+        (status = 200, body = ArtifactList),
+        (status = 400, description = "`invalid_query`: a bad parameter, e.g. an empty `derived_from`", body = ErrorBody),
+        (status = 404, description = "`not_found`: `derived_from` names no artifact", body = ErrorBody),
+    ))]
 async fn list_artifacts(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
     ApiQuery(q): ApiQuery<ArtifactQuery>,
 ) -> ApiResult<Json<Value>> {
     who.require(LEASE_READ_ROLES)?;
+    let derived_from = match q.derived_from {
+        Some(id) if id.is_empty() => {
+            return Err(ApiError::invalid_query(
+                "derived_from",
+                "is empty; give the id of the artifact whose derived evidence to list",
+            ))
+        }
+        Some(id) => {
+            // An unknown source is a 404, not an empty list: a typo must
+            // not read as "nothing was derived".
+            svc.get_artifact(&id).await?;
+            Some(id)
+        }
+        None => None,
+    };
     let artifacts = svc
         .list_artifacts(ArtifactFilter {
             session_id: nonempty(q.session_id),
             lease_id: nonempty(q.lease_id),
             uploaded: q.uploaded,
-            derived_from: nonempty(q.derived_from),
+            derived_from,
             limit: crate::api::list_limit(q.limit, 500, super::MAX_LIST)?,
         })
         .await?;
