@@ -7,8 +7,7 @@
 //! Without `pulseaudio` these tests skip, except under `CI=true`, where a
 //! server that cannot start is a failure.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -21,102 +20,34 @@ use shared_protocol::capability::{CapabilityAction, CapabilityType, HealthStatus
 /// One PulseAudio server at a time: the process environment points cpal at it.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// A private PulseAudio server; killed on drop.
-struct PulseServer {
-    dir: tempfile::TempDir,
-    pid: i32,
-}
+/// A private PulseAudio server ([`benchlink_testkit::PulseServer`]) this
+/// process's audio clients (cpal, rodio) use while the guard lives.
+struct PulseServer(benchlink_testkit::PulseServer);
 
 impl PulseServer {
-    fn home(&self) -> PathBuf {
-        self.dir.path().join("home")
-    }
-    fn runtime(&self) -> PathBuf {
-        self.dir.path().join("run")
-    }
-
-    /// Start the server, or `None` (skip) when pulseaudio is unavailable
-    /// outside CI.
+    /// Start the server and point this process at it, or `None` (skip)
+    /// when pulseaudio is unavailable outside CI.
     fn start() -> Option<Self> {
-        let dir = tempfile::tempdir().unwrap();
-        let (home, run) = (dir.path().join("home"), dir.path().join("run"));
-        std::fs::create_dir_all(&home).unwrap();
-        std::fs::create_dir_all(&run).unwrap();
-        let started = Command::new("pulseaudio")
-            .args([
-                "-D",
-                "--exit-idle-time=-1",
-                "--system=false",
-                "-n",
-                "--load=module-native-protocol-unix",
-                "--load=module-null-sink sink_name=vsink rate=48000 channels=2",
-            ])
-            .env("HOME", &home)
-            .env("XDG_RUNTIME_DIR", &run)
-            .output();
-        let failure = match &started {
-            Err(e) => Some(format!("cannot run pulseaudio: {e}")),
-            Ok(o) if !o.status.success() => Some(format!(
-                "pulseaudio failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            )),
-            Ok(_) => None,
+        let server = match benchlink_testkit::PulseServer::start() {
+            Ok(s) => s,
+            Err(why) => {
+                benchlink_testkit::skip_unless_ci(&why);
+                return None;
+            }
         };
-        if let Some(why) = failure {
-            benchlink_testkit::skip_unless_ci(&why);
-            return None;
+        for (k, v) in server.env() {
+            std::env::set_var(k, v);
         }
-        let pid_file = run.join("pulse/pid");
-        let pid: i32 = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or_else(|| panic!("pulseaudio started but wrote no {}", pid_file.display()));
-        let server = PulseServer { dir, pid };
-        // Point this process's audio clients (cpal) at the server.
-        std::env::set_var(
-            "PULSE_SERVER",
-            format!("unix:{}", run.join("pulse/native").display()),
-        );
-        std::env::set_var("PULSE_COOKIE", home.join(".config/pulse/cookie"));
-        server.pactl(&["set-default-sink", "vsink"]);
-        server.pactl(&["set-default-source", "vsink.monitor"]);
-        Some(server)
+        Some(PulseServer(server))
     }
 
     fn pactl(&self, args: &[&str]) -> String {
-        let out = Command::new("pactl")
-            .args(args)
-            .env("HOME", self.home())
-            .env("XDG_RUNTIME_DIR", self.runtime())
-            .output()
-            .expect("pactl runs");
-        assert!(
-            out.status.success(),
-            "pactl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.0.pactl(args).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl Drop for PulseServer {
     fn drop(&mut self) {
-        // SAFETY: signals the pulseaudio daemon this test started (its pid
-        // from the pid file in this test's own runtime directory).
-        unsafe {
-            libc::kill(self.pid, libc::SIGTERM);
-        }
-        let t0 = Instant::now();
-        while Path::new(&format!("/proc/{}", self.pid)).exists()
-            && t0.elapsed() < Duration::from_secs(3)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if Path::new(&format!("/proc/{}", self.pid)).exists() {
-            unsafe {
-                libc::kill(self.pid, libc::SIGKILL);
-            }
-        }
         std::env::remove_var("PULSE_SERVER");
         std::env::remove_var("PULSE_COOKIE");
     }

@@ -1,6 +1,5 @@
 //! The speech path across real processes and a real audio server: a
-//! user-level PulseAudio with a null sink (as edge-agent/tests/
-//! audio_loopback.rs starts it), an edge with a rodio speaker playing into
+//! user-level PulseAudio with a null sink ([`benchlink_testkit::PulseServer`]), an edge with a rodio speaker playing into
 //! the sink and a cpal microphone recording its monitor, and a registry
 //! whose speech gateway uses the `command` provider with pocketsphinx and
 //! the shipped word grammar (config/speech/bench-words.gram). `play_tts`
@@ -25,100 +24,6 @@ const MIC: &str = "mic-real-01";
 const SENTENCE: &str = "welcome, how can I help you today";
 const CONTENT_WORDS: [&str; 6] = ["welcome", "how", "can", "help", "you", "today"];
 
-/// A private PulseAudio server with the null sink `vsink`; stopped on drop.
-struct Pulse {
-    dir: tempfile::TempDir,
-    pid: i32,
-}
-
-impl Pulse {
-    fn env(&self) -> Vec<(String, String)> {
-        let run = self.dir.path().join("run");
-        vec![
-            (
-                "PULSE_SERVER".into(),
-                format!("unix:{}", run.join("pulse/native").display()),
-            ),
-            (
-                "PULSE_COOKIE".into(),
-                self.dir
-                    .path()
-                    .join("home/.config/pulse/cookie")
-                    .display()
-                    .to_string(),
-            ),
-        ]
-    }
-
-    fn start() -> Result<Pulse, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let (home, run) = (dir.path().join("home"), dir.path().join("run"));
-        std::fs::create_dir_all(&home).unwrap();
-        std::fs::create_dir_all(&run).unwrap();
-        let out = Command::new("pulseaudio")
-            .args([
-                "-D",
-                "--exit-idle-time=-1",
-                "--system=false",
-                "-n",
-                "--load=module-native-protocol-unix",
-                "--load=module-null-sink sink_name=vsink rate=48000 channels=2",
-            ])
-            .env("HOME", &home)
-            .env("XDG_RUNTIME_DIR", &run)
-            .output()
-            .map_err(|e| format!("cannot run pulseaudio: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "pulseaudio failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let pid = std::fs::read_to_string(run.join("pulse/pid"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or("pulseaudio wrote no pid file")?;
-        let p = Pulse { dir, pid };
-        for args in [
-            ["set-default-sink", "vsink"],
-            ["set-default-source", "vsink.monitor"],
-        ] {
-            let o = Command::new("pactl")
-                .args(args)
-                .env("HOME", &home)
-                .env("XDG_RUNTIME_DIR", &run)
-                .output()
-                .map_err(|e| format!("pactl: {e}"))?;
-            if !o.status.success() {
-                return Err(format!(
-                    "pactl {args:?}: {}",
-                    String::from_utf8_lossy(&o.stderr)
-                ));
-            }
-        }
-        Ok(p)
-    }
-}
-
-impl Drop for Pulse {
-    fn drop(&mut self) {
-        // SAFETY: signals the pulseaudio daemon this test started (its pid
-        // from the pid file in this test's own runtime directory).
-        unsafe {
-            libc::kill(self.pid, libc::SIGTERM);
-        }
-        for _ in 0..150 {
-            if !Path::new(&format!("/proc/{}", self.pid)).exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        unsafe {
-            libc::kill(self.pid, libc::SIGKILL);
-        }
-    }
-}
-
 fn have(program: &str, arg: &str) -> bool {
     Command::new(program).arg(arg).output().is_ok()
 }
@@ -138,7 +43,7 @@ async fn a_spoken_sentence_recorded_by_the_microphone_is_transcribed_by_the_regi
             return;
         }
     }
-    let pulse = match Pulse::start() {
+    let pulse = match benchlink_testkit::PulseServer::start() {
         Ok(p) => p,
         Err(why) => {
             benchlink_testkit::skip_unless_ci(&why);
