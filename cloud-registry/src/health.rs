@@ -215,10 +215,12 @@ async fn metrics(State(st): State<HealthState>) -> Response {
         "WAL frames the last checkpoint could not copy.",
         load(&wal.lag_frames),
     );
-    s.gauge(
-        "benchlink_store_checkpoint_behind_ms",
-        "How long checkpoints have stayed behind, ms (0 while they keep up).",
-        load(&wal.stalled_ms),
+    // Seconds, not ms: Prometheus names carry base units (`promtool check
+    // metrics` refuses `_ms`).
+    s.gauge_f64(
+        "benchlink_store_checkpoint_behind_seconds",
+        "How long checkpoints have stayed behind, seconds (0 while they keep up).",
+        load(&wal.stalled_ms) as f64 / 1000.0,
     );
     let disk = crate::storage::snapshot();
     s.gauge(

@@ -280,6 +280,15 @@ impl Sampled {
         self.add(name, made);
     }
 
+    /// A gauge with no labels and a fractional value.
+    pub fn gauge_f64(&mut self, name: &str, help: &str, value: f64) {
+        let made = prometheus::Gauge::new(name, help).map(|g| {
+            g.set(value);
+            g.collect()
+        });
+        self.add(name, made);
+    }
+
     /// A counter with one label: one series per `(label value, value)`.
     pub fn counter_by(&mut self, name: &str, help: &str, label: &str, values: &[(&str, u64)]) {
         let made = IntCounterVec::new(Opts::new(name, help), &[label]).map(|c| {
