@@ -328,9 +328,15 @@ mod tests {
         assert!(text_a.contains(
             "benchlink_action_round_trip_seconds_count{action=\"switch_on\",status=\"completed\",type=\"relay\"} 1"
         ), "{text_a}");
-        assert!(text_a.contains("benchlink_event_stream_subscribers 1"), "{text_a}");
+        assert!(
+            text_a.contains("benchlink_event_stream_subscribers 1"),
+            "{text_a}"
+        );
         assert!(!text_b.contains("switch_on"), "{text_b}");
-        assert!(text_b.contains("benchlink_event_stream_subscribers 0"), "{text_b}");
+        assert!(
+            text_b.contains("benchlink_event_stream_subscribers 0"),
+            "{text_b}"
+        );
     }
 
     #[test]
@@ -340,8 +346,14 @@ mod tests {
         s.counter("benchlink_events_total", "Events.", 7);
         s.gauge_by("benchlink_leases", "Leases.", "status", &[("granted", 2)]);
         let text = m.render(s);
-        assert!(text.contains("# TYPE benchlink_events_total counter\nbenchlink_events_total 7\n"), "{text}");
-        assert!(text.contains("benchlink_leases{status=\"granted\"} 2"), "{text}");
+        assert!(
+            text.contains("# TYPE benchlink_events_total counter\nbenchlink_events_total 7\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("benchlink_leases{status=\"granted\"} 2"),
+            "{text}"
+        );
         let names: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -192,17 +192,19 @@ impl Daemon {
             },
             stop_rx.clone(),
         ));
-        let supervisor_task = tokio::spawn(supervise_deadlines(
-            runners.clone(),
-            sink,
-            stop_rx.clone(),
-        ));
+        let supervisor_task =
+            tokio::spawn(supervise_deadlines(runners.clone(), sink, stop_rx.clone()));
         let metrics_server = match metrics_listener {
             Some(listener) => {
-                let addr = listener.local_addr().map_err(|source| DaemonError::MetricsListen {
-                    addr: cfg.metrics.listen.unwrap_or_else(|| ([127, 0, 0, 1], 0).into()),
-                    source,
-                })?;
+                let addr = listener
+                    .local_addr()
+                    .map_err(|source| DaemonError::MetricsListen {
+                        addr: cfg
+                            .metrics
+                            .listen
+                            .unwrap_or_else(|| ([127, 0, 0, 1], 0).into()),
+                        source,
+                    })?;
                 let scrape = crate::metrics::Scrape {
                     metrics: metrics.clone(),
                     link: link.state(),

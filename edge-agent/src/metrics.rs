@@ -193,7 +193,12 @@ impl EdgeMetrics {
 
     /// Take the link state and every capability's health (`types`:
     /// capability id → type) from memory, then encode everything.
-    pub fn render(&self, link: &LinkState, runners: &Runners, types: &[(String, String)]) -> String {
+    pub fn render(
+        &self,
+        link: &LinkState,
+        runners: &Runners,
+        types: &[(String, String)],
+    ) -> String {
         {
             let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
             self.mqtt_connected.set(i64::from(link.is_connected()));

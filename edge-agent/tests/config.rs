@@ -692,7 +692,9 @@ fn a_taken_metrics_port_stops_the_start_with_the_key_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
     assert!(
-        stderr.contains(&format!("cannot listen for metrics on {addr} (`[metrics] listen`)")),
+        stderr.contains(&format!(
+            "cannot listen for metrics on {addr} (`[metrics] listen`)"
+        )),
         "{stderr}"
     );
 }

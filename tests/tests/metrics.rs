@@ -112,8 +112,20 @@ async fn a_lease_and_an_action_show_in_both_expositions_and_promtool_accepts_the
     let registry_url = format!("{}/metrics", lab.base_url);
     let edge_url = lab.edge_metrics_url().expect("edge metrics on");
     let before = scrape(&registry_url).await;
-    let waited = |t: &str| sum(t, "benchlink_lease_wait_seconds_count", &[("type", "relay")]);
-    let held = |t: &str| sum(t, "benchlink_lease_hold_seconds_count", &[("type", "relay")]);
+    let waited = |t: &str| {
+        sum(
+            t,
+            "benchlink_lease_wait_seconds_count",
+            &[("type", "relay")],
+        )
+    };
+    let held = |t: &str| {
+        sum(
+            t,
+            "benchlink_lease_hold_seconds_count",
+            &[("type", "relay")],
+        )
+    };
 
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let lease = hw.lease_ok(caps::RELAY, "metrics check").await.unwrap();
@@ -133,13 +145,27 @@ async fn a_lease_and_an_action_show_in_both_expositions_and_promtool_accepts_the
         ("status", "completed"),
     ];
     assert_eq!(
-        sum(&registry, "benchlink_action_round_trip_seconds_count", &action),
+        sum(
+            &registry,
+            "benchlink_action_round_trip_seconds_count",
+            &action
+        ),
         1.0,
         "{registry}"
     );
-    assert!(sum(&registry, "benchlink_action_round_trip_seconds_sum", &action) > 0.0);
+    assert!(
+        sum(
+            &registry,
+            "benchlink_action_round_trip_seconds_sum",
+            &action
+        ) > 0.0
+    );
     assert!(waited(&registry) > waited(&before), "{registry}");
-    let hold_end = [("type", "relay"), ("holder_type", "audit_agent"), ("end", "released")];
+    let hold_end = [
+        ("type", "relay"),
+        ("holder_type", "audit_agent"),
+        ("end", "released"),
+    ];
     assert_eq!(
         sum(&registry, "benchlink_lease_hold_seconds_count", &hold_end),
         1.0,
@@ -152,27 +178,52 @@ async fn a_lease_and_an_action_show_in_both_expositions_and_promtool_accepts_the
         ("status", "201"),
     ];
     assert!(
-        sum(&registry, "benchlink_http_request_duration_seconds_count", &lease_route) >= 1.0,
+        sum(
+            &registry,
+            "benchlink_http_request_duration_seconds_count",
+            &lease_route
+        ) >= 1.0,
         "{registry}"
     );
     // Route patterns, never raw paths: the lease id is not a label value.
-    assert!(!registry.contains(&lease), "a lease id in a label:\n{registry}");
+    assert!(
+        !registry.contains(&lease),
+        "a lease id in a label:\n{registry}"
+    );
     assert!(registry.contains("route=\"/api/v1/capability-leases/{lease_id}/actions\""));
     assert_eq!(sum(&registry, "benchlink_lease_queue_depth", &[]), 0.0);
-    assert!(sum(&registry, "benchlink_mqtt_messages_out_total", &[("kind", "commands")]) >= 1.0);
+    assert!(
+        sum(
+            &registry,
+            "benchlink_mqtt_messages_out_total",
+            &[("kind", "commands")]
+        ) >= 1.0
+    );
     assert!(sum(&registry, "benchlink_events_total", &[]) >= 1.0);
 
     let edge = scrape(&edge_url).await;
-    assert_eq!(sum(&edge, "benchlink_edge_mqtt_connected", &[]), 1.0, "{edge}");
+    assert_eq!(
+        sum(&edge, "benchlink_edge_mqtt_connected", &[]),
+        1.0,
+        "{edge}"
+    );
     for id in caps::ALL {
-        let series = sum(&edge, "benchlink_edge_capability_health", &[("capability_id", id)]);
+        let series = sum(
+            &edge,
+            "benchlink_edge_capability_health",
+            &[("capability_id", id)],
+        );
         assert_eq!(series, 1.0, "one current status for {id}:\n{edge}");
     }
     assert_eq!(
         sum(
             &edge,
             "benchlink_edge_capability_health",
-            &[("capability_id", caps::RELAY), ("type", "relay"), ("status", "healthy")]
+            &[
+                ("capability_id", caps::RELAY),
+                ("type", "relay"),
+                ("status", "healthy")
+            ]
         ),
         1.0,
         "{edge}"
@@ -180,7 +231,11 @@ async fn a_lease_and_an_action_show_in_both_expositions_and_promtool_accepts_the
 
     for (what, text) in [("registry", &registry), ("edge", &edge)] {
         let (code, said) = promtool(text);
-        assert_eq!((code, said.as_str()), (Some(0), ""), "promtool on the {what}'s text");
+        assert_eq!(
+            (code, said.as_str()),
+            (Some(0), ""),
+            "promtool on the {what}'s text"
+        );
     }
 }
 
@@ -197,21 +252,36 @@ async fn an_edge_whose_uploads_cannot_reach_the_registry_shows_its_backlog() {
     .expect("lab starts");
     let edge_url = lab.edge_metrics_url().expect("edge metrics on");
     let before = scrape(&edge_url).await;
-    assert_eq!(sum(&before, "benchlink_edge_outbox_pending_artifacts", &[]), 0.0, "{before}");
+    assert_eq!(
+        sum(&before, "benchlink_edge_outbox_pending_artifacts", &[]),
+        0.0,
+        "{before}"
+    );
 
     let hw = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
     let lease = hw.lease_ok(caps::CAMERA, "backlog").await.unwrap();
     hw.act_ok(&lease, "snapshot", json!({})).await.unwrap();
 
     // The outbox figures follow the daemon's status snapshot (every 2 s).
-    let edge = poll_until(Duration::from_secs(15), "the backlog on /metrics", || async {
-        let text = scrape(&edge_url).await;
-        (sum(&text, "benchlink_edge_outbox_pending_artifacts", &[]) >= 1.0
-            && sum(&text, "benchlink_edge_upload_lag_seconds", &[]) > 0.0)
-            .then_some(text)
-    })
+    let edge = poll_until(
+        Duration::from_secs(15),
+        "the backlog on /metrics",
+        || async {
+            let text = scrape(&edge_url).await;
+            (sum(&text, "benchlink_edge_outbox_pending_artifacts", &[]) >= 1.0
+                && sum(&text, "benchlink_edge_upload_lag_seconds", &[]) > 0.0)
+                .then_some(text)
+        },
+    )
     .await
     .unwrap();
-    assert!(sum(&edge, "benchlink_edge_outbox_pending_bytes", &[]) > 0.0, "{edge}");
-    assert_eq!(sum(&edge, "benchlink_edge_mqtt_connected", &[]), 1.0, "{edge}");
+    assert!(
+        sum(&edge, "benchlink_edge_outbox_pending_bytes", &[]) > 0.0,
+        "{edge}"
+    );
+    assert_eq!(
+        sum(&edge, "benchlink_edge_mqtt_connected", &[]),
+        1.0,
+        "{edge}"
+    );
 }

@@ -307,11 +307,7 @@ impl State {
                 let waited = enqueued_at.map_or(std::time::Duration::ZERO, |t| {
                     now.instant.saturating_duration_since(t)
                 });
-                m.granted(
-                    self.capability_type_of(&cap),
-                    holder_type.as_str(),
-                    waited,
-                );
+                m.granted(self.capability_type_of(&cap), holder_type.as_str(), waited);
             }
             self.holders.entry(cap).or_default().push(id.clone());
             self.record(tx, &id, Some((EventType::LeaseGranted, actor, Vec::new())));

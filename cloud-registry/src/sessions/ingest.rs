@@ -4,9 +4,9 @@
 //! (`session_sync`). Also the [`ProviderHooks`] the providers module calls.
 
 use chrono::Utc;
+use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, LeaseStatus};
 use shared_protocol::mqtt::{MessageType, SessionSync, SessionUpdate};
-use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::session::{CapabilitySession, SessionStatus};
 
 use super::sql;
