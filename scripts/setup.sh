@@ -26,6 +26,7 @@ packages=(
   fonts-wqy-microhei # a CJK font, so the Earth page's Chinese text shows in chromium's screenshots
   systemd          # tests: systemd-analyze verify / security on the shipped units
   lintian          # scripts/package.sh --lint, tests/tests/packages.rs
+  prometheus       # tests/tests/metrics.rs: promtool check metrics on both /metrics texts
   debootstrap      # tests/tests/packages.rs: the Debian 12 root the packages install into
 )
 

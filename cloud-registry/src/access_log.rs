@@ -9,10 +9,15 @@
 //! monotonic). Liveness and metrics scrapes (`/healthz`, `/metrics`,
 //! `/time`) log at DEBUG, everything else at INFO;
 //! `RUST_LOG=info,benchlink::access=off` turns the log off.
+//!
+//! The same latency goes to `benchlink_http_request_duration_seconds`
+//! ([`crate::metrics::HttpMetrics`]), labelled by method, route pattern
+//! (`unmatched` when none matched: never the raw path, whose values have
+//! no bound) and status.
 
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -44,29 +49,38 @@ pub fn is_plain_id(id: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
-/// Wrap `router` in the request id and the access log: the id is set on
-/// the request before anything else sees it and copied onto every answer,
-/// the fallbacks' and the body limit's included.
-pub fn layer(router: axum::Router) -> axum::Router {
-    router.layer(axum::middleware::from_fn(log))
+/// Wrap `router` in the request id, the access log and the request
+/// duration histogram (`http`): the id is set on the request before
+/// anything else sees it and copied onto every answer, the fallbacks' and
+/// the body limit's included.
+pub fn layer(router: axum::Router, http: crate::metrics::HttpMetrics) -> axum::Router {
+    router.layer(axum::middleware::from_fn_with_state(http, log))
 }
 
 /// The access-log middleware (see the module doc).
-async fn log(mut request: Request, next: Next) -> Response {
+async fn log(
+    State(http): State<crate::metrics::HttpMetrics>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let start = Instant::now();
     let header = HeaderName::from_static(REQUEST_ID_HEADER);
     let id = request_id(request.headers().get(&header));
     request.headers_mut().insert(header.clone(), id.clone());
     let method = request.method().clone();
     let path = request.uri().path().to_string();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string());
+    let matched = request.extensions().get::<MatchedPath>().cloned();
     let mut response = next.run(request).await;
-    let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let elapsed = start.elapsed();
+    let latency_ms = elapsed.as_secs_f64() * 1000.0;
+    http.observe(
+        &method,
+        matched.as_ref().map_or("unmatched", |m| m.as_str()),
+        response.status(),
+        elapsed,
+    );
     let status = response.status().as_u16();
-    let route = route.as_deref().unwrap_or("-");
+    let route = matched.as_ref().map_or("-", |m| m.as_str());
     let shown = id.to_str().unwrap_or("-");
     if matches!(
         path.as_str(),

@@ -335,13 +335,20 @@ impl LeaseSync for EngineSync {
 /// Build the whole HTTP router from `routes` (every feature's router,
 /// already with its state; full paths): the authenticator extension, body
 /// limit and JSON fallbacks, inside the request id and access log
-/// ([`crate::access_log`]).
-pub fn build_router(routes: Router, auth: Arc<Authenticator>, body_limit_bytes: usize) -> Router {
+/// ([`crate::access_log`]), which records each request's duration in
+/// `http`.
+pub fn build_router(
+    routes: Router,
+    auth: Arc<Authenticator>,
+    body_limit_bytes: usize,
+    http: crate::metrics::HttpMetrics,
+) -> Router {
     crate::access_log::layer(
         api::with_fallbacks(routes)
             .layer(DefaultBodyLimit::max(body_limit_bytes))
             .layer(Extension(crate::extract::BodyLimit(body_limit_bytes)))
             .layer(Extension(auth)),
+        http,
     )
 }
 
@@ -488,6 +495,9 @@ impl Registry {
             ..config.leases.clone()
         };
         let engine = LeaseEngine::start(db.clone(), bus.clone(), lease_config).await?;
+        // This registry's own figures (never a process-global recorder).
+        let metrics = crate::metrics::Metrics::new();
+        engine.attach_metrics(metrics.leases.clone());
         engine.set_principal_policy(crate::policy::principal::PrincipalPolicy::new(
             crate::policy::principal::PrincipalPolicyConfig {
                 roles: config.policy.roles.clone(),
@@ -655,6 +665,7 @@ impl Registry {
         )));
         sessions.set_hearing(mqtt.hearing(), config.heartbeat.offline_after());
         sessions.set_max_command_bytes(max_packet);
+        sessions.attach_metrics(metrics.actions.clone());
         let connected = mqtt.wait_connected(Duration::from_secs(5)).await;
         if !connected {
             if config.mqtt.mode == MqttMode::Embedded {
@@ -682,6 +693,7 @@ impl Registry {
                 stats: mqtt.stats(),
                 gate: gate_stats,
             },
+            metrics: metrics.clone(),
         });
         let v1 = OpenApiRouter::new()
             .merge(crate::providers::api::routes(ProvidersApi {
@@ -703,6 +715,7 @@ impl Registry {
                 bus: bus.clone(),
                 db: db.clone(),
                 shutdown: shutdown_rx.clone(),
+                subscribers: metrics.event_subscribers.clone(),
             }))
             .merge(crate::tokens::api::routes(TokensApi { auth: auth.clone() }))
             .merge(crate::live::routes(crate::live::LiveApi {
@@ -737,7 +750,12 @@ impl Registry {
             )),
             None => routes,
         };
-        let app = build_router(routes, auth.clone(), config.http.body_limit_bytes);
+        let app = build_router(
+            routes,
+            auth.clone(),
+            config.http.body_limit_bytes,
+            metrics.http.clone(),
+        );
         let limits = http_limits(&config);
         let http = tokio::spawn(crate::http_server::serve(
             listener,

@@ -6,15 +6,14 @@
 //!   MQTT client is connected, else 503 (`store.writable` is false from a
 //!   write refused for lack of space until space is found again, see
 //!   [`crate::storage`]);
-//! - `GET /metrics`: Prometheus text format 0.0.4 (leases by status, events
-//!   total, providers online, MQTT messages in by topic kind, ...);
+//! - `GET /metrics`: Prometheus text format 0.0.4 from [`crate::metrics`]
+//!   (each metric in docs/install-registry.md "Metrics"): what the hot
+//!   paths record (HTTP, lease and action latencies, event-stream
+//!   subscribers, queue depth) and what is read here at scrape time
+//!   (leases by status, events, providers, store, MQTT counters);
 //! - `GET /time`: the registry's clock ([`RegistryTime`]), which benches
 //!   sample to fence commands (docs/architecture.md "Fencing").
-//!
-//! The exposition text is written by hand: a handful of gauges and counters
-//! does not justify a metrics registry crate.
 
-use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use axum::extract::State;
@@ -28,6 +27,7 @@ use utoipa_axum::routes;
 
 use std::sync::Arc;
 
+use crate::metrics::{Metrics, Sampled};
 use crate::mqtt::MqttStats;
 
 /// What `/healthz` reports about MQTT.
@@ -51,6 +51,8 @@ pub struct HealthState {
     pub leases: Arc<crate::leases::LeaseEngine>,
     pub db: crate::db::Db,
     pub mqtt: MqttHealth,
+    /// The figures recorded as the registry runs.
+    pub metrics: Metrics,
 }
 
 /// `/healthz`, `/metrics` and `/time` (merged at the root and under
@@ -132,213 +134,159 @@ async fn healthz(State(st): State<HealthState>) -> Response {
     (code, Json(body)).into_response()
 }
 
-fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, u64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, v) in samples {
-        let _ = writeln!(out, "{name}{labels} {v}");
-    }
-}
-
 /// Prometheus text format 0.0.4 (no token needed).
 #[utoipa::path(get, path = "/metrics", tag = "health", security(()),
     responses((status = 200, description = "Prometheus exposition text", content_type = "text/plain; version=0.0.4", body = String)))]
 async fn metrics(State(st): State<HealthState>) -> Response {
-    let mut out = String::new();
+    let mut s = Sampled::default();
     let leases = st.leases.counts_by_status().await.unwrap_or_default();
-    metric(
-        &mut out,
-        "benchlink_leases",
-        "gauge",
-        "Leases by status.",
-        &leases
-            .iter()
-            .map(|(s, n)| (format!("{{status=\"{s}\"}}"), *n))
-            .collect::<Vec<_>>(),
-    );
+    let leases: Vec<(&str, u64)> = leases.iter().map(|(st, n)| (st.as_str(), *n)).collect();
+    s.gauge_by("benchlink_leases", "Leases by status.", "status", &leases);
     let answers = st.leases.answer_stats();
-    metric(
-        &mut out,
+    s.counter(
         "benchlink_lease_requests_answered_total",
-        "counter",
         "Lease requests whose answer the requester took (for HTTP: hyper took the response body).",
-        &[(String::new(), answers.answered)],
+        answers.answered,
     );
-    metric(
-        &mut out,
+    let given_up: Vec<(&str, u64)> = answers
+        .given_up
+        .iter()
+        .map(|(stage, n)| (stage.as_str(), *n))
+        .collect();
+    s.counter_by(
         "benchlink_lease_requests_given_up_total",
-        "counter",
         "Lease requests given up because the requester went away before it took the answer, by stage.",
-        &answers
-            .given_up
-            .iter()
-            .map(|(stage, n)| (format!("{{stage=\"{stage}\"}}"), *n))
-            .collect::<Vec<_>>(),
+        "stage",
+        &given_up,
     );
-    metric(
-        &mut out,
+    s.counter(
         "benchlink_leases_given_up_total",
-        "counter",
         "Leases of those given-up requests (withdrawn or released).",
-        &[(String::new(), answers.given_up_leases)],
+        answers.given_up_leases,
     );
-    let events = st.db.read(|c| crate::events::last_id(c)).await;
-    if let Ok(Ok(n)) = events {
-        metric(
-            &mut out,
+    if let Ok(Ok(n)) = st.db.read(|c| crate::events::last_id(c)).await {
+        s.counter(
             "benchlink_events_total",
-            "counter",
             "Events appended to the event log.",
-            &[(String::new(), n)],
+            n,
         );
     }
     if let Ok(c) = st.providers.store().counts().await {
-        metric(
-            &mut out,
+        s.gauge(
             "benchlink_providers_online",
-            "gauge",
             "Providers online.",
-            &[(String::new(), c.providers_online)],
+            c.providers_online,
         );
-        metric(
-            &mut out,
+        s.gauge(
             "benchlink_providers",
-            "gauge",
             "Providers registered.",
-            &[(String::new(), c.providers_total)],
+            c.providers_total,
         );
-        metric(
-            &mut out,
+        s.gauge(
             "benchlink_capabilities",
-            "gauge",
             "Capabilities registered.",
-            &[(String::new(), c.capabilities_total)],
+            c.capabilities_total,
         );
-        metric(
-            &mut out,
+        s.counter(
             "benchlink_health_snapshots_total",
-            "counter",
             "Rows in capability_health_snapshots.",
-            &[(String::new(), c.health_snapshots_total)],
+            c.health_snapshots_total,
         );
     }
     let wal = st.db.wal_stats();
     let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
-    metric(
-        &mut out,
+    s.gauge(
         "benchlink_store_wal_bytes",
-        "gauge",
         "Size of the store's WAL file at the last checkpoint, bytes.",
-        &[(String::new(), load(&wal.wal_bytes))],
+        load(&wal.wal_bytes),
     );
-    metric(
-        &mut out,
+    s.counter_by(
         "benchlink_store_checkpoints_total",
-        "counter",
         "WAL checkpoints by result (complete: every frame copied; incomplete: a reader's snapshot or a lock left frames behind).",
+        "result",
         &[
-            ("{result=\"complete\"}".to_string(), load(&wal.checkpoints_complete)),
-            ("{result=\"incomplete\"}".to_string(), load(&wal.checkpoints_incomplete)),
-            ("{result=\"failed\"}".to_string(), load(&wal.checkpoints_failed)),
+            ("complete", load(&wal.checkpoints_complete)),
+            ("incomplete", load(&wal.checkpoints_incomplete)),
+            ("failed", load(&wal.checkpoints_failed)),
         ],
     );
-    metric(
-        &mut out,
+    s.gauge(
         "benchlink_store_checkpoint_lag_frames",
-        "gauge",
         "WAL frames the last checkpoint could not copy.",
-        &[(String::new(), load(&wal.lag_frames))],
+        load(&wal.lag_frames),
     );
-    metric(
-        &mut out,
-        "benchlink_store_checkpoint_behind_ms",
-        "gauge",
-        "How long checkpoints have stayed behind, ms (0 while they keep up).",
-        &[(String::new(), load(&wal.stalled_ms))],
+    // Seconds, not ms: Prometheus names carry base units (`promtool check
+    // metrics` refuses `_ms`).
+    s.gauge_f64(
+        "benchlink_store_checkpoint_behind_seconds",
+        "How long checkpoints have stayed behind, seconds (0 while they keep up).",
+        load(&wal.stalled_ms) as f64 / 1000.0,
     );
     let disk = crate::storage::snapshot();
-    metric(
-        &mut out,
+    s.gauge(
         "benchlink_store_writable",
-        "gauge",
         "0 from a write refused for lack of space until space is found again.",
-        &[(String::new(), u64::from(disk.writable))],
+        u64::from(disk.writable),
     );
-    metric(
-        &mut out,
+    s.counter(
         "benchlink_store_full_errors_total",
-        "counter",
         "Writes refused because the store's disk was full.",
-        &[(String::new(), disk.full_errors_total)],
+        disk.full_errors_total,
     );
-    let s = &st.mqtt.stats;
-    metric(
-        &mut out,
+    let m = &st.mqtt.stats;
+    s.counter_by(
         "benchlink_mqtt_messages_in_total",
-        "counter",
         "MQTT messages received by the registry, by topic kind.",
-        &s.messages_in()
-            .iter()
-            .map(|(k, n)| (format!("{{kind=\"{k}\"}}"), *n))
-            .collect::<Vec<_>>(),
+        "kind",
+        &m.messages_in(),
     );
-    let one = |v: &std::sync::atomic::AtomicU64| vec![(String::new(), v.load(Ordering::Relaxed))];
-    metric(
-        &mut out,
+    s.counter_by(
+        "benchlink_mqtt_messages_out_total",
+        "MQTT messages the registry published, by topic kind (the registry publishes on providers' commands topics only).",
+        "kind",
+        &[("commands", load(&m.published))],
+    );
+    s.counter(
         "benchlink_mqtt_messages_rejected_total",
-        "counter",
         "MQTT messages refused (topic, envelope or provider mismatch).",
-        &one(&s.rejected),
+        load(&m.rejected),
     );
-    metric(
-        &mut out,
+    s.counter(
         "benchlink_mqtt_duplicates_total",
-        "counter",
         "MQTT messages dropped as repeated message ids.",
-        &one(&s.duplicates),
+        load(&m.duplicates),
     );
-    metric(
-        &mut out,
+    s.counter(
         "benchlink_mqtt_commands_out_total",
-        "counter",
-        "Commands published to providers.",
-        &one(&s.commands_out),
+        "Commands queued for providers (held while the broker connection is down).",
+        load(&m.commands_out),
     );
-    metric(
-        &mut out,
+    s.gauge(
         "benchlink_mqtt_connected",
-        "gauge",
         "1 while the registry's MQTT client is connected.",
-        &[(String::new(), u64::from((st.mqtt.connected)()))],
+        u64::from((st.mqtt.connected)()),
     );
     if let Some(g) = &st.mqtt.gate {
-        metric(
-            &mut out,
+        s.counter(
             "benchlink_mqtt_gate_connections_total",
-            "counter",
             "Connections accepted by the embedded broker's gate.",
-            &one(&g.connections),
+            load(&g.connections),
         );
-        metric(
-            &mut out,
+        s.counter_by(
             "benchlink_mqtt_gate_refused_total",
-            "counter",
             "What the embedded broker's gate refused: logins, wills, publishes and subscription filters outside a provider's own topics.",
+            "what",
             &[
-                ("login", &g.refused_logins),
-                ("will", &g.refused_wills),
-                ("publish", &g.refused_publishes),
-                ("subscribe", &g.refused_subscriptions),
-            ]
-            .map(|(what, n)| (format!("{{what=\"{what}\"}}"), n.load(Ordering::Relaxed))),
+                ("login", load(&g.refused_logins)),
+                ("will", load(&g.refused_wills)),
+                ("publish", load(&g.refused_publishes)),
+                ("subscribe", load(&g.refused_subscriptions)),
+            ],
         );
     }
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        st.metrics.render(s),
     )
         .into_response()
 }

@@ -25,7 +25,8 @@
 //!   [`safe_state`]: `on_release` actions run when a lease ends.
 //! - [`console`]: the web console's embedded assets under `/console/`.
 //! - Composition: [`api`] (what the features' routes share), [`health`]
-//!   (`/healthz`, `/metrics`, `/time`), [`app`] ([`app::Registry::start`]:
+//!   (`/healthz`, `/metrics`, `/time`), [`metrics`] (the Prometheus
+//!   figures behind `/metrics`), [`app`] ([`app::Registry::start`]:
 //!   everything wired, every router merged), [`openapi`] (the generated
 //!   OpenAPI 3.1 document), [`config`] (the TOML file).
 
@@ -50,6 +51,7 @@ pub mod hearing;
 pub mod http_server;
 pub mod leases;
 pub mod live;
+pub mod metrics;
 pub mod mqtt;
 pub mod notify;
 pub mod openapi;

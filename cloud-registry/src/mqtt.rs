@@ -109,8 +109,11 @@ pub struct MqttStats {
     pub rejected: AtomicU64,
     /// Dropped as a repeated message id.
     pub duplicates: AtomicU64,
-    /// Commands published to providers.
+    /// Commands queued for providers (held while the link is down).
     pub commands_out: AtomicU64,
+    /// PUBLISH packets the client wrote to the broker (retransmissions
+    /// included): `benchlink_mqtt_messages_out_total{kind="commands"}`.
+    pub published: AtomicU64,
     /// (Re)connections to the broker.
     pub connects: AtomicU64,
 }
@@ -606,6 +609,9 @@ async fn run_event_loop(
                 if ingest.send(p).await.is_err() {
                     break;
                 }
+            }
+            Ok(Event::Outgoing(rumqttc::Outgoing::Publish(_))) => {
+                stats.published.fetch_add(1, Ordering::Relaxed);
             }
             Ok(_) => {}
             Err(e) => {

@@ -70,6 +70,8 @@ pub struct EdgeConfig {
     pub provider: ProviderConfig,
     pub registry: RegistryConfig,
     pub outbox: OutboxConfig,
+    /// `[metrics]`: the local Prometheus listener.
+    pub metrics: MetricsConfig,
     pub capabilities: Vec<CapabilityConfig>,
     /// `[simulated_device]`: the simulated DUT the `sim` drivers share
     /// (docs/devices.md "Simulated device under test"); `None` when absent.
@@ -86,6 +88,7 @@ impl fmt::Debug for EdgeConfig {
             .field("provider", &self.provider)
             .field("registry", &self.registry)
             .field("outbox", &self.outbox)
+            .field("metrics", &self.metrics)
             .field("capabilities", &self.capabilities)
             .field("simulated_device", &self.simulated_device)
             .finish()
@@ -188,6 +191,15 @@ pub struct OutboxConfig {
     /// ever dropped to make room.
     pub disk_budget_bytes: u64,
     pub durability: Durability,
+}
+
+/// `[metrics]`: where the daemon serves `GET /metrics` (Prometheus text,
+/// docs/install-edge-agent.md "Metrics").
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MetricsConfig {
+    /// From `listen` (e.g. `127.0.0.1:9187`); `None` when the table is
+    /// absent, `listen = ""` or `enabled = false`: no listener.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// One `[[capabilities]]` entry (docs/devices.md, docs/actions.md).
@@ -310,6 +322,8 @@ struct RawConfig {
     #[serde(default)]
     outbox: RawOutbox,
     #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
     capabilities: Vec<RawCapability>,
     #[serde(default)]
     simulated_device: Option<toml::Table>,
@@ -364,6 +378,15 @@ struct RawOutbox {
     disk_budget_mb: Option<u64>,
     #[serde(default)]
     durability: Option<Durability>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    #[serde(default)]
+    listen: Option<String>,
+    #[serde(default)]
+    enabled: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -607,6 +630,7 @@ fn resolve(
     let provider = resolve_provider(raw.provider, v);
     let registry = resolve_registry(raw.registry, &abs, env_token, v);
     let outbox = resolve_outbox(raw.outbox, &abs, &state_dir, v);
+    let metrics = resolve_metrics(raw.metrics, v);
     let capabilities = resolve_capabilities(raw.capabilities, &state_dir, v);
     let simulated_device = raw.simulated_device.as_ref().and_then(|t| {
         SimDeviceSettings::parse(&toml_table_to_json(t))
@@ -622,6 +646,7 @@ fn resolve(
         provider,
         registry,
         outbox,
+        metrics,
         capabilities,
         simulated_device,
         source: String::new(),
@@ -803,6 +828,28 @@ fn resolve_outbox(
             .unwrap_or_else(|| state_dir.join("outbox.sqlite3")),
         disk_budget_bytes: budget_mb.saturating_mul(1024 * 1024),
         durability: o.durability.unwrap_or_default(),
+    }
+}
+
+/// `[metrics]`: `listen` must be an `ip:port` socket address (a host
+/// name is refused: the listener binds exactly what is written); `""` or
+/// `enabled = false` turns the listener off.
+fn resolve_metrics(m: RawMetrics, v: &mut Checker<'_, '_>) -> MetricsConfig {
+    let listen = m.listen.as_deref().map(str::trim).unwrap_or("");
+    if m.enabled == Some(false) || listen.is_empty() {
+        return MetricsConfig::default();
+    }
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(addr) => MetricsConfig { listen: Some(addr) },
+        Err(_) => {
+            v.issue(
+                "metrics.listen",
+                format!(
+                    "`{listen}` is not an ip:port address (e.g. \"127.0.0.1:9187\"); \"\" turns the listener off"
+                ),
+            );
+            MetricsConfig::default()
+        }
     }
 }
 

@@ -61,6 +61,11 @@ pub enum DaemonError {
     Http(#[from] reqwest::Error),
     #[error("start-up task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error("cannot listen for metrics on {addr} (`[metrics] listen`): {source}")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A running daemon.
@@ -78,6 +83,9 @@ pub struct Daemon {
     clock_task: JoinHandle<()>,
     notifier: Notifier,
     started_at: chrono::DateTime<Utc>,
+    metrics: crate::metrics::EdgeMetrics,
+    /// The `[metrics]` listener's address and task, when configured.
+    metrics_server: Option<(std::net::SocketAddr, JoinHandle<()>)>,
 }
 
 impl Daemon {
@@ -85,6 +93,16 @@ impl Daemon {
     /// broker may still be unreachable (the link keeps trying).
     pub async fn start(cfg: EdgeConfig) -> Result<Daemon, DaemonError> {
         let cfg = Arc::new(cfg);
+        // Bind first: a taken port fails before anything else starts.
+        let metrics_listener = match cfg.metrics.listen {
+            Some(addr) => Some(
+                crate::metrics::bind(addr)
+                    .await
+                    .map_err(|source| DaemonError::MetricsListen { addr, source })?,
+            ),
+            None => None,
+        };
+        let metrics = crate::metrics::EdgeMetrics::new();
         let boot_id = uuid::Uuid::new_v4().to_string();
         tracing::info!(
             provider_id = %cfg.provider.provider_id,
@@ -117,10 +135,11 @@ impl Daemon {
         let ob = outbox.clone();
         let sink2 = sink.clone();
         let clock2 = clock.clone();
+        let m = metrics.clone();
         let (runners, registrations) = tokio::task::spawn_blocking(move || {
             let drivers = c.build_drivers()?;
             let pairs = c.capabilities.iter().cloned().zip(drivers).collect();
-            Runners::start(pairs, ob, sink2, clock2).map_err(DaemonError::Threads)
+            Runners::start(pairs, ob, sink2, clock2, m).map_err(DaemonError::Threads)
         })
         .await??;
         let runners = Arc::new(runners);
@@ -173,7 +192,36 @@ impl Daemon {
             },
             stop_rx.clone(),
         ));
-        let supervisor_task = tokio::spawn(supervise_deadlines(runners.clone(), sink, stop_rx));
+        let supervisor_task =
+            tokio::spawn(supervise_deadlines(runners.clone(), sink, stop_rx.clone()));
+        let metrics_server = match metrics_listener {
+            Some(listener) => {
+                let addr = listener
+                    .local_addr()
+                    .map_err(|source| DaemonError::MetricsListen {
+                        addr: cfg
+                            .metrics
+                            .listen
+                            .unwrap_or_else(|| ([127, 0, 0, 1], 0).into()),
+                        source,
+                    })?;
+                let scrape = crate::metrics::Scrape {
+                    metrics: metrics.clone(),
+                    link: link.state(),
+                    runners: runners.clone(),
+                    types: Arc::new(
+                        cfg.capabilities
+                            .iter()
+                            .map(|c| (c.id.clone(), c.capability_type.to_string()))
+                            .collect(),
+                    ),
+                };
+                tracing::info!(%addr, "serving metrics at /metrics");
+                let task = tokio::spawn(crate::metrics::serve(listener, scrape, stop_rx));
+                Some((addr, task))
+            }
+            None => None,
+        };
 
         Ok(Daemon {
             cfg,
@@ -189,6 +237,8 @@ impl Daemon {
             clock_task,
             notifier: Notifier::from_env(),
             started_at: Utc::now(),
+            metrics,
+            metrics_server,
         })
     }
 
@@ -205,6 +255,12 @@ impl Daemon {
     /// Ids of the capabilities this daemon runs, in configuration order.
     pub fn capability_ids(&self) -> Vec<String> {
         self.cfg.capabilities.iter().map(|c| c.id.clone()).collect()
+    }
+
+    /// Where `GET /metrics` is served (the real port when 0 was
+    /// configured); `None` without `[metrics] listen`.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_server.as_ref().map(|(a, _)| *a)
     }
 
     /// The evidence outbox.
@@ -293,6 +349,7 @@ impl Daemon {
             })
             .collect();
         let now = Utc::now();
+        self.metrics.set_outbox(&stats, now);
         errors.apply(now, &mut capabilities);
         let link = self.link.state();
         let snapshot = status::DaemonStatus {
@@ -417,6 +474,15 @@ impl Daemon {
         self.notifier
             .stopping("stopping: publishing offline status");
         self.link.shutdown(LINK_STOP_TIMEOUT).await;
+        if let Some((_, mut task)) = self.metrics_server {
+            // Stopped by the signal above; a scrape in flight is cut here.
+            if tokio::time::timeout(Duration::from_secs(1), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
+        }
 
         let outbox = self.outbox.clone();
         match tokio::task::spawn_blocking(move || outbox.checkpoint()).await {

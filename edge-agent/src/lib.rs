@@ -12,6 +12,7 @@ pub mod devsim;
 pub mod drivers;
 pub mod fence;
 pub mod link;
+pub mod metrics;
 pub mod notify;
 pub mod outbox;
 pub mod runner;

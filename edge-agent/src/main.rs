@@ -158,6 +158,14 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         cfg.outbox.disk_budget_bytes / (1024 * 1024),
         cfg.outbox.durability
     );
+    let _ = writeln!(
+        out,
+        "  metrics {}",
+        match cfg.metrics.listen {
+            Some(addr) => format!("http://{addr}/metrics"),
+            None => "off".to_string(),
+        }
+    );
     emit(&out, ExitCode::SUCCESS)
 }
 

@@ -350,12 +350,14 @@ impl Runners {
     /// Start one thread per capability. Each thread first asks its driver
     /// for its supported actions, metadata and health; the returned
     /// registrations carry them. `clock` stamps each final
-    /// update's `started_at` in the registry's time.
+    /// update's `started_at` in the registry's time; driver errors are
+    /// counted in `metrics`.
     pub fn start(
         capabilities: Vec<(CapabilityConfig, Box<dyn Driver>)>,
         outbox: Outbox,
         sink: UpdateSink,
         clock: Arc<RegistryClock>,
+        metrics: crate::metrics::EdgeMetrics,
     ) -> std::io::Result<(Runners, Vec<CapabilityRegistration>)> {
         let board = Arc::new(Mutex::new(Board::default()));
         let mut slots = BTreeMap::new();
@@ -365,10 +367,12 @@ impl Runners {
             let (info_tx, info_rx) = mpsc::channel();
             let ctx = RunnerCtx {
                 capability_id: cap.id.clone(),
+                capability_type: cap.capability_type,
                 board: board.clone(),
                 outbox: outbox.clone(),
                 sink: sink.clone(),
                 clock: clock.clone(),
+                metrics: metrics.clone(),
             };
             let join = std::thread::Builder::new()
                 .name(format!("cap-{}", cap.id))
@@ -793,10 +797,12 @@ fn cancel_locked(board: &mut Board, session_id: &str, reason: &str) -> CancelOut
 
 struct RunnerCtx {
     capability_id: String,
+    capability_type: CapabilityType,
     board: Arc<Mutex<Board>>,
     outbox: Outbox,
     sink: UpdateSink,
     clock: Arc<RegistryClock>,
+    metrics: crate::metrics::EdgeMetrics,
 }
 
 type RunnerInfo = (Vec<CapabilityAction>, Map<String, Value>);
@@ -885,6 +891,10 @@ impl RunnerCtx {
         };
         let (artifacts, ingest_error, summary, driver_error) =
             self.keep_evidence(&job.session_id, result, cancelled_why);
+        if let Some(e) = &driver_error {
+            self.metrics
+                .driver_error(&self.capability_id, self.capability_type.as_str(), e);
+        }
 
         let entry = {
             let mut board = lock(&self.board);

@@ -636,3 +636,65 @@ fn a_device_scene_without_a_simulated_device_is_refused() {
         issue.message
     );
 }
+
+#[test]
+fn the_metrics_listener_is_off_unless_an_address_is_given() {
+    assert_eq!(parse(GOOD).unwrap().metrics.listen, None);
+    let on = format!("{GOOD}\n[metrics]\nlisten = \"127.0.0.1:9187\"\n");
+    assert_eq!(
+        parse(&on).unwrap().metrics.listen,
+        Some("127.0.0.1:9187".parse().unwrap())
+    );
+    let empty = format!("{GOOD}\n[metrics]\nlisten = \"\"\n");
+    assert_eq!(parse(&empty).unwrap().metrics.listen, None);
+    let disabled = format!("{GOOD}\n[metrics]\nenabled = false\nlisten = \"127.0.0.1:9187\"\n");
+    assert_eq!(parse(&disabled).unwrap().metrics.listen, None);
+}
+
+#[test]
+fn check_config_refuses_a_metrics_address_that_is_not_ip_and_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.toml");
+    let text = format!("{GOOD}\n[metrics]\nlisten = \"localhost:99999\"\n");
+    std::fs::write(&path, &text).unwrap();
+    let out = check_config(&path);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "{}:{}: metrics.listen:",
+        path.display(),
+        line_of(&text, "listen = ")
+    );
+    assert!(
+        stderr.contains(&expected) && stderr.contains("localhost:99999"),
+        "expected `{expected}` in:\n{stderr}"
+    );
+}
+
+#[test]
+fn a_taken_metrics_port_stops_the_start_with_the_key_named() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.toml");
+    let text = format!(
+        "state_dir = \"{}\"\n{GOOD}\n[metrics]\nlisten = \"{addr}\"\n",
+        dir.path().join("state").display()
+    );
+    std::fs::write(&path, &text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env_remove("BENCHLINK_TOKEN")
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .expect("run edge-agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot listen for metrics on {addr} (`[metrics] listen`)"
+        )),
+        "{stderr}"
+    );
+}

@@ -126,6 +126,10 @@ pub struct LabOptions {
     /// complete entry each, driver table included); the lab waits for
     /// them to register too.
     pub extra_capabilities: Vec<String>,
+    /// Serve the edge's `[metrics]` listener on a free port
+    /// ([`Lab::edge_metrics_url`]); off by default, so that several edges
+    /// of one lab (a copied bench) never fight over a port.
+    pub edge_metrics: bool,
 }
 
 impl Default for LabOptions {
@@ -153,6 +157,7 @@ impl Default for LabOptions {
             registry_store_dir: None,
             edge_config_template: None,
             registry_extra_toml: String::new(),
+            edge_metrics: false,
         }
     }
 }
@@ -231,6 +236,8 @@ pub struct Lab {
     pub devices: BTreeMap<String, String>,
     /// The registry's SQLite file.
     pub store_path: PathBuf,
+    /// The edge's `[metrics] listen` port, when [`LabOptions::edge_metrics`].
+    pub edge_metrics_port: Option<u16>,
     registry_config: PathBuf,
     edge_config: PathBuf,
 }
@@ -430,6 +437,13 @@ impl Lab {
                 bench_speaker(i)
             ));
         }
+        let edge_metrics_port = opts.edge_metrics.then(free_port);
+        let listen = edge_metrics_port
+            .map(|p| format!("127.0.0.1:{p}"))
+            .unwrap_or_default();
+        if edge_metrics_port.is_some() || toml.contains("\n[metrics]") {
+            toml = with_metrics_listen(&toml, &listen);
+        }
         std::fs::write(&edge_config, toml)?;
 
         let mut lab = Lab {
@@ -448,6 +462,7 @@ impl Lab {
             chief_token,
             devices,
             store_path,
+            edge_metrics_port,
             registry_config,
             edge_config,
         };
@@ -456,6 +471,13 @@ impl Lab {
         lab.start_edge()?;
         lab.wait_registered(Duration::from_secs(30)).await?;
         Ok(lab)
+    }
+
+    /// `http://127.0.0.1:{port}/metrics` of the edge, when
+    /// [`LabOptions::edge_metrics`].
+    pub fn edge_metrics_url(&self) -> Option<String> {
+        self.edge_metrics_port
+            .map(|p| format!("http://127.0.0.1:{p}/metrics"))
     }
 
     /// Start (or restart) `cloud-registry serve`.
@@ -696,6 +718,32 @@ pub fn adapt_edge_config(
         };
         out.push_str(replaced.as_deref().unwrap_or(line));
         out.push('\n');
+    }
+    out
+}
+
+/// `toml` with its `[metrics]` table's `listen` set to `listen` (`""`:
+/// off), the table appended when it has none.
+pub fn with_metrics_listen(toml: &str, listen: &str) -> String {
+    let mut out = String::new();
+    let mut section = String::new();
+    let mut done = false;
+    for line in toml.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            section = trimmed.to_string();
+        }
+        let key = trimmed.split_once('=').map(|(k, _)| k.trim());
+        if section == "[metrics]" && key == Some("listen") {
+            out.push_str(&format!("listen = \"{listen}\"\n"));
+            done = true;
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !done {
+        out.push_str(&format!("\n[metrics]\nlisten = \"{listen}\"\n"));
     }
     out
 }

@@ -73,6 +73,24 @@ pub struct EventsApi {
     pub db: crate::db::Db,
     /// Turns true when the registry shuts down (ends the streams).
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// `benchlink_event_stream_subscribers`: up while a stream is open.
+    pub subscribers: prometheus::IntGauge,
+}
+
+/// Counts one open stream in the subscribers gauge until dropped.
+struct Subscribed(prometheus::IntGauge);
+
+impl Subscribed {
+    fn new(gauge: prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// The event stream route (relative to `/api/v1`).
@@ -229,7 +247,11 @@ async fn stream(
     let auth = st.auth.clone();
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let mut shutdown = st.shutdown.clone();
+    let subscribed = Subscribed::new(st.subscribers.clone());
     tokio::spawn(async move {
+        // The task lives as long as the stream: it ends when the client
+        // goes away (`tx.closed()`), at shutdown or at a revocation.
+        let _subscribed = subscribed;
         let mut recheck = tokio::time::interval(TOKEN_RECHECK_INTERVAL);
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -544,6 +544,15 @@ impl LeaseEngine {
         }
     }
 
+    /// Record grants (`benchlink_lease_wait_seconds`), ends of granted
+    /// leases (`benchlink_lease_hold_seconds`) and the queue depth in
+    /// `metrics` from now on (docs/install-registry.md "Metrics").
+    pub fn attach_metrics(&self, metrics: crate::metrics::LeaseMetrics) {
+        let mut st = lock(&self.state);
+        metrics.set_queue_depth(st.queue_len());
+        st.metrics = Some(metrics);
+    }
+
     /// The principal policy's limits for `holder`, if any apply.
     fn limits(&self, holder: &Principal) -> Option<crate::policy::principal::Limits> {
         self.principal_policy.get()?.limits(holder)
@@ -582,6 +591,10 @@ impl LeaseEngine {
     }
 
     fn send_piece(st: &mut State, tx: Tx) -> Result<Commit, LeaseError> {
+        // Every change of the queue is in a piece: its depth is current.
+        if let Some(m) = &st.metrics {
+            m.set_queue_depth(st.queue_len());
+        }
         let sender = st.sender.as_ref().ok_or_else(|| LeaseError::Unavailable {
             message: "shut down".to_string(),
         })?;

@@ -183,6 +183,10 @@ pub(crate) struct Entry {
     pub deadline: Option<Instant>,
     /// Monotonic end of the grace period, while being preempted.
     pub grace_deadline: Option<Instant>,
+    /// When it was granted, on the engine's monotonic clock, while holding
+    /// (`benchlink_lease_hold_seconds`; across a restart: from the stored
+    /// `granted_at`).
+    pub held_since: Option<Instant>,
     /// Capabilities a waiting request may be granted, best first.
     pub candidates: Vec<String>,
 }
@@ -282,6 +286,9 @@ pub(crate) struct State {
     pub sender: Option<mpsc::UnboundedSender<Piece>>,
     /// False while recovering from a failed commit.
     pub available: bool,
+    /// Where grants, ends and the queue depth are recorded (`None`: not
+    /// recorded); see `LeaseEngine::attach_metrics`.
+    pub metrics: Option<crate::metrics::LeaseMetrics>,
 }
 
 /// Why an operation found no usable engine.
@@ -310,6 +317,7 @@ impl State {
             next_generation: 1,
             sender: Some(sender),
             available: true,
+            metrics: None,
         }
     }
 
@@ -336,6 +344,10 @@ impl State {
             let mut entry = Entry {
                 deadline: lease.expires_at.map(|w| now.instant_at(w)),
                 grace_deadline: lease.grace_until.map(|w| now.instant_at(w)),
+                held_since: lease
+                    .granted_at
+                    .filter(|_| status.holds_capability())
+                    .map(|w| now.instant_at(w)),
                 candidates: book.want.candidates(&self.dir),
                 lease,
                 book,
@@ -371,6 +383,14 @@ impl State {
             w.members.sort();
         }
         self.queue = waiters;
+    }
+
+    /// The type of a capability, for the metrics' `type` label (`unknown`
+    /// for one not in the directory).
+    pub fn capability_type_of(&self, capability_id: &str) -> &'static str {
+        self.dir
+            .get(capability_id)
+            .map_or("unknown", |i| i.capability_type.as_str())
     }
 
     /// The provider of a capability, for events.
@@ -415,6 +435,14 @@ impl State {
     ) -> Option<String> {
         let mut e = self.leases.remove(id)?;
         let held = e.lease.status.holds_capability();
+        if let (true, Some(m), Some(since)) = (held, &self.metrics, e.held_since) {
+            m.ended(
+                self.capability_type_of(&e.lease.capability_id),
+                e.lease.holder_type.as_str(),
+                status.as_str(),
+                now.instant.saturating_duration_since(since),
+            );
+        }
         e.lease.status = status;
         e.lease.ended_at = Some(now.wall);
         e.deadline = None;

@@ -276,6 +276,7 @@ impl State {
         assign: Vec<(String, String)>,
         actor: &str,
     ) -> HashSet<String> {
+        let enqueued_at = self.queue.get(key).map(|w| w.enqueued_at);
         let (_, touched) = self.remove_waiter(key);
         for (id, cap) in assign {
             let Some(e) = self.leases.get(&id) else {
@@ -297,9 +298,17 @@ impl State {
             e.lease.grace_until = None;
             e.deadline = Some(deadline);
             e.grace_deadline = None;
+            e.held_since = Some(now.instant);
             e.book.pinned_capability_id = None;
             e.book.queue_deadline = None;
             e.candidates.clear();
+            let holder_type = e.lease.holder_type;
+            if let Some(m) = &self.metrics {
+                let waited = enqueued_at.map_or(std::time::Duration::ZERO, |t| {
+                    now.instant.saturating_duration_since(t)
+                });
+                m.granted(self.capability_type_of(&cap), holder_type.as_str(), waited);
+            }
             self.holders.entry(cap).or_default().push(id.clone());
             self.record(tx, &id, Some((EventType::LeaseGranted, actor, Vec::new())));
         }
@@ -448,6 +457,7 @@ impl State {
                 },
                 deadline: None,
                 grace_deadline: None,
+                held_since: None,
                 candidates: m.candidates,
             };
             self.leases.insert(id.clone(), entry);

@@ -135,6 +135,7 @@ impl State {
             },
             deadline: None,
             grace_deadline: None,
+            held_since: Some(now.instant),
             candidates: Vec::new(),
         };
         self.next_seq += 1;
@@ -150,6 +151,15 @@ impl State {
         e.lease.status = LeaseStatus::Granted;
         e.lease.granted_at = Some(now.wall);
         e.lease.generation = Some(generation);
+        if let Some(m) = &self.metrics {
+            // Handed over in the transaction that ended the last lease: no
+            // wait.
+            m.granted(
+                self.capability_type_of(&cap),
+                HolderType::System.as_str(),
+                std::time::Duration::ZERO,
+            );
+        }
         self.holders
             .entry(cap.clone())
             .or_default()

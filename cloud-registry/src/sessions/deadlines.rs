@@ -93,6 +93,15 @@ impl Deadlines {
         self.open.get(session_id).and_then(|d| d.fence.clone())
     }
 
+    /// When open session `session_id`'s command left, when this run sent
+    /// it (for `benchlink_action_round_trip_seconds`).
+    pub fn sent_at(&self, session_id: &str) -> Option<Instant> {
+        match self.open.get(session_id)?.sent {
+            Sent::At(t) => Some(t),
+            Sent::BeforeStart => None,
+        }
+    }
+
     /// A session found open in the store at start, whose deadline is `at`;
     /// one already known (sent by this run) keeps its own.
     pub fn restore(&mut self, session_id: &str, at: Instant) {

@@ -4,9 +4,10 @@
 //! (`session_sync`). Also the [`ProviderHooks`] the providers module calls.
 
 use chrono::Utc;
+use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::lease::{CapabilityLease, LeaseStatus};
 use shared_protocol::mqtt::{MessageType, SessionSync, SessionUpdate};
-use shared_protocol::session::SessionStatus;
+use shared_protocol::session::{CapabilitySession, SessionStatus};
 
 use super::sql;
 
@@ -83,6 +84,7 @@ impl Sessions {
                 }
                 if let Some(s) = &out.session {
                     tracing::debug!(provider_id, %session_id, status = %s.status, "session update applied");
+                    self.note_round_trip(s, &out.events);
                 }
                 self.publish(out.events).await;
                 return true;
@@ -106,6 +108,34 @@ impl Sessions {
             tracing::error!(provider_id, %session_id, error = %error, "session update not stored");
         }
         false
+    }
+
+    /// When `events` end session `s` (the provider's final result was
+    /// applied), record its round trip since its command left, for a
+    /// session this run sent. Before [`Sessions::publish`], which forgets
+    /// the session's send time.
+    fn note_round_trip(&self, s: &CapabilitySession, events: &[CapabilityEvent]) {
+        let Some(metrics) = self.metrics.get() else {
+            return;
+        };
+        let ended = events.iter().any(|e| {
+            matches!(
+                e.event_type,
+                EventType::SessionCompleted | EventType::SessionFailed
+            ) && e.session_id.as_deref() == Some(s.session_id.as_str())
+        });
+        if !ended {
+            return;
+        }
+        let sent = crate::leases::lock(&self.deadlines).sent_at(&s.session_id);
+        if let Some(sent) = sent {
+            metrics.observe(
+                s.action.capability_type().as_str(),
+                s.action.as_str(),
+                s.status.as_str(),
+                sent.elapsed(),
+            );
+        }
     }
 
     /// Once the store is writable again, ask each provider whose session

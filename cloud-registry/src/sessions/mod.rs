@@ -199,6 +199,9 @@ pub struct Sessions {
     /// (the deriving of evidence, `crate::derive`); see
     /// [`Sessions::on_artifact_uploaded`].
     uploaded_hook: OnceLock<UploadedHook>,
+    /// Where action round trips are recorded; see
+    /// [`Sessions::attach_metrics`].
+    metrics: OnceLock<crate::metrics::ActionMetrics>,
 }
 
 /// What [`Sessions::on_artifact_uploaded`] registers.
@@ -239,6 +242,7 @@ impl Sessions {
             budgets: OnceLock::new(),
             evidence_due: Mutex::new(Vec::new()),
             uploaded_hook: OnceLock::new(),
+            metrics: OnceLock::new(),
         })
     }
 
@@ -247,6 +251,13 @@ impl Sessions {
     /// `control_plane_unavailable`.
     pub fn attach_commands(&self, sender: CommandSender) {
         let _ = self.commands.set(sender);
+    }
+
+    /// Record each action's round trip (its command leaving to the
+    /// provider's final result) in `metrics` (once; later calls are
+    /// ignored): `benchlink_action_round_trip_seconds`.
+    pub fn attach_metrics(&self, metrics: crate::metrics::ActionMetrics) {
+        let _ = self.metrics.set(metrics);
     }
 
     /// Give the service the lab's action budgets (once): an actuator

@@ -67,6 +67,9 @@ pub struct OutboxStats {
     pub uploaded_artifacts: u64,
     pub queued_updates: u64,
     pub budget_bytes: u64,
+    /// `captured_at` of the oldest artifact awaiting upload (`None`: none
+    /// waits): the upload lag.
+    pub oldest_pending_captured_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Outbox {
@@ -167,6 +170,14 @@ impl Outbox {
             )?;
             let queued: i64 =
                 c.query_row("SELECT COUNT(*) FROM pending_updates", [], |r| r.get(0))?;
+            let oldest: Option<String> = c.query_row(
+                "SELECT MIN(captured_at) FROM artifacts WHERE upload_state = 'pending'",
+                [],
+                |r| r.get(0),
+            )?;
+            let oldest_pending_captured_at = oldest
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
+                .map(|t| t.with_timezone(&chrono::Utc));
             Ok(OutboxStats {
                 pending_artifacts: pending as u64,
                 pending_bytes: pending_bytes as u64,
@@ -175,6 +186,7 @@ impl Outbox {
                 uploaded_artifacts: uploaded as u64,
                 queued_updates: queued as u64,
                 budget_bytes,
+                oldest_pending_captured_at,
             })
         })
     }
