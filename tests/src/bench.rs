@@ -58,6 +58,22 @@ pub enum Broker {
     External { host: String, port: u16 },
 }
 
+/// TLS for the whole lab (docs/install-registry.md "TLS"): the registry
+/// serves HTTPS and, on the embedded broker, MQTT over TLS with this
+/// certificate; on an external broker it connects with `mqtt.tls = true`
+/// trusting `ca_file`; the edge uses `mqtt_tls = true`, an `https://`
+/// `base_url` and `ca_file`.
+#[derive(Debug, Clone)]
+pub struct LabTls {
+    /// PEM certificate of the registry (and embedded broker) for
+    /// 127.0.0.1.
+    pub cert_file: PathBuf,
+    /// Its PEM private key.
+    pub key_file: PathBuf,
+    /// PEM certificate of the CA that signed it.
+    pub ca_file: PathBuf,
+}
+
 /// How to build the lab.
 #[derive(Debug, Clone)]
 pub struct LabOptions {
@@ -126,6 +142,8 @@ pub struct LabOptions {
     /// complete entry each, driver table included); the lab waits for
     /// them to register too.
     pub extra_capabilities: Vec<String>,
+    /// HTTPS and MQTT over TLS everywhere; `None`: plain.
+    pub tls: Option<LabTls>,
 }
 
 impl Default for LabOptions {
@@ -153,6 +171,7 @@ impl Default for LabOptions {
             registry_store_dir: None,
             edge_config_template: None,
             registry_extra_toml: String::new(),
+            tls: None,
         }
     }
 }
@@ -216,7 +235,7 @@ pub struct Lab {
     pub sim: Proc,
     pub registry: Option<Proc>,
     pub edge: Option<Proc>,
-    /// `http://127.0.0.1:{port}`.
+    /// `http://127.0.0.1:{port}` (`https://` with [`LabOptions::tls`]).
     pub base_url: String,
     pub http_port: u16,
     /// The port the edge connects to.
@@ -298,7 +317,7 @@ impl Lab {
 
         // Registry config and tokens (created before it starts).
         let http_port = free_port();
-        let (mqtt_host, mqtt_port, mqtt_section) = match &opts.broker {
+        let (mqtt_host, mqtt_port, mut mqtt_section) = match &opts.broker {
             Broker::Embedded => {
                 let port = free_port();
                 (
@@ -316,6 +335,20 @@ impl Lab {
                 ),
             ),
         };
+        let mut http_tls = String::new();
+        if let Some(tls) = &opts.tls {
+            http_tls = format!(
+                "tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
+                tls.cert_file.display(),
+                tls.key_file.display()
+            );
+            mqtt_section.push_str(&match opts.broker {
+                Broker::Embedded => http_tls.clone(),
+                Broker::External { .. } => {
+                    format!("tls = true\nca_file = \"{}\"\n", tls.ca_file.display())
+                }
+            });
+        }
         let registry_config = root.join("registry/cloud-registry.toml");
         let store_path = opts
             .registry_store_dir
@@ -325,7 +358,7 @@ impl Lab {
         std::fs::write(
             &registry_config,
             format!(
-                "[http]\nlisten = \"127.0.0.1:{http_port}\"\n\n\
+                "[http]\nlisten = \"127.0.0.1:{http_port}\"\n{http_tls}\n\
                  [store]\npath = \"{store}\"\n\n\
                  [auth]\nbootstrap_admin_token_file = \"{admin}\"\n\n\
                  [mqtt]\n{mqtt_section}topic_prefix = \"{prefix}\"\nkeep_alive_seconds = 5\n\n\
@@ -409,6 +442,15 @@ impl Lab {
                 &devices,
             ),
         };
+        if let Some(tls) = &opts.tls {
+            toml = toml.replace(
+                "base_url = \"http://",
+                &format!(
+                    "mqtt_tls = true\nca_file = \"{}\"\nbase_url = \"https://",
+                    tls.ca_file.display()
+                ),
+            );
+        }
         if let Some(d) = &opts.outbox_durability {
             toml = toml.replace("[outbox]\n", &format!("[outbox]\ndurability = \"{d}\"\n"));
         }
@@ -432,6 +474,7 @@ impl Lab {
         }
         std::fs::write(&edge_config, toml)?;
 
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
         let mut lab = Lab {
             opts,
             root,
@@ -439,7 +482,7 @@ impl Lab {
             sim,
             registry: None,
             edge: None,
-            base_url: format!("http://127.0.0.1:{http_port}"),
+            base_url: format!("{scheme}://127.0.0.1:{http_port}"),
             http_port,
             mqtt_port,
             admin_token: String::new(),
@@ -550,7 +593,12 @@ impl Lab {
             "{}/api/v1/capabilities?provider_id={PROVIDER_ID}",
             self.base_url
         );
-        let http = reqwest::Client::new();
+        let mut http = reqwest::Client::builder();
+        if let Some(tls) = &self.opts.tls {
+            let pem = crate::read_to_string(&tls.ca_file)?;
+            http = http.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem.as_bytes())?);
+        }
+        let http = http.build()?;
         loop {
             let got: Option<Value> =
                 match http.get(&url).bearer_auth(&self.admin_token).send().await {
