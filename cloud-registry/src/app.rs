@@ -125,6 +125,12 @@ pub enum AppError {
     Token(#[from] auth::TokenError),
     #[error("event log signing key: {0}")]
     SigningKey(String),
+    /// A TLS certificate, key or CA file named by `key` cannot be used.
+    #[error("`{key}`: {source}")]
+    Tls {
+        key: &'static str,
+        source: crate::tls::TlsFileError,
+    },
     #[error("the event log's hash chain is broken at {0}; `cloud-registry audit-log verify` tells more; start with `serve --accept-broken-chain` to extend it anyway (docs/audit-trail.md)")]
     ChainBroken(#[from] events::chain::ChainError),
 }
@@ -415,6 +421,82 @@ fn http_limits(config: &Config) -> crate::http_server::HttpLimits {
     }
 }
 
+/// The TLS configurations `config` asks for, read from their files.
+struct TlsSetup {
+    /// `[http] tls_cert_file` / `tls_key_file`.
+    http: Option<tokio_rustls::TlsAcceptor>,
+    /// `[mqtt] tls_cert_file` / `tls_key_file` (the embedded broker's gate).
+    mqtt_gate: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// `[mqtt] tls` (and `ca_file`) on an external broker.
+    mqtt_client: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+}
+
+/// Read the TLS files of `config` (on a blocking thread).
+///
+/// Errors: [`AppError::Tls`] naming the key of a file that cannot be used.
+async fn load_tls(config: &Config) -> Result<TlsSetup, AppError> {
+    let http = (
+        config.http.tls_cert_file.clone(),
+        config.http.tls_key_file.clone(),
+    );
+    let gate = (
+        config.mqtt.tls_cert_file.clone(),
+        config.mqtt.tls_key_file.clone(),
+    );
+    let client = (config.mqtt.mode == MqttMode::External && config.mqtt.tls)
+        .then(|| config.mqtt.ca_file.clone());
+    tokio::task::spawn_blocking(move || {
+        let server = |(cert, key): (Option<PathBuf>, Option<PathBuf>),
+                      keys: (&'static str, &'static str),
+                      alpn: &[&[u8]]| match (cert, key) {
+            (Some(c), Some(k)) => {
+                crate::tls::server_config(&c, &k, alpn)
+                    .map(Some)
+                    .map_err(|source| AppError::Tls {
+                        key: if matches!(source, crate::tls::TlsFileError::NoKey { .. }) {
+                            keys.1
+                        } else {
+                            keys.0
+                        },
+                        source,
+                    })
+            }
+            (None, None) => Ok(None),
+            (Some(_), None) | (None, Some(_)) => Err(AppError::Tls {
+                key: keys.0,
+                source: crate::tls::TlsFileError::Mismatch {
+                    cert: keys.0.into(),
+                    key: keys.1.into(),
+                    reason: "set both or neither".into(),
+                },
+            }),
+        };
+        let http = server(
+            http,
+            ("http.tls_cert_file", "http.tls_key_file"),
+            &[b"http/1.1"],
+        )?
+        .map(tokio_rustls::TlsAcceptor::from);
+        let mqtt_gate = server(gate, ("mqtt.tls_cert_file", "mqtt.tls_key_file"), &[])?;
+        let mqtt_client =
+            match client {
+                Some(ca) => Some(crate::tls::client_config(ca.as_deref()).map_err(|source| {
+                    AppError::Tls {
+                        key: "mqtt.ca_file",
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        Ok(TlsSetup {
+            http,
+            mqtt_gate,
+            mqtt_client,
+        })
+    })
+    .await?
+}
+
 /// Entry point for starting the registry in-process or from `main`.
 pub struct Registry;
 
@@ -428,6 +510,11 @@ pub struct RunningRegistry {
     pub mqtt_addr: SocketAddr,
     /// `embedded` or `external`.
     pub mqtt_mode: MqttMode,
+    /// `https` when `[http]` has a certificate, else `http`.
+    pub http_scheme: &'static str,
+    /// True when MQTT is over TLS: the embedded broker's public address,
+    /// or the registry's connection to an external broker.
+    pub mqtt_tls: bool,
     /// The `super_admin` token of `auth.bootstrap_admin_token_file`, when
     /// configured.
     pub admin_token: Option<String>,
@@ -469,6 +556,9 @@ impl Registry {
             what: "HTTP listener address".into(),
             source,
         })?;
+        let tls = load_tls(&config).await?;
+        let http_scheme = if tls.http.is_some() { "https" } else { "http" };
+        let mqtt_tls = tls.mqtt_gate.is_some() || tls.mqtt_client.is_some();
         // It may wait up to STORE_LOCK_WAIT: not on a runtime worker.
         let store_path = config.store.path.clone();
         let store_lock = tokio::task::spawn_blocking(move || lock_store(&store_path)).await??;
@@ -592,8 +682,9 @@ impl Registry {
                 let a = auth.clone();
                 let user = config.mqtt.client_id.clone();
                 let prefix = config.mqtt.topic_prefix.clone();
+                let gate_tls = tls.mqtt_gate.clone();
                 let broker = tokio::task::spawn_blocking(move || {
-                    EmbeddedBroker::start(listen, a, &user, max_packet, &prefix)
+                    EmbeddedBroker::start(listen, a, &user, max_packet, &prefix, gate_tls)
                 })
                 .await??;
                 let login = broker.registry_login().clone();
@@ -616,6 +707,8 @@ impl Registry {
                         // The embedded broker starts and stops with the
                         // registry: there is no queue to come back to.
                         persistent_session: false,
+                        // Loopback to rumqttd, behind the gate.
+                        tls: None,
                     },
                 )
             }
@@ -644,6 +737,7 @@ impl Registry {
                         // providers' QoS 1 messages while the registry is
                         // away (session updates must not be lost).
                         persistent_session: true,
+                        tls: tls.mqtt_client.clone(),
                     },
                 )
             }
@@ -677,6 +771,7 @@ impl Registry {
         }
 
         let health = crate::health::routes(HealthState {
+            http_scheme,
             providers: providers.clone(),
             leases: engine.clone(),
             db: db.clone(),
@@ -686,6 +781,7 @@ impl Registry {
                     MqttMode::External => "external",
                 },
                 addr: mqtt_addr.to_string(),
+                tls: mqtt_tls,
                 connected: {
                     let flag = mqtt.connected_flag();
                     Arc::new(move || flag.load(std::sync::atomic::Ordering::Relaxed))
@@ -761,6 +857,7 @@ impl Registry {
             listener,
             app,
             limits,
+            tls.http.clone(),
             shutdown_rx.clone(),
         ));
         let mut background = vec![tokio::spawn(
@@ -808,11 +905,13 @@ impl Registry {
             kick,
             shutdown_rx.clone(),
         )));
-        tracing::info!(%http_addr, %mqtt_addr, "registry ready");
+        tracing::info!(%http_addr, http_scheme, %mqtt_addr, mqtt_tls, "registry ready");
         Ok(RunningRegistry {
             http_addr,
             mqtt_addr,
             mqtt_mode: config.mqtt.mode,
+            http_scheme,
+            mqtt_tls,
             admin_token,
             providers,
             auth,
@@ -833,12 +932,18 @@ impl Registry {
 
 impl RunningRegistry {
     /// The one line `serve` prints on stdout when ready:
-    /// `{"event":"ready","http":"127.0.0.1:8080","mqtt":"127.0.0.1:18830"}`.
+    /// `{"event":"ready","http":"127.0.0.1:8080","http_scheme":"http",
+    /// "url":"http://127.0.0.1:8080","mqtt":"127.0.0.1:18830",
+    /// "mqtt_tls":false,"mqtt_mode":"embedded"}` (`https` and
+    /// `"mqtt_tls":true` with TLS).
     pub fn ready_line(&self) -> String {
         json!({
             "event": "ready",
             "http": self.http_addr.to_string(),
+            "http_scheme": self.http_scheme,
+            "url": self.base_url(),
             "mqtt": self.mqtt_addr.to_string(),
+            "mqtt_tls": self.mqtt_tls,
             "mqtt_mode": match self.mqtt_mode {
                 MqttMode::Embedded => "embedded",
                 MqttMode::External => "external",
@@ -847,9 +952,9 @@ impl RunningRegistry {
         .to_string()
     }
 
-    /// `http://{http_addr}`.
+    /// `{http_scheme}://{http_addr}`.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.http_addr)
+        format!("{}://{}", self.http_scheme, self.http_addr)
     }
 
     /// The database file.

@@ -243,8 +243,9 @@ impl EmbeddedBroker {
     /// [`crate::app::Registry::start`] waits for, proves rumqttd answers).
     /// `registry_user` is the user name the registry's client will use;
     /// `max_payload_bytes` bounds a packet (remaining length, bytes).
-    /// Must run inside a tokio runtime (the gate is spawned on it; a
-    /// blocking task of the runtime will do).
+    /// `tls`: the gate accepts MQTT over TLS only, with this
+    /// configuration (`None`: plain MQTT). Must run inside a tokio runtime
+    /// (the gate is spawned on it; a blocking task of the runtime will do).
     ///
     /// Errors: `listen` is taken, no loopback port is free, no runtime,
     /// or the broker thread cannot be started.
@@ -254,6 +255,7 @@ impl EmbeddedBroker {
         registry_user: &str,
         max_payload_bytes: usize,
         topic_prefix: &str,
+        tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     ) -> Result<Self, BrokerError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| BrokerError::Thread(std::io::Error::other(e)))?;
@@ -357,6 +359,7 @@ impl EmbeddedBroker {
             prefix: topic_prefix.to_string(),
             max_packet_bytes: max_payload_bytes,
             stats: stats.clone(),
+            tls: tls.clone().map(tokio_rustls::TlsAcceptor::from),
         });
         runtime.spawn(async move {
             match tokio::net::TcpListener::from_std(public) {
@@ -364,7 +367,7 @@ impl EmbeddedBroker {
                 Err(e) => tracing::error!(error = %e, "the MQTT gate cannot listen"),
             }
         });
-        tracing::info!(%addr, %internal, "embedded MQTT broker listening (provider topics isolated)");
+        tracing::info!(%addr, %internal, tls = tls.is_some(), "embedded MQTT broker listening (provider topics isolated)");
         Ok(Self {
             addr,
             internal,

@@ -19,6 +19,11 @@
 //!    ([`may_subscribe`]) gets return code 0x80 in the SUBACK while the
 //!    others are subscribed.
 //!
+//! With `[mqtt] tls_cert_file` / `tls_key_file` the gate speaks MQTT over
+//! TLS only (docs/install-registry.md "TLS"): it terminates TLS (the
+//! handshake within [`CONNECT_TIMEOUT`]) and relays plain MQTT to rumqttd
+//! on loopback.
+//!
 //! Admins and the registry's own login pass unchecked. Every refusal is
 //! logged (`WARN`, with client id and topic) and counted ([`GateStats`],
 //! on `/metrics`). Both legs set `TCP_NODELAY`; the hot path (PUBLISH
@@ -36,14 +41,16 @@ use rumqttc::mqttbytes::v4::{
 };
 use rumqttc::mqttbytes::{self, PacketType, Protocol};
 use shared_protocol::mqtt::{parse_topic, TopicKind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
 
 use crate::auth::Authenticator;
 
-/// How long a new connection may take to send its CONNECT.
+/// How long a new connection may take to send its CONNECT (and, over TLS,
+/// as long again to complete its handshake first).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a logged-in client may do on the broker.
@@ -104,6 +111,8 @@ pub(crate) struct Gate {
     /// Largest packet a client may send, bytes (remaining length).
     pub max_packet_bytes: usize,
     pub stats: Arc<GateStats>,
+    /// TLS on the public address (`None`: plain MQTT).
+    pub tls: Option<TlsAcceptor>,
 }
 
 /// How a relayed connection ended, seen from the client's side.
@@ -139,12 +148,41 @@ impl Gate {
         }
     }
 
-    async fn connection(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr) {
+    async fn connection(self: Arc<Self>, client: TcpStream, peer: SocketAddr) {
         let _ = client.set_nodelay(true);
+        match &self.tls {
+            None => {
+                let (rd, wr) = client.into_split();
+                self.session(rd, wr, peer).await;
+            }
+            Some(acceptor) => {
+                match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(client)).await {
+                    Ok(Ok(stream)) => {
+                        let (rd, wr) = tokio::io::split(stream);
+                        self.session(rd, wr, peer).await;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "MQTT TLS handshake failed; connection closed");
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "no TLS handshake within {CONNECT_TIMEOUT:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// One client's connection (plain, or the TLS stream's halves): the
+    /// login, then the relay both ways.
+    async fn session<R, W>(self: Arc<Self>, mut client_rd: R, mut client_wr: W, peer: SocketAddr)
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
         let mut buf = BytesMut::with_capacity(4096);
         let connect = match tokio::time::timeout(
             CONNECT_TIMEOUT,
-            read_connect(&mut client, &mut buf, self.max_packet_bytes),
+            read_connect(&mut client_rd, &mut buf, self.max_packet_bytes),
         )
         .await
         {
@@ -164,9 +202,9 @@ impl Gate {
                 tracing::warn!(%peer, client_id = %connect.client_id, %reason, "MQTT login refused: {reason}");
                 let mut out = BytesMut::with_capacity(4);
                 if ConnAck::new(code, false).write(&mut out).is_ok() {
-                    let _ = client.write_all(&out).await;
+                    let _ = client_wr.write_all(&out).await;
                 }
-                let _ = client.shutdown().await;
+                let _ = client_wr.shutdown().await;
                 return;
             }
         };
@@ -188,7 +226,7 @@ impl Gate {
                     .write(&mut out)
                     .is_ok()
                 {
-                    let _ = client.write_all(&out).await;
+                    let _ = client_wr.write_all(&out).await;
                 }
                 return;
             }
@@ -198,7 +236,6 @@ impl Gate {
         if broker_wr.write_all(&first).await.is_err() {
             return;
         }
-        let (client_rd, client_wr) = client.into_split();
         let pending: Pending = Arc::default();
         let (inject_tx, inject_rx) = mpsc::unbounded_channel::<SubAck>();
         let up = self.up(
@@ -275,7 +312,7 @@ impl Gate {
     #[allow(clippy::too_many_arguments)]
     async fn up(
         &self,
-        mut client_rd: OwnedReadHalf,
+        mut client_rd: impl AsyncRead + Unpin,
         broker_wr: &mut OwnedWriteHalf,
         mut buf: BytesMut,
         access: &Access,
@@ -411,8 +448,8 @@ fn lock(p: &Pending) -> std::sync::MutexGuard<'_, HashMap<u16, Vec<bool>>> {
 /// SUBSCRIBE (0x80 put back where filters were removed) and the gate's own
 /// SUBACKs (every filter refused).
 async fn down(
-    mut broker_rd: OwnedReadHalf,
-    mut client_wr: OwnedWriteHalf,
+    mut broker_rd: tokio::net::tcp::OwnedReadHalf,
+    mut client_wr: impl AsyncWrite + Unpin,
     pending: Pending,
     mut inject: mpsc::UnboundedReceiver<SubAck>,
 ) {
@@ -488,7 +525,7 @@ async fn down(
 /// Read from `stream` until `buf` holds a whole first packet; it must be a
 /// CONNECT. `Err`: why not, for the log.
 async fn read_connect(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     buf: &mut BytesMut,
     max_packet_bytes: usize,
 ) -> Result<Connect, String> {

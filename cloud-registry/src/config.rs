@@ -186,6 +186,13 @@ pub struct HttpConfig {
     /// the registry serves at most limit − [`FD_RESERVE`] connections and
     /// logs a warning saying so. Default 4 096; 1 to 1 000 000.
     pub max_connections: usize,
+    /// PEM certificate chain (the server's certificate first) for HTTPS.
+    /// With [`HttpConfig::tls_key_file`], the listener serves HTTPS only;
+    /// set both or neither. Relative to the config file's directory.
+    /// Read at start: a new certificate needs a restart.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// File descriptors kept free beyond `http.max_connections` for SQLite,
@@ -206,6 +213,8 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             max_connections: 4096,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -275,6 +284,18 @@ pub struct MqttConfig {
     pub topic_prefix: String,
     /// MQTT keep-alive of the registry's client, seconds.
     pub keep_alive_seconds: u16,
+    /// Embedded only: PEM certificate chain of the broker's public
+    /// address. With [`MqttConfig::tls_key_file`], the broker accepts
+    /// MQTT over TLS only there; set both or neither.
+    pub tls_cert_file: Option<PathBuf>,
+    /// Embedded only: PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// External only: connect to the broker over TLS (its certificate
+    /// checked against [`MqttConfig::ca_file`], else the system's CAs).
+    pub tls: bool,
+    /// External only, with `tls = true`: PEM file of the CA certificates
+    /// to trust instead of the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for MqttConfig {
@@ -289,6 +310,10 @@ impl Default for MqttConfig {
             client_id: "benchlink-registry".into(),
             topic_prefix: shared_protocol::mqtt::DEFAULT_TOPIC_PREFIX.into(),
             keep_alive_seconds: 10,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls: false,
+            ca_file: None,
         }
     }
 }
@@ -362,19 +387,18 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut cfg = Self::parse(&text).map_err(|e| match e {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        Self::parse_in(&text, dir).map_err(|e| match e {
             ConfigError::Invalid { issues, .. } => ConfigError::Invalid {
                 path: path.to_path_buf(),
                 issues,
             },
             other => other,
-        })?;
-        cfg.resolve_relative_to(path.parent().unwrap_or(Path::new("")));
-        Ok(cfg)
+        })
     }
 
     /// Joins the relative file paths of the file (`store.path`,
-    /// `auth.bootstrap_admin_token_file`) onto `dir`, the config file's
+    /// `auth.bootstrap_admin_token_file`, the TLS files) onto `dir`, the config file's
     /// directory, so that a command run from elsewhere (`token create`
     /// from another directory) opens the same store as `serve`.
     fn resolve_relative_to(&mut self, dir: &Path) {
@@ -387,7 +411,17 @@ impl Config {
         if let Some(p) = self.auth.bootstrap_admin_token_file.as_mut() {
             fix(p);
         }
-        if let Some(p) = self.audit_log.signing_key_file.as_mut() {
+        for p in [
+            &mut self.audit_log.signing_key_file,
+            &mut self.http.tls_cert_file,
+            &mut self.http.tls_key_file,
+            &mut self.mqtt.tls_cert_file,
+            &mut self.mqtt.tls_key_file,
+            &mut self.mqtt.ca_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
             fix(p);
         }
     }
@@ -400,6 +434,12 @@ impl Config {
     /// the tables that did parse. Each issue names its dotted key and, when
     /// the key is in the text, its line.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        Self::parse_in(text, Path::new(""))
+    }
+
+    /// [`Config::parse`] for a file in `dir`: its relative paths are
+    /// joined onto `dir` before the rules (which open the TLS files) run.
+    fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigError> {
         let invalid = |issues| ConfigError::Invalid {
             path: PathBuf::new(),
             issues,
@@ -411,7 +451,7 @@ impl Config {
                 message: e.message().trim().to_string(),
             }])
         })?;
-        let (cfg, mut issues, failed_tables) = match deserialize(text, &doc, doc.clone()) {
+        let (mut cfg, mut issues, failed_tables) = match deserialize(text, &doc, doc.clone()) {
             Ok(cfg) => (cfg, Vec::new(), Vec::new()),
             Err(first) => {
                 // Key by key, so every bad key shows, not only the first.
@@ -428,6 +468,7 @@ impl Config {
                 }
             }
         };
+        cfg.resolve_relative_to(dir);
         for (key, message) in cfg.problems() {
             // A key that did not parse was checked with its default: only
             // its parse error is worth showing.
@@ -561,6 +602,12 @@ impl Config {
                 format!("must be from 1 to {MAX_CONNECTIONS_BOUND}"),
             );
         }
+        tls_server_problems(
+            bad,
+            ("http.tls_cert_file", self.http.tls_cert_file.as_deref()),
+            ("http.tls_key_file", self.http.tls_key_file.as_deref()),
+            b"http/1.1",
+        );
         // [store]
         check_path(bad, "store.path", Some(&self.store.path), PathKind::File);
         // [auth]
@@ -625,6 +672,60 @@ impl Config {
         }
         if m.keep_alive_seconds < 2 {
             bad("mqtt.keep_alive_seconds", "must be at least 2".into());
+        }
+        self.mqtt_tls_problems(bad);
+    }
+
+    /// The TLS keys of `[mqtt]`: the gate's certificate in embedded mode,
+    /// `tls` and `ca_file` in external mode.
+    fn mqtt_tls_problems(&self, bad: &mut impl FnMut(&str, String)) {
+        let m = &self.mqtt;
+        match m.mode {
+            MqttMode::Embedded => {
+                tls_server_problems(
+                    bad,
+                    ("mqtt.tls_cert_file", m.tls_cert_file.as_deref()),
+                    ("mqtt.tls_key_file", m.tls_key_file.as_deref()),
+                    b"",
+                );
+                if m.tls {
+                    bad(
+                        "mqtt.tls",
+                        "is for mqtt.mode = \"external\"; the embedded broker uses TLS when mqtt.tls_cert_file and mqtt.tls_key_file are set".into(),
+                    );
+                }
+                if m.ca_file.is_some() {
+                    bad(
+                        "mqtt.ca_file",
+                        "is for mqtt.mode = \"external\" with mqtt.tls = true".into(),
+                    );
+                }
+            }
+            MqttMode::External => {
+                for (key, set) in [
+                    ("mqtt.tls_cert_file", m.tls_cert_file.is_some()),
+                    ("mqtt.tls_key_file", m.tls_key_file.is_some()),
+                ] {
+                    if set {
+                        bad(
+                            key,
+                            "is for mqtt.mode = \"embedded\"; an external broker's certificate is configured on the broker".into(),
+                        );
+                    }
+                }
+                match (&m.ca_file, m.tls) {
+                    (Some(_), false) => bad(
+                        "mqtt.ca_file",
+                        "is set but mqtt.tls is false; set mqtt.tls = true to use it".into(),
+                    ),
+                    (Some(ca), true) => {
+                        if let Err(e) = crate::tls::client_config(Some(ca)) {
+                            bad("mqtt.ca_file", e.to_string());
+                        }
+                    }
+                    (None, _) => {}
+                }
+            }
         }
     }
 
@@ -788,6 +889,35 @@ fn check_path(bad: &mut impl FnMut(&str, String), key: &str, path: Option<&Path>
         );
     } else if kind == PathKind::Dir && path.exists() && !path.is_dir() {
         bad(key, format!("{} is not a directory", path.display()));
+    }
+}
+
+/// A certificate and key pair of a TLS listener: both set or neither, and
+/// when set, readable PEM files that go together (`alpn` as the listener
+/// offers it).
+fn tls_server_problems(
+    bad: &mut impl FnMut(&str, String),
+    (cert_key, cert): (&str, Option<&Path>),
+    (key_key, key): (&str, Option<&Path>),
+    alpn: &[u8],
+) {
+    match (cert, key) {
+        (None, None) => {}
+        (Some(_), None) => bad(key_key, format!("is required when {cert_key} is set")),
+        (None, Some(_)) => bad(cert_key, format!("is required when {key_key} is set")),
+        (Some(c), Some(k)) => {
+            let alpn: Vec<&[u8]> = if alpn.is_empty() { vec![] } else { vec![alpn] };
+            if let Err(e) = crate::tls::server_config(c, k, &alpn) {
+                let at = match e {
+                    crate::tls::TlsFileError::NoKey { .. } => key_key,
+                    crate::tls::TlsFileError::Read { ref path, .. } if Path::new(path) == k => {
+                        key_key
+                    }
+                    _ => cert_key,
+                };
+                bad(at, e.to_string());
+            }
+        }
     }
 }
 

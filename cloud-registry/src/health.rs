@@ -2,7 +2,7 @@
 //! Prometheus), served at the root and under `/api/v1`:
 //! - `GET /healthz`: `{"status": "ok"|"degraded", "store": {"status",
 //!   "writable", "path", "full_errors_total", ...}, "mqtt": {"mode", "addr",
-//!   "connected"}}`; 200 when the store answers and is writable and the
+//!   "tls", "connected"}, "http": {"scheme"}}`; 200 when the store answers and is writable and the
 //!   MQTT client is connected, else 503 (`store.writable` is false from a
 //!   write refused for lack of space until space is found again, see
 //!   [`crate::storage`]);
@@ -37,6 +37,9 @@ pub struct MqttHealth {
     pub mode: &'static str,
     /// The broker's address.
     pub addr: String,
+    /// True when MQTT is over TLS (the embedded broker's public address,
+    /// or the connection to an external broker).
+    pub tls: bool,
     /// True while the registry's client is connected.
     pub connected: Arc<dyn Fn() -> bool + Send + Sync>,
     pub stats: Arc<MqttStats>,
@@ -47,6 +50,8 @@ pub struct MqttHealth {
 /// What the health and metrics handlers read.
 #[derive(Clone)]
 pub struct HealthState {
+    /// `http` or `https`: how the API is served.
+    pub http_scheme: &'static str,
     pub providers: Arc<crate::providers::Providers>,
     pub leases: Arc<crate::leases::LeaseEngine>,
     pub db: crate::db::Db,
@@ -75,8 +80,10 @@ struct Health {
     /// `{"status": "ok"|"full"|"error", "error"?, "writable", "path",
     /// "full_errors_total", ...}`.
     store: Object,
-    /// `{"mode": "embedded"|"external", "addr", "connected"}`.
+    /// `{"mode": "embedded"|"external", "addr", "tls", "connected"}`.
     mqtt: Object,
+    /// `{"scheme": "http"|"https"}`.
+    http: Object,
 }
 
 /// A JSON object (for the OpenAPI document).
@@ -123,8 +130,10 @@ async fn healthz(State(st): State<HealthState>) -> Response {
         "mqtt": {
             "mode": st.mqtt.mode,
             "addr": st.mqtt.addr,
+            "tls": st.mqtt.tls,
             "connected": connected,
         },
+        "http": { "scheme": st.http_scheme },
     });
     let code = if ok {
         StatusCode::OK

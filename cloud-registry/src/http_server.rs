@@ -2,6 +2,11 @@
 //! with a header-read timeout (also the idle keep-alive timeout), a
 //! request-body inactivity timeout, a cap on concurrent connections,
 //! TCP_NODELAY, and graceful shutdown on the registry's shutdown signal.
+//! With `[http] tls_cert_file` / `tls_key_file` it serves HTTPS only
+//! (docs/install-registry.md "TLS"): the TLS handshake runs in the
+//! connection's task, bounded by the header-read timeout, so a client that
+//! never finishes one holds its slot no longer than one that never sends
+//! a request head.
 //!
 //! Why its own loop rather than `axum::serve`: that one has no timeouts
 //! and no cap, so a thousand clients that open a connection and send half
@@ -16,8 +21,10 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 use tower_http::timeout::TimeoutBody;
 
@@ -66,7 +73,9 @@ pub struct HttpLimits {
     pub max_connections: usize,
 }
 
-/// Serve `app` on `listener` until `shutdown` turns true, then stop
+/// Serve `app` on `listener` (over TLS when `tls` is given: HTTPS only,
+/// a connection that does not complete a handshake within the
+/// header-read timeout is closed) until `shutdown` turns true, then stop
 /// accepting, let in-flight requests finish (hyper's graceful shutdown:
 /// idle connections close at once; any still open [`SHUTDOWN_DRAIN`]
 /// later are closed) and return when every connection is closed.
@@ -77,6 +86,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -136,34 +146,25 @@ pub async fn serve(
         let header_timeout = limits.header_read_timeout;
         let mut stop = shutdown.clone();
         let open = open_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout);
-            let conn = builder
-                .serve_connection(TokioIo::new(tcp), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            let mut stopping = false;
-            let drain = tokio::time::sleep(Duration::MAX);
-            tokio::pin!(drain);
-            loop {
-                tokio::select! {
-                    served = conn.as_mut() => {
-                        if let Err(e) = served {
-                            tracing::trace!(%peer, error = %e, "HTTP connection ended");
+            match tls {
+                None => serve_connection(tcp, service, header_timeout, &mut stop, peer).await,
+                Some(acceptor) => {
+                    let handshake = tokio::select! {
+                        h = tokio::time::timeout(header_timeout, acceptor.accept(tcp)) => h,
+                        _ = stop.wait_for(|s| *s) => Ok(Err(std::io::Error::other("shutting down"))),
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, service, header_timeout, &mut stop, peer).await
                         }
-                        break;
-                    }
-                    _ = stop.wait_for(|s| *s), if !stopping => {
-                        stopping = true;
-                        conn.as_mut().graceful_shutdown();
-                        drain.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_DRAIN);
-                    }
-                    _ = &mut drain, if stopping => {
-                        tracing::debug!(%peer, "HTTP connection closed at the end of the shutdown drain");
-                        break;
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed; connection closed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "no TLS handshake within the header-read timeout; connection closed");
+                        }
                     }
                 }
             }
@@ -174,6 +175,57 @@ pub async fn serve(
     drop(open_rx);
     drop(listener);
     open_tx.closed().await;
+}
+
+/// Serve HTTP/1.1 on one connection (`io`: the TCP stream, or the TLS
+/// stream on it) until it ends or, once `stop` turns true, until it
+/// finishes gracefully or [`SHUTDOWN_DRAIN`] passes.
+async fn serve_connection<I, S>(
+    io: I,
+    service: S,
+    header_timeout: Duration,
+    stop: &mut watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            axum::http::Request<Incoming>,
+            Response = axum::http::Response<Body>,
+            Error = std::convert::Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let mut stopping = false;
+    let drain = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(drain);
+    loop {
+        tokio::select! {
+            served = conn.as_mut() => {
+                if let Err(e) = served {
+                    tracing::trace!(%peer, error = %e, "HTTP connection ended");
+                }
+                break;
+            }
+            _ = stop.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+                drain.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_DRAIN);
+            }
+            _ = &mut drain, if stopping => {
+                tracing::debug!(%peer, "HTTP connection closed at the end of the shutdown drain");
+                break;
+            }
+        }
+    }
 }
 
 /// True when the warning last given at `last` (monotonic clock) is at

@@ -8,7 +8,8 @@
 //! - Core, from `registry-core` under their old paths: [`db`] (SQLite on
 //!   dedicated threads), [`auth`] (bearer tokens, roles), [`error`] /
 //!   [`extract`] (the JSON error body, validated bodies and queries),
-//!   [`ids`], [`storage`] (a full disk); here: [`http_server`], [`fdlimit`].
+//!   [`ids`], [`storage`] (a full disk); here: [`http_server`], [`fdlimit`],
+//!   [`tls`] (HTTPS and MQTT over TLS, docs/install-registry.md "TLS").
 //! - Features: [`providers`] (registration, heartbeats, liveness, health
 //!   history, behind [`providers::ProviderStore`]); [`leases`] (the lease
 //!   engine); [`sessions`] (actions on leased capabilities, their sessions
@@ -59,5 +60,6 @@ pub mod policy;
 pub mod providers;
 pub mod safe_state;
 pub mod sessions;
+pub mod tls;
 pub mod tokens;
 pub mod twins;

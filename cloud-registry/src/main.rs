@@ -2,7 +2,7 @@
 //!
 //! - `cloud-registry serve --config FILE [--bootstrap-admin-token-file PATH]`
 //!   runs the HTTP API and MQTT; prints one JSON line on stdout when ready:
-//!   `{"event":"ready","http":"127.0.0.1:8080","mqtt":"127.0.0.1:18830",...}`;
+//!   `{"event":"ready","http":"127.0.0.1:8080","http_scheme":"http",...}`;
 //!   stops cleanly on SIGINT / SIGTERM.
 //! - `cloud-registry token create --config FILE --role ROLE --name NAME
 //!   [--create-store]` prints a new bearer token once (only its SHA-256 is

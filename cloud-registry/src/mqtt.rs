@@ -89,6 +89,9 @@ pub struct MqttSettings {
     /// broker). `client_id` must then be stable and used by this registry
     /// alone.
     pub persistent_session: bool,
+    /// Connect over TLS with this client configuration (an external
+    /// broker with `[mqtt] tls = true`); `None`: plain TCP.
+    pub tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
 }
 
 /// How long an `offline` status waits before it is acted on: it is
@@ -395,6 +398,11 @@ impl MqttLink {
             .set_max_packet_size(settings.max_packet_bytes, settings.max_packet_bytes);
         if let Some(user) = &settings.username {
             opts.set_credentials(user, settings.password.clone().unwrap_or_default());
+        }
+        if let Some(tls) = &settings.tls {
+            opts.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(tls.clone()),
+            ));
         }
         let (client, mut eventloop) = AsyncClient::new(opts, 256);
         // Commands and results are small messages answered at once: with

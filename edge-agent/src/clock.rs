@@ -129,15 +129,20 @@ fn to_chrono(d: Duration) -> chrono::Duration {
 impl RegistryClock {
     /// A clock for the registry at `base_url` (e.g.
     /// `https://registry.lab.example`); nothing is sampled until
-    /// [`RegistryClock::sample`] or [`RegistryClock::run`].
+    /// [`RegistryClock::sample`] or [`RegistryClock::run`]. `trust`: the
+    /// only CA certificates an `https://` registry may be signed by
+    /// ([`crate::tls::http_trust`]); `None`: the system's.
     ///
     /// Errors: the HTTP client cannot be built (TLS backend).
-    pub fn new(base_url: &str) -> Result<Arc<Self>, reqwest::Error> {
-        let http = reqwest::Client::builder()
+    pub fn new(
+        base_url: &str,
+        trust: Option<&[reqwest::Certificate]>,
+    ) -> Result<Arc<Self>, reqwest::Error> {
+        let builder = reqwest::Client::builder()
             .connect_timeout(SAMPLE_TIMEOUT)
             .timeout(SAMPLE_TIMEOUT)
-            .pool_max_idle_per_host(1)
-            .build()?;
+            .pool_max_idle_per_host(1);
+        let http = crate::tls::trusting(builder, trust).build()?;
         Ok(Arc::new(Self {
             url: format!("{}/api/v1/time", base_url.trim_end_matches('/')),
             http,
@@ -331,7 +336,7 @@ mod tests {
     use super::*;
 
     fn clock() -> Arc<RegistryClock> {
-        RegistryClock::new("http://127.0.0.1:9").unwrap()
+        RegistryClock::new("http://127.0.0.1:9", None).unwrap()
     }
 
     #[test]

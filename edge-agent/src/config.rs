@@ -118,8 +118,15 @@ pub struct ProviderConfig {
 #[derive(Clone, PartialEq)]
 pub struct RegistryConfig {
     pub mqtt_host: String,
-    /// Defaults to 1883.
+    /// Defaults to 1883, or 8883 with `mqtt_tls`.
     pub mqtt_port: u16,
+    /// MQTT over TLS, the broker's certificate checked against `ca_file`
+    /// (else the system's CAs) for `mqtt_host`. Default false.
+    pub mqtt_tls: bool,
+    /// PEM file of the CA certificates to trust instead of the system's,
+    /// for MQTT over TLS and an `https://` `base_url` (absolute; checked
+    /// to hold usable certificates).
+    pub ca_file: Option<PathBuf>,
     /// Defaults to `benchlink/v1`.
     pub topic_prefix: String,
     /// e.g. `https://registry.lab.example`; artifacts go to
@@ -142,6 +149,8 @@ impl fmt::Debug for RegistryConfig {
         f.debug_struct("RegistryConfig")
             .field("mqtt_host", &self.mqtt_host)
             .field("mqtt_port", &self.mqtt_port)
+            .field("mqtt_tls", &self.mqtt_tls)
+            .field("ca_file", &self.ca_file)
             .field("topic_prefix", &self.topic_prefix)
             .field("base_url", &self.base_url)
             .field("token", &"<redacted>")
@@ -354,6 +363,10 @@ struct RawRegistry {
     mqtt_host: String,
     #[serde(default)]
     mqtt_port: Option<u16>,
+    #[serde(default)]
+    mqtt_tls: bool,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
     #[serde(default)]
     topic_prefix: Option<String>,
     base_url: String,
@@ -711,8 +724,11 @@ fn resolve_registry(
             format!("`{topic_prefix}` is not a usable MQTT topic prefix (no wildcards, no leading or trailing `/`)"),
         );
     }
+    let mut https = false;
     match reqwest::Url::parse(&r.base_url) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
+            https = u.scheme() == "https";
+        }
         Ok(u) => v.issue(
             "registry.base_url",
             format!(
@@ -725,6 +741,17 @@ fn resolve_registry(
             "registry.base_url",
             format!("`{}` is not a URL: {e}", r.base_url),
         ),
+    }
+    let ca_file = r.ca_file.map(abs);
+    if let Some(ca) = &ca_file {
+        if !r.mqtt_tls && !https {
+            v.issue(
+                "registry.ca_file",
+                "is set, but neither registry.mqtt_tls = true nor an https:// registry.base_url uses it",
+            );
+        } else if let Err(e) = crate::tls::read_ca_file(ca) {
+            v.issue("registry.ca_file", e);
+        }
     }
     let (token, token_source) = resolve_token(r.token, r.token_file, abs, env_token, v);
     let keep_alive = r.mqtt_keep_alive_seconds.unwrap_or(15);
@@ -743,7 +770,9 @@ fn resolve_registry(
     }
     RegistryConfig {
         mqtt_host: r.mqtt_host,
-        mqtt_port: r.mqtt_port.unwrap_or(1883),
+        mqtt_port: r.mqtt_port.unwrap_or(if r.mqtt_tls { 8883 } else { 1883 }),
+        mqtt_tls: r.mqtt_tls,
+        ca_file,
         topic_prefix,
         base_url: r.base_url.trim_end_matches('/').to_string(),
         token,

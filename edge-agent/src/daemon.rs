@@ -66,6 +66,9 @@ pub enum DaemonError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    /// `[registry] ca_file` or the system's CA certificates cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// A running daemon.
@@ -130,7 +133,20 @@ impl Daemon {
             artifacts_ready.clone(),
         );
 
-        let clock = RegistryClock::new(&cfg.registry.base_url)?;
+        let ca_file = cfg.registry.ca_file.clone();
+        let mqtt_tls = cfg.registry.mqtt_tls;
+        let (http_trust, mqtt_tls) = tokio::task::spawn_blocking(move || {
+            let http = crate::tls::http_trust(ca_file.as_deref())?;
+            let mqtt = if mqtt_tls {
+                Some(crate::tls::mqtt_client_config(ca_file.as_deref())?)
+            } else {
+                None
+            };
+            Ok::<_, String>((http, mqtt))
+        })
+        .await?
+        .map_err(|e| DaemonError::Tls(format!("registry.ca_file: {e}")))?;
+        let clock = RegistryClock::new(&cfg.registry.base_url, http_trust.as_deref())?;
         let c = cfg.clone();
         let ob = outbox.clone();
         let sink2 = sink.clone();
@@ -155,6 +171,7 @@ impl Daemon {
                 provider_id: cfg.provider.provider_id.clone(),
                 host: cfg.registry.mqtt_host.clone(),
                 port: cfg.registry.mqtt_port,
+                tls: mqtt_tls,
                 topic_prefix: cfg.registry.topic_prefix.clone(),
                 token: cfg.registry.token.clone(),
                 keep_alive_seconds: cfg.registry.mqtt_keep_alive_seconds,
@@ -173,6 +190,7 @@ impl Daemon {
             &cfg.registry.base_url,
             &cfg.registry.token,
             artifacts_ready,
+            http_trust.as_deref(),
         )?;
         let uploader_task = tokio::spawn(uploader.run(stop_rx.clone()));
         let clock_task = tokio::spawn(clock.clone().run(stop_rx.clone()));

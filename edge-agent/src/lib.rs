@@ -17,5 +17,6 @@ pub mod notify;
 pub mod outbox;
 pub mod runner;
 pub mod status;
+pub mod tls;
 pub mod update_size;
 pub mod uploader;

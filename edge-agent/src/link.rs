@@ -23,7 +23,8 @@
 //! after the next ConnAck (receivers de-duplicate by `message_id`).
 //!
 //! The connection carries client id and user name = provider id, password =
-//! token, and a retained LWT `status` envelope with `offline`.
+//! token, and a retained LWT `status` envelope with `offline`; over TLS
+//! when `[registry] mqtt_tls = true` (docs/install-edge-agent.md "TLS").
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -88,6 +89,9 @@ pub struct LinkConfig {
     pub provider_id: String,
     pub host: String,
     pub port: u16,
+    /// MQTT over TLS with this configuration (`[registry] mqtt_tls`, see
+    /// [`crate::tls`]); `None`: plain TCP.
+    pub tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
     pub topic_prefix: String,
     /// MQTT password; never logged.
     pub token: String,
@@ -197,6 +201,11 @@ impl Link {
                 QoS::AtLeastOnce,
                 true,
             ));
+        if let Some(tls) = &cfg.tls {
+            options.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(tls.clone()),
+            ));
+        }
         // Capacity 0: a request is handed over only when the event loop takes
         // it, so nothing waits in a buffer that a reconnect would discard,
         // and packet ids map one-to-one onto our QoS 1 publishes.

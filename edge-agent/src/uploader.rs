@@ -180,17 +180,22 @@ pub struct Uploader {
 impl Uploader {
     /// An uploader for `base_url` (e.g. `https://registry.lab.example`)
     /// with the provider's bearer `token`. `artifacts_ready` is notified
-    /// whenever something was ingested.
+    /// whenever something was ingested. `trust`: the only CA certificates
+    /// an `https://` registry may be signed by
+    /// ([`crate::tls::http_trust`]); `None`: the system's.
+    ///
+    /// Errors: the HTTP client cannot be built (TLS backend).
     pub fn new(
         outbox: Outbox,
         base_url: &str,
         token: &str,
         artifacts_ready: Arc<Notify>,
+        trust: Option<&[reqwest::Certificate]>,
     ) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .pool_max_idle_per_host(1)
-            .build()?;
+            .pool_max_idle_per_host(1);
+        let http = crate::tls::trusting(builder, trust).build()?;
         Ok(Self {
             http,
             outbox,

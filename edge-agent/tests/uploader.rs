@@ -94,6 +94,7 @@ async fn an_artifact_sent_before_that_the_registry_holds_whole_is_not_sent_again
         &format!("http://127.0.0.1:{port}"),
         "token",
         Arc::new(Notify::new()),
+        None,
     )
     .unwrap();
     let report = up.drain_once().await;

@@ -58,6 +58,22 @@ pub enum Broker {
     External { host: String, port: u16 },
 }
 
+/// TLS for the whole lab (docs/install-registry.md "TLS"): the registry
+/// serves HTTPS and, on the embedded broker, MQTT over TLS with this
+/// certificate; on an external broker it connects with `mqtt.tls = true`
+/// trusting `ca_file`; the edge uses `mqtt_tls = true`, an `https://`
+/// `base_url` and `ca_file`.
+#[derive(Debug, Clone)]
+pub struct LabTls {
+    /// PEM certificate of the registry (and embedded broker) for
+    /// 127.0.0.1.
+    pub cert_file: PathBuf,
+    /// Its PEM private key.
+    pub key_file: PathBuf,
+    /// PEM certificate of the CA that signed it.
+    pub ca_file: PathBuf,
+}
+
 /// How to build the lab.
 #[derive(Debug, Clone)]
 pub struct LabOptions {
@@ -130,6 +146,8 @@ pub struct LabOptions {
     /// ([`Lab::edge_metrics_url`]); off by default, so that several edges
     /// of one lab (a copied bench) never fight over a port.
     pub edge_metrics: bool,
+    /// HTTPS and MQTT over TLS everywhere; `None`: plain.
+    pub tls: Option<LabTls>,
 }
 
 impl Default for LabOptions {
@@ -158,6 +176,7 @@ impl Default for LabOptions {
             edge_config_template: None,
             registry_extra_toml: String::new(),
             edge_metrics: false,
+            tls: None,
         }
     }
 }
@@ -221,7 +240,7 @@ pub struct Lab {
     pub sim: Proc,
     pub registry: Option<Proc>,
     pub edge: Option<Proc>,
-    /// `http://127.0.0.1:{port}`.
+    /// `http://127.0.0.1:{port}` (`https://` with [`LabOptions::tls`]).
     pub base_url: String,
     pub http_port: u16,
     /// The port the edge connects to.
@@ -305,7 +324,7 @@ impl Lab {
 
         // Registry config and tokens (created before it starts).
         let http_port = free_port();
-        let (mqtt_host, mqtt_port, mqtt_section) = match &opts.broker {
+        let (mqtt_host, mqtt_port, mut mqtt_section) = match &opts.broker {
             Broker::Embedded => {
                 let port = free_port();
                 (
@@ -323,6 +342,20 @@ impl Lab {
                 ),
             ),
         };
+        let mut http_tls = String::new();
+        if let Some(tls) = &opts.tls {
+            http_tls = format!(
+                "tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
+                tls.cert_file.display(),
+                tls.key_file.display()
+            );
+            mqtt_section.push_str(&match opts.broker {
+                Broker::Embedded => http_tls.clone(),
+                Broker::External { .. } => {
+                    format!("tls = true\nca_file = \"{}\"\n", tls.ca_file.display())
+                }
+            });
+        }
         let registry_config = root.join("registry/cloud-registry.toml");
         let store_path = opts
             .registry_store_dir
@@ -332,7 +365,7 @@ impl Lab {
         std::fs::write(
             &registry_config,
             format!(
-                "[http]\nlisten = \"127.0.0.1:{http_port}\"\n\n\
+                "[http]\nlisten = \"127.0.0.1:{http_port}\"\n{http_tls}\n\
                  [store]\npath = \"{store}\"\n\n\
                  [auth]\nbootstrap_admin_token_file = \"{admin}\"\n\n\
                  [mqtt]\n{mqtt_section}topic_prefix = \"{prefix}\"\nkeep_alive_seconds = 5\n\n\
@@ -416,6 +449,15 @@ impl Lab {
                 &devices,
             ),
         };
+        if let Some(tls) = &opts.tls {
+            toml = toml.replace(
+                "base_url = \"http://",
+                &format!(
+                    "mqtt_tls = true\nca_file = \"{}\"\nbase_url = \"https://",
+                    tls.ca_file.display()
+                ),
+            );
+        }
         if let Some(d) = &opts.outbox_durability {
             toml = toml.replace("[outbox]\n", &format!("[outbox]\ndurability = \"{d}\"\n"));
         }
@@ -446,6 +488,7 @@ impl Lab {
         }
         std::fs::write(&edge_config, toml)?;
 
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
         let mut lab = Lab {
             opts,
             root,
@@ -453,7 +496,7 @@ impl Lab {
             sim,
             registry: None,
             edge: None,
-            base_url: format!("http://127.0.0.1:{http_port}"),
+            base_url: format!("{scheme}://127.0.0.1:{http_port}"),
             http_port,
             mqtt_port,
             admin_token: String::new(),
@@ -572,7 +615,12 @@ impl Lab {
             "{}/api/v1/capabilities?provider_id={PROVIDER_ID}",
             self.base_url
         );
-        let http = reqwest::Client::new();
+        let mut http = reqwest::Client::builder();
+        if let Some(tls) = &self.opts.tls {
+            let pem = crate::read_to_string(&tls.ca_file)?;
+            http = http.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem.as_bytes())?);
+        }
+        let http = http.build()?;
         loop {
             let got: Option<Value> =
                 match http.get(&url).bearer_auth(&self.admin_token).send().await {

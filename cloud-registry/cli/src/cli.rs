@@ -34,6 +34,10 @@ pub struct Global {
     /// File holding the bearer token; must be mode 0600.
     #[arg(long, env = "BENCHLINK_TOKEN_FILE", global = true, value_name = "FILE")]
     pub token_file: Option<String>,
+    /// PEM file of the CA certificates an https:// registry is signed by
+    /// (a private CA); only those are trusted then. Default: the system's.
+    #[arg(long, env = "BENCHLINK_CA_FILE", global = true, value_name = "FILE")]
+    pub ca_file: Option<String>,
     /// Config file (TOML: `url`, `token_file`); default
     /// ~/.config/benchlink/config.toml.
     #[arg(long, env = "BENCHLINK_CONFIG", global = true, value_name = "FILE")]

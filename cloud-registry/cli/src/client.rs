@@ -20,6 +20,8 @@ pub struct Agent {
     pub base_url: String,
     token: String,
     http: reqwest::Client,
+    /// Without the per-request timeout: event streams stay open.
+    stream_http: reqwest::Client,
 }
 
 /// Lower-case hex SHA-256 of `bytes` (64 characters), as artifacts'
@@ -87,14 +89,63 @@ pub struct Download {
 impl Agent {
     /// A client for `base_url` acting as `name` with `token`.
     pub fn new(base_url: &str, name: &str, token: &str) -> Self {
+        Self::trusting(base_url, name, token, None)
+    }
+
+    /// [`Agent::new`] for an `https://` registry signed by a private CA:
+    /// only the certificates of the PEM file `ca_file` are trusted (the
+    /// system's CAs when `None`).
+    ///
+    /// Errors: the file cannot be read or holds no PEM certificate; the
+    /// message names it.
+    pub fn with_ca_file(
+        base_url: &str,
+        name: &str,
+        token: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
+        let certs = match ca_file {
+            None => None,
+            Some(path) => {
+                let pem =
+                    std::fs::read(path).map_err(|e| format!("CA file {}: {e}", path.display()))?;
+                let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                    .map_err(|e| format!("CA file {}: {e}", path.display()))?;
+                if certs.is_empty() {
+                    return Err(format!(
+                        "CA file {} holds no PEM certificate",
+                        path.display()
+                    ));
+                }
+                Some(certs)
+            }
+        };
+        Ok(Self::trusting(base_url, name, token, certs))
+    }
+
+    /// A client trusting only `certs` when given.
+    fn trusting(
+        base_url: &str,
+        name: &str,
+        token: &str,
+        certs: Option<Vec<reqwest::Certificate>>,
+    ) -> Self {
+        let builder = || {
+            let b = reqwest::Client::builder();
+            match &certs {
+                Some(c) => b.tls_certs_only(c.clone()),
+                None => b,
+            }
+        };
         Self {
             name: name.to_string(),
             base_url: base_url.trim_end_matches('/').to_string(),
             token: token.to_string(),
-            http: reqwest::Client::builder()
+            http: builder()
                 .timeout(Duration::from_secs(120))
                 .build()
                 .unwrap_or_default(),
+            stream_http: builder().build().unwrap_or_default(),
         }
     }
 
@@ -106,6 +157,12 @@ impl Agent {
     /// The underlying HTTP client (120 s timeout per request).
     pub fn http(&self) -> &reqwest::Client {
         &self.http
+    }
+
+    /// The HTTP client for event streams: as [`Agent::http`], without the
+    /// per-request timeout.
+    pub fn stream_http(&self) -> &reqwest::Client {
+        &self.stream_http
     }
 
     async fn answer(resp: reqwest::Response) -> Result<(StatusCode, Value)> {
@@ -462,8 +519,8 @@ pub fn follow_events(
     let events = log.events.clone();
     let url = format!("{}/api/v1/capability-events/stream", agent.base_url);
     let token = agent.token.clone();
+    let http = agent.stream_http.clone();
     let task = tokio::spawn(async move {
-        let http = reqwest::Client::new();
         let mut last_id: u64 = 0;
         loop {
             let resp = http

@@ -8,7 +8,10 @@
 //! ```toml
 //! url = "http://127.0.0.1:8080"
 //! token_file = "/home/me/.config/benchlink/token"   # mode 0600
+//! ca_file = "/etc/benchlink/lab-ca.pem"   # an https:// registry's private CA
 //! ```
+//!
+//! `--ca-file` / `BENCHLINK_CA_FILE` win over the file's `ca_file`.
 //!
 //! A token file must not be readable by group or others (mode 0600 or
 //! stricter); otherwise it is refused as a usage error.
@@ -27,6 +30,8 @@ pub struct ConfigFile {
     pub url: Option<String>,
     /// A file holding the bearer token (its first line); mode 0600.
     pub token_file: Option<PathBuf>,
+    /// PEM file of the CA certificates to trust for an `https://` URL.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// What the command line gave (already merged with the environment by
@@ -41,6 +46,8 @@ pub struct Given {
     pub token_file: Option<PathBuf>,
     /// `--config` / `BENCHLINK_CONFIG`.
     pub config: Option<PathBuf>,
+    /// `--ca-file` / `BENCHLINK_CA_FILE`.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The resolved URL and token.
@@ -50,6 +57,8 @@ pub struct Settings {
     pub url: String,
     /// Bearer token.
     pub token: String,
+    /// The only CA certificates to trust (PEM file), when given.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The default config file path (`$XDG_CONFIG_HOME` or `~/.config`).
@@ -126,6 +135,7 @@ impl Given {
             token: given(token),
             token_file: given(token_file).map(PathBuf::from),
             config: given(config).map(PathBuf::from),
+            ca_file: None,
         }
     }
 
@@ -164,6 +174,7 @@ impl Given {
         Ok(Settings {
             url: check_url(&url)?,
             token,
+            ca_file: self.ca_file.clone().or(file.ca_file),
         })
     }
 }

@@ -107,13 +107,24 @@ fn execute(cli: Cli) -> Result<(), Failure> {
         _ => {}
     }
     let g = cli.global;
-    let settings = Given::from_values(g.url, g.token, g.token_file, g.config).resolve()?;
+    let mut given = Given::from_values(g.url, g.token, g.token_file, g.config);
+    given.ca_file = g
+        .ca_file
+        .filter(|f| !f.trim().is_empty())
+        .map(std::path::PathBuf::from);
+    let settings = given.resolve()?;
+    let agent = Agent::with_ca_file(
+        &settings.url,
+        "",
+        &settings.token,
+        settings.ca_file.as_deref(),
+    )
+    .map_err(Failure::usage)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::new(benchlink::exit::API, format!("tokio runtime: {e}")))?;
     rt.block_on(async move {
-        let agent = Agent::new(&settings.url, "", &settings.token);
         if let Command::Mcp = cli.command {
             return benchlink::mcp::serve_stdio(agent).await;
         }

@@ -825,7 +825,7 @@ async fn watch(ctx: &Ctx, a: WatchArgs) -> Outcome {
         ("capability_id", a.capability.as_deref()),
         ("lease_id", a.lease.as_deref()),
     ];
-    let http = reqwest::Client::new();
+    let http = ctx.agent.stream_http().clone();
     let mut out = std::io::stdout();
     loop {
         let path = query("/api/v1/capability-events/stream", &filters);
