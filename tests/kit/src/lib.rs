@@ -7,6 +7,7 @@
 //! | [`services`] | is Mosquitto, a tool, a tmpfs there? Under `CI=true` a missing one fails the test, elsewhere it is skipped with a printed reason |
 //! | [`wait`] | [`eventually`] (async, panics on timeout), [`wait_until`] (blocking, a bool), [`wait_for`] (blocking, a `Result`) |
 //! | [`process`] | [`KillOnDrop`]: a child process that does not outlive its test; [`stdout_lines`] |
+//! | [`s3`] | [`MotoS3`]: a private `moto_server` (S3 API) on a free port |
 //! | this page | [`sha256_hex`], [`free_port`], [`temp_dir`], [`status_is`]; [`strs`], [`find`], [`with_at`] and [`read_json`] for JSON |
 //!
 //! Registry fixtures (a registry with a provider and tokens) live in
@@ -14,6 +15,7 @@
 //! `tests/src` (`benchlink-e2e`); see docs/architecture.md for the parts.
 
 pub mod process;
+pub mod s3;
 pub mod services;
 pub mod wait;
 
@@ -22,6 +24,7 @@ use std::net::TcpListener;
 use sha2::{Digest, Sha256};
 
 pub use process::{stdout_lines, KillOnDrop};
+pub use s3::MotoS3;
 pub use services::{in_ci, mosquitto, reachable, skip_unless_ci, tool_installed, Tmpfs, MOSQUITTO};
 pub use wait::{eventually, poll_until, wait_for, wait_until};
 
