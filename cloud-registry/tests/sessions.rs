@@ -2279,3 +2279,45 @@ async fn ranged_downloads_from_an_s3_bucket_answer_206_and_416() {
     let b = Bench::start_with(|cfg| cfg.blobs = blobs).await;
     ranged_downloads_answer_the_exact_slice(b).await;
 }
+
+#[tokio::test]
+async fn an_upload_while_the_s3_server_is_down_is_503_and_stores_nothing() {
+    let Some(moto) = benchlink_testkit::MotoS3::start() else {
+        return;
+    };
+    moto.create_bucket("down-bucket").await;
+    let blobs: cloud_registry::sessions::BlobsConfig = toml::from_str(
+        moto.blobs_toml("down-bucket", None)
+            .trim_start_matches("[blobs]\n"),
+    )
+    .unwrap();
+    let mut b = Bench::start_with(|cfg| cfg.blobs = blobs).await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
+    let bytes = jpeg_like(20_000);
+    let sum = sha256_hex(&bytes);
+    b.complete(
+        &cmd,
+        call,
+        json!({"artifacts": [artifact_meta("art-down", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    drop(moto);
+    let r = b
+        .put_bytes(&b.provider_token, "art-down", &sum, &bytes)
+        .await;
+    assert_error(
+        &r,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "blob_store_unavailable",
+    );
+    let (_, meta) = status_is(
+        b.api
+            .get("/api/v1/artifacts/art-down", Some(&b.agent))
+            .await,
+        StatusCode::OK,
+    );
+    assert_eq!(meta["uploaded"], false, "nothing stored: {meta}");
+    b.reg.shutdown().await;
+}
