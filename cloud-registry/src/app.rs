@@ -49,7 +49,7 @@ use crate::mqtt::{MqttLink, MqttSettings};
 use crate::providers::api::ProvidersApi;
 use crate::providers::sqlite::{self, SqliteProviderStore};
 use crate::providers::{LeaseSync, ProviderSettings, Providers};
-use crate::sessions::{self, FsBlobStore, Sessions};
+use crate::sessions::{self, BlobBackend, BlobsConfig, FsBlobStore, S3BlobStore, Sessions};
 use crate::tokens::api::TokensApi;
 
 /// Smallest MQTT packet limit of the embedded broker and the registry's
@@ -212,6 +212,33 @@ pub fn create_token_offline(config: &Config, role: Role, name: &str) -> Result<S
 
 /// Make sure `path` holds a valid `super_admin` token: reuse the one in
 /// the file, or create one and write it with mode 0600.
+/// The artifact store `[blobs]` asks for: files under `artifact_dir`, or a
+/// bucket (uploads staged in `artifact_dir/staging`) that must answer now:
+/// a registry that cannot store evidence does not start.
+///
+/// Errors: [`AppError::Blob`] naming the directory, or the bucket and the
+/// server's reason.
+async fn open_blob_store(
+    config: &BlobsConfig,
+    artifact_dir: PathBuf,
+) -> Result<Arc<dyn sessions::BlobStore>, AppError> {
+    match config.backend {
+        BlobBackend::Fs => Ok(Arc::new(
+            tokio::task::spawn_blocking(move || FsBlobStore::open(&artifact_dir)).await??,
+        )),
+        BlobBackend::S3 => {
+            let config = config.clone();
+            let store = tokio::task::spawn_blocking(move || {
+                S3BlobStore::new(&config, &artifact_dir.join("staging"))
+            })
+            .await??;
+            store.check_reachable().await?;
+            tracing::info!(bucket = store.bucket(), "artifact bytes in S3");
+            Ok(Arc::new(store))
+        }
+    }
+}
+
 async fn ensure_bootstrap_token(auth: &Authenticator, path: &Path) -> Result<String, AppError> {
     let io = |what: &str, source| AppError::Io {
         what: format!("{what} {}", path.display()),
@@ -620,8 +647,7 @@ impl Registry {
                 .map(|d| d.join("artifacts"))
                 .unwrap_or_else(|| PathBuf::from("artifacts"))
         });
-        let blobs: Arc<dyn sessions::BlobStore> =
-            Arc::new(tokio::task::spawn_blocking(move || FsBlobStore::open(&artifact_dir)).await??);
+        let blobs = open_blob_store(&config.blobs, artifact_dir).await?;
         let sessions = Sessions::new(
             db.clone(),
             bus.clone(),

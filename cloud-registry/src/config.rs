@@ -94,6 +94,11 @@ pub struct Config {
     /// `revoke_grace_ms`, `unbound_upload_ttl_seconds`,
     /// `max_unbound_bytes_per_provider`.
     pub sessions: crate::sessions::SessionsConfig,
+    /// `[blobs]`: where artifact bytes are kept: `backend` (`fs`, `s3`),
+    /// `bucket`, `endpoint`, `region`, `prefix`, `access_key_id`,
+    /// `secret_access_key`, `allow_http` (see
+    /// `crate::sessions::BlobsConfig`).
+    pub blobs: crate::sessions::BlobsConfig,
     /// `[audit]`: audit-task claiming (see `crate::audit::AuditConfig`).
     pub audit: crate::audit::AuditConfig,
     /// `[agents]`: agent runtime, model and speech gateways, Earth data
@@ -569,6 +574,7 @@ impl Config {
             &self.policy.health_checks,
         ));
         out.extend(self.derived_evidence.problems());
+        out.extend(self.blobs.problems());
         out
     }
 

@@ -2185,3 +2185,139 @@ async fn a_resumable_upload_whose_bytes_hash_to_another_sha256_is_refused_and_st
     assert_error(&r, StatusCode::BAD_REQUEST, "invalid_content_range");
     b.reg.shutdown().await;
 }
+
+/// An uploaded 10 000-byte artifact on `b`, then downloads with `Range`:
+/// one range is `206` with exactly its bytes, a start past the end `416`
+/// with `bytes */LEN`, several ranges the whole body.
+async fn ranged_downloads_answer_the_exact_slice(mut b: Bench) {
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
+    let bytes = jpeg_like(9_996);
+    let sum = sha256_hex(&bytes);
+    b.complete(
+        &cmd,
+        call,
+        json!({"artifacts": [artifact_meta("art-range", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    status_is(
+        b.put_bytes(&b.provider_token, "art-range", &sum, &bytes)
+            .await,
+        StatusCode::CREATED,
+    );
+    let get = |range: Option<&'static str>| {
+        let mut req = b
+            .api
+            .http
+            .get(format!("{}/api/v1/artifacts/art-range/content", b.api.base))
+            .bearer_auth(&b.agent);
+        if let Some(r) = range {
+            req = req.header("range", r);
+        }
+        req.send()
+    };
+    let whole = get(None).await.unwrap();
+    assert_eq!(whole.status(), StatusCode::OK);
+    assert_eq!(whole.headers()["accept-ranges"], "bytes");
+    assert_eq!(sha256_hex(&whole.bytes().await.unwrap()), sum);
+
+    for (range, slice, content_range) in [
+        ("bytes=0-99", &bytes[..100], "bytes 0-99/10000"),
+        ("bytes=9900-", &bytes[9900..], "bytes 9900-9999/10000"),
+        ("bytes=-50", &bytes[9950..], "bytes 9950-9999/10000"),
+        (
+            "bytes=5000-5000",
+            &bytes[5000..5001],
+            "bytes 5000-5000/10000",
+        ),
+        ("bytes=9990-20000", &bytes[9990..], "bytes 9990-9999/10000"),
+    ] {
+        let resp = get(Some(range)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT, "{range}");
+        assert_eq!(resp.headers()["content-range"], content_range, "{range}");
+        assert_eq!(
+            resp.headers()["content-length"],
+            slice.len().to_string().as_str()
+        );
+        assert_eq!(resp.headers()["x-checksum-sha256"], sum.as_str());
+        assert_eq!(resp.bytes().await.unwrap(), slice, "{range}");
+    }
+
+    let past = get(Some("bytes=10000-")).await.unwrap();
+    assert_eq!(past.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(past.headers()["content-range"], "bytes */10000");
+    let body: Value = past.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "range_not_satisfiable");
+
+    let several = get(Some("bytes=0-9,20-29")).await.unwrap();
+    assert_eq!(
+        several.status(),
+        StatusCode::OK,
+        "several ranges: whole body"
+    );
+    assert_eq!(sha256_hex(&several.bytes().await.unwrap()), sum);
+    b.reg.shutdown().await;
+}
+
+#[tokio::test]
+async fn ranged_downloads_from_the_artifact_directory_answer_206_and_416() {
+    ranged_downloads_answer_the_exact_slice(Bench::start().await).await;
+}
+
+#[tokio::test]
+async fn ranged_downloads_from_an_s3_bucket_answer_206_and_416() {
+    let Some(moto) = benchlink_testkit::MotoS3::start() else {
+        return;
+    };
+    moto.create_bucket("range-bucket").await;
+    let blobs: cloud_registry::sessions::BlobsConfig = toml::from_str(
+        moto.blobs_toml("range-bucket", Some("lab-a"))
+            .trim_start_matches("[blobs]\n"),
+    )
+    .unwrap();
+    let b = Bench::start_with(|cfg| cfg.blobs = blobs).await;
+    ranged_downloads_answer_the_exact_slice(b).await;
+}
+
+#[tokio::test]
+async fn an_upload_while_the_s3_server_is_down_is_503_and_stores_nothing() {
+    let Some(moto) = benchlink_testkit::MotoS3::start() else {
+        return;
+    };
+    moto.create_bucket("down-bucket").await;
+    let blobs: cloud_registry::sessions::BlobsConfig = toml::from_str(
+        moto.blobs_toml("down-bucket", None)
+            .trim_start_matches("[blobs]\n"),
+    )
+    .unwrap();
+    let mut b = Bench::start_with(|cfg| cfg.blobs = blobs).await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
+    let bytes = jpeg_like(20_000);
+    let sum = sha256_hex(&bytes);
+    b.complete(
+        &cmd,
+        call,
+        json!({"artifacts": [artifact_meta("art-down", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    drop(moto);
+    let r = b
+        .put_bytes(&b.provider_token, "art-down", &sum, &bytes)
+        .await;
+    assert_error(
+        &r,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "blob_store_unavailable",
+    );
+    let (_, meta) = status_is(
+        b.api
+            .get("/api/v1/artifacts/art-down", Some(&b.agent))
+            .await,
+        StatusCode::OK,
+    );
+    assert_eq!(meta["uploaded"], false, "nothing stored: {meta}");
+    b.reg.shutdown().await;
+}

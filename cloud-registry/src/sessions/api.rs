@@ -34,8 +34,12 @@
 //! - `GET /api/v1/artifacts[?session_id=&lease_id=&uploaded=&derived_from=&limit=]`,
 //!   `GET /api/v1/artifacts/{artifact_id}` (metadata),
 //!   `GET /api/v1/artifacts/{artifact_id}/content` (the bytes, with
-//!   `Content-Type`, `Content-Length` and `X-Checksum-Sha256`; `409
-//!   artifact_not_uploaded` while only the metadata is known).
+//!   `Content-Type`, `Content-Length`, `X-Checksum-Sha256` and
+//!   `Accept-Ranges: bytes`; one byte range in `Range` answers `206` with
+//!   `Content-Range`, a range past the end `416` with `Content-Range:
+//!   bytes */LEN`; `409 artifact_not_uploaded` while only the metadata is
+//!   known; `503 blob_store_unavailable` when the object store cannot be
+//!   reached, for uploads too).
 //!
 //! Reading sessions and artifacts: `audit_agent`, `operator`, `admin`,
 //! `viewer`; a provider reads only its own artifacts.
@@ -44,7 +48,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
+use axum::http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -59,7 +63,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::partial::ContentRange;
-use super::{ArtifactFilter, SessionError, SessionFilter, Sessions, UploadReceipt};
+use super::{
+    ArtifactFilter, BlobContent, BlobError, Download, SessionError, SessionFilter, Sessions,
+    UploadReceipt,
+};
 use crate::api::{parse_one, ApiQuery};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
@@ -326,24 +333,77 @@ async fn get_artifact(
     Ok(Json(artifact))
 }
 
-/// The artifact's bytes, with its `Content-Type` and `X-Checksum-Sha256`.
+/// The artifact's bytes, with its `Content-Type` and `X-Checksum-Sha256`
+/// (the checksum of the whole artifact, also on a `206`). A single byte
+/// range in `Range` (`bytes=0-99`, `bytes=100-`, `bytes=-50`) answers `206`
+/// with `Content-Range`; several ranges, or a header that is not a valid
+/// range, get the whole body (`200`).
 #[utoipa::path(get, path = "/api/v1/artifacts/{artifact_id}/content", tag = "artifacts",
-    params(("artifact_id" = String, Path)),
+    params(("artifact_id" = String, Path),
+        ("Range" = Option<String>, Header, description = "One byte range: `bytes=FIRST-LAST`, `bytes=FIRST-` or `bytes=-SUFFIX_LENGTH`")),
     responses(
         (status = 200, description = "The bytes, of the artifact's `content_type`", content_type = "application/octet-stream", body = crate::openapi::Binary,
-            headers(("X-Checksum-Sha256" = String, description = "sha256 of the bytes, lowercase hex"))),
+            headers(("X-Checksum-Sha256" = String, description = "sha256 of the bytes, lowercase hex"),
+                ("Accept-Ranges" = String, description = "`bytes`"))),
+        (status = 206, description = "The bytes of the one range asked for", content_type = "application/octet-stream", body = crate::openapi::Binary,
+            headers(("Content-Range" = String, description = "`bytes FIRST-LAST/TOTAL`"),
+                ("X-Checksum-Sha256" = String, description = "sha256 of the whole artifact, lowercase hex"))),
         (status = 403, description = "`not_artifact_owner` or `forbidden`", body = ErrorBody),
         (status = 404, description = "`not_found`", body = ErrorBody),
         (status = 409, description = "`artifact_not_uploaded`: only the metadata is known", body = ErrorBody),
+        (status = 416, description = "`range_not_satisfiable`: the range starts past the end", body = ErrorBody,
+            headers(("Content-Range" = String, description = "`bytes */TOTAL`"))),
+        (status = 503, description = "`blob_store_unavailable`: the object store cannot be reached", body = ErrorBody),
     ))]
 async fn download(
     State(svc): State<Arc<Sessions>>,
     who: Principal,
     Path(artifact_id): Path<String>,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     who.require(ARTIFACT_READ_ROLES)?;
-    let (artifact, owner, content) = svc.open_artifact(&artifact_id).await?;
+    let range = headers.get(RANGE).and_then(|v| v.to_str().ok());
+    let (artifact, owner, download) = svc.open_artifact(&artifact_id, range).await?;
     check_reader(&who, &artifact_id, &owner)?;
+    let (status, content) = match download {
+        Download::Unsatisfiable { total } => {
+            let mut resp = ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "range_not_satisfiable",
+                format!("artifact `{artifact_id}` has {total} bytes; the range asked for holds none of them"),
+            )
+            .with_details(json!({ "artifact_id": artifact_id, "size_bytes": total }))
+            .into_response();
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{total}")) {
+                resp.headers_mut().insert(CONTENT_RANGE, v);
+            }
+            return Ok(resp);
+        }
+        Download::Whole(content) => (StatusCode::OK, content),
+        Download::Part {
+            range,
+            total,
+            content,
+        } => {
+            let value = format!("bytes {}-{}/{total}", range.start, range.end - 1);
+            let mut resp = part_response(&artifact, content);
+            *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                resp.headers_mut().insert(CONTENT_RANGE, v);
+            }
+            return Ok(resp);
+        }
+    };
+    let mut resp = part_response(&artifact, content);
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    Ok(resp)
+}
+
+/// The body `content` with the artifact's `Content-Type`, the length and
+/// `X-Checksum-Sha256`.
+fn part_response(artifact: &CapabilityArtifact, content: BlobContent) -> Response {
     let content_type = HeaderValue::from_str(&artifact.content_type)
         .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
     let mut resp = Body::from_stream(content.stream).into_response();
@@ -353,7 +413,7 @@ async fn download(
     if let Ok(v) = HeaderValue::from_str(&artifact.checksum) {
         h.insert(CHECKSUM_HEADER, v);
     }
-    Ok(resp)
+    resp
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -776,6 +836,14 @@ impl From<SessionError> for ApiError {
                     "limit_bytes": limit,
                 }),
             ),
+            SessionError::Blob(e @ BlobError::Remote { .. }) => {
+                tracing::error!(error = %e, "blob store unreachable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "blob_store_unavailable",
+                    "the artifact store cannot be reached; try again later",
+                )
+            }
             SessionError::Blob(e) => ApiError::internal(e),
             SessionError::Store(e) => ApiError::internal(e),
         }

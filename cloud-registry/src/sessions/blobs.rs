@@ -1,6 +1,7 @@
 //! Artifact bytes, stored content-addressed by their SHA-256 (DESIGN.md
-//! "Scale": the blob store is an interface; a filesystem implementation
-//! serves one machine, an S3-style one can follow).
+//! "Scale": the blob store is an interface; [`FsBlobStore`] serves one
+//! machine, [`S3BlobStore`](super::S3BlobStore) a bucket shared by several;
+//! `[blobs]` picks one, docs/install-registry.md "Artifacts in S3").
 //!
 //! Uploads are staged first: the HTTP handler streams the request body into
 //! a [`StagedBlob`] (a file in the store's staging directory) while hashing
@@ -9,13 +10,14 @@
 //! under a hash.
 
 use std::io;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
 use bytes::Bytes;
 use futures::Stream;
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use shared_protocol::artifact::is_sha256_hex;
 
@@ -31,6 +33,24 @@ pub enum BlobError {
     /// A blocking task failed.
     #[error("blob store task: {0}")]
     Task(String),
+    /// The bytes handed to [`BlobStore::put`] hash to `actual`, not to the
+    /// `expected` key: nothing was stored.
+    #[error("bytes hash to {actual}, not to {expected}: not stored")]
+    Mismatch { expected: String, actual: String },
+    /// A ranged read outside the stored bytes (or empty).
+    #[error("byte range {}..{} is outside the blob {sha256}", range.start, range.end)]
+    BadRange { sha256: String, range: Range<u64> },
+    /// The object store server failed or could not be reached (`op` is
+    /// `put`, `get`, `head`, `list` or `delete`, on the object `key`).
+    #[error("object store {op} of {key}: {source}")]
+    Remote {
+        op: &'static str,
+        key: String,
+        source: Box<object_store::Error>,
+    },
+    /// The store cannot be set up from its configuration.
+    #[error("{0}")]
+    Config(String),
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> BlobError + '_ {
@@ -183,6 +203,28 @@ impl StagedBlob {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Lowercase hex SHA-256 of everything written so far.
+    pub fn sha256_hex(&self) -> String {
+        hex::encode(self.hasher.clone().finalize())
+    }
+}
+
+/// Remove the files (not the directories: partial uploads keep theirs) in
+/// the staging directory `dir`, creating it when missing: what an upload
+/// in flight during a crash left.
+///
+/// Errors: `dir` cannot be created.
+pub fn clear_staging(dir: &Path) -> Result<(), BlobError> {
+    std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_file()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Drop for StagedBlob {
@@ -209,11 +251,26 @@ pub trait BlobStore: Send + Sync + 'static {
     /// store. Returns `true` when the blob is new, `false` when these bytes
     /// were already stored (the staged copy is discarded).
     ///
-    /// Errors: [`BlobError::BadHash`], I/O.
+    /// Errors: [`BlobError::BadHash`]; [`BlobError::Mismatch`] when the
+    /// staged bytes do not hash to `sha256` (nothing becomes visible);
+    /// I/O; [`BlobError::Remote`].
     async fn put(&self, sha256: &str, staged: StagedBlob) -> Result<bool, BlobError>;
 
     /// The bytes stored under `sha256`, or `None` when there are none.
     async fn open(&self, sha256: &str) -> Result<Option<BlobContent>, BlobError>;
+
+    /// The bytes `range` (offsets in bytes, end exclusive) of the blob
+    /// stored under `sha256`, or `None` when there is none.
+    /// [`BlobContent::size_bytes`] is the length of the range.
+    ///
+    /// Errors: [`BlobError::BadRange`] when `range` is empty or reaches
+    /// past the blob's end; [`BlobError::BadHash`], I/O,
+    /// [`BlobError::Remote`].
+    async fn open_range(
+        &self,
+        sha256: &str,
+        range: Range<u64>,
+    ) -> Result<Option<BlobContent>, BlobError>;
 
     /// Whether bytes are stored under `sha256`.
     async fn exists(&self, sha256: &str) -> Result<bool, BlobError>;
@@ -240,14 +297,8 @@ impl FsBlobStore {
     ///
     /// Errors: the directories cannot be created.
     pub fn open(root: &Path) -> Result<Self, BlobError> {
-        let staging = root.join("staging");
         std::fs::create_dir_all(root.join("sha256")).map_err(io_at(root))?;
-        std::fs::create_dir_all(&staging).map_err(io_at(&staging))?;
-        if let Ok(entries) = std::fs::read_dir(&staging) {
-            for e in entries.flatten() {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
+        clear_staging(&root.join("staging"))?;
         Ok(Self {
             root: root.to_path_buf(),
         })
@@ -288,8 +339,16 @@ impl BlobStore for FsBlobStore {
         self.root.join("staging")
     }
 
-    async fn put(&self, sha256: &str, staged: StagedBlob) -> Result<bool, BlobError> {
+    async fn put(&self, sha256: &str, mut staged: StagedBlob) -> Result<bool, BlobError> {
         let target = self.blob_path(sha256)?;
+        let staged_sum = staged.sha256_hex();
+        if staged_sum != sha256 {
+            staged.discard();
+            return Err(BlobError::Mismatch {
+                expected: sha256.to_string(),
+                actual: staged_sum,
+            });
+        }
         blocking(move || {
             if target.exists() {
                 // `staged` is dropped here, which removes the duplicate.
@@ -330,6 +389,52 @@ impl BlobStore for FsBlobStore {
             buf.truncate(n);
             Ok(Some((Bytes::from(buf), f)))
         });
+        Ok(Some(BlobContent {
+            size_bytes,
+            stream: Box::pin(stream),
+        }))
+    }
+
+    async fn open_range(
+        &self,
+        sha256: &str,
+        range: Range<u64>,
+    ) -> Result<Option<BlobContent>, BlobError> {
+        let path = self.blob_path(sha256)?;
+        let mut file = match tokio::fs::File::open(&path).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_at(&path)(e)),
+        };
+        let len = file.metadata().await.map_err(io_at(&path))?.len();
+        if range.is_empty() || range.end > len {
+            return Err(BlobError::BadRange {
+                sha256: sha256.to_string(),
+                range,
+            });
+        }
+        file.seek(io::SeekFrom::Start(range.start))
+            .await
+            .map_err(io_at(&path))?;
+        let size_bytes = range.end - range.start;
+        let stream = futures::stream::try_unfold(
+            (file.take(size_bytes), size_bytes),
+            |(mut f, left)| async move {
+                if left == 0 {
+                    return Ok(None);
+                }
+                let mut buf = vec![0u8; READ_CHUNK.min(left as usize)];
+                let n = f.read(&mut buf).await?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "blob shorter than the range read",
+                    ));
+                }
+                buf.truncate(n);
+                Ok(Some((Bytes::from(buf), (f, left - n as u64))))
+            },
+        );
         Ok(Some(BlobContent {
             size_bytes,
             stream: Box::pin(stream),

@@ -10,11 +10,16 @@
 //! - [`supervise`]: the deadline watchdog ([`deadlines`]), lost providers,
 //!   sweeps, and the sessions of a lease that ended;
 //! - [`sql`]: the tables and their reads and writes; [`blobs`]: the
-//!   content-addressed blob store; [`error`]: [`SessionError`]; [`api`]:
-//!   the routes and the HTTP mapping of [`SessionError`].
+//!   content-addressed blob store on disk, [`blobs_s3`] in a bucket,
+//!   [`blob_config`] the `[blobs]` table; [`byte_range`]: `Range` requests
+//!   on downloads; [`error`]: [`SessionError`]; [`api`]: the routes and the
+//!   HTTP mapping of [`SessionError`].
 
 pub mod api;
+pub mod blob_config;
 pub mod blobs;
+pub mod blobs_s3;
+pub mod byte_range;
 mod deadlines;
 mod dispatch;
 pub mod error;
@@ -36,9 +41,12 @@ use shared_protocol::event::{CapabilityEvent, EventType};
 use shared_protocol::session::CapabilitySession;
 use tokio::sync::{oneshot, watch, RwLock};
 
+pub use blob_config::{BlobBackend, BlobsConfig};
 pub use blobs::{BlobContent, BlobError, BlobStore, FsBlobStore, StagedBlob};
+pub use blobs_s3::S3BlobStore;
 pub use dispatch::{input_summary, COMMAND_OVERHEAD_BYTES, INPUT_SUMMARY_MAX_BYTES};
 pub use error::SessionError;
+pub use reads::Download;
 pub use sql::{ArtifactFilter, SessionFilter};
 pub use uploads::{UploadPermit, UploadReceipt};
 

@@ -1,14 +1,31 @@
 //! Reads: sessions and artifacts by id or filter, and an uploaded
-//! artifact's bytes.
+//! artifact's bytes (whole or one byte range).
+
+use std::ops::Range;
 
 use shared_protocol::artifact::CapabilityArtifact;
 use shared_protocol::session::CapabilitySession;
 
 use super::blobs::BlobContent;
+use super::byte_range::{self, RangeAnswer};
 use super::error::SessionError;
 use super::sql::{self, ArtifactFilter, SessionFilter};
 
 use super::{Sessions, MAX_LIST};
+
+/// The bytes a download gets.
+pub enum Download {
+    /// All of them (`200`).
+    Whole(BlobContent),
+    /// Bytes `range` (end exclusive) of `total` (`206`).
+    Part {
+        range: Range<u64>,
+        total: u64,
+        content: BlobContent,
+    },
+    /// The range asked for holds none of the `total` bytes (`416`).
+    Unsatisfiable { total: u64 },
+}
 
 impl Sessions {
     /// One session.
@@ -68,26 +85,46 @@ impl Sessions {
         Ok(rows.into_iter().map(|r| r.artifact).collect())
     }
 
-    /// An uploaded artifact's metadata and bytes.
+    /// An uploaded artifact's metadata, its provider and the bytes that
+    /// the `Range` header value `range` asks for (see
+    /// [`byte_range::resolve`]; `None`: all of them).
     ///
     /// Errors: `ArtifactNotFound`, `ArtifactNotUploaded` (only metadata),
     /// `Blob`, `Store`.
     pub async fn open_artifact(
         &self,
         artifact_id: &str,
-    ) -> Result<(CapabilityArtifact, String, BlobContent), SessionError> {
+        range: Option<&str>,
+    ) -> Result<(CapabilityArtifact, String, Download), SessionError> {
         let (artifact, provider) = self.get_artifact(artifact_id).await?;
         if !artifact.uploaded {
             return Err(SessionError::ArtifactNotUploaded {
                 artifact_id: artifact_id.to_string(),
             });
         }
-        let content = self.blobs.open(&artifact.checksum).await?.ok_or_else(|| {
+        let total = artifact.size_bytes;
+        let answer = byte_range::resolve(range, total);
+        let content = match &answer {
+            RangeAnswer::Unsatisfiable => {
+                return Ok((artifact, provider, Download::Unsatisfiable { total }))
+            }
+            RangeAnswer::Whole => self.blobs.open(&artifact.checksum).await?,
+            RangeAnswer::Part(r) => self.blobs.open_range(&artifact.checksum, r.clone()).await?,
+        };
+        let content = content.ok_or_else(|| {
             tracing::error!(artifact_id, checksum = %artifact.checksum, "artifact marked uploaded but its blob is missing");
             SessionError::ArtifactNotUploaded {
                 artifact_id: artifact_id.to_string(),
             }
         })?;
-        Ok((artifact, provider, content))
+        let download = match answer {
+            RangeAnswer::Part(range) => Download::Part {
+                range,
+                total,
+                content,
+            },
+            _ => Download::Whole(content),
+        };
+        Ok((artifact, provider, download))
     }
 }

@@ -8,6 +8,7 @@
 //! | [`wait`] | [`eventually`] (async, panics on timeout), [`wait_until`] (blocking, a bool), [`wait_for`] (blocking, a `Result`) |
 //! | [`process`] | [`KillOnDrop`]: a child process that does not outlive its test; [`stdout_lines`] |
 //! | [`pulse`] | [`PulseServer`]: a private PulseAudio with a null sink, for real speaker and microphone tests |
+//! | [`s3`] | [`MotoS3`]: a private `moto_server` (S3 API) on a free port |
 //! | this page | [`sha256_hex`], [`free_port`], [`temp_dir`], [`status_is`]; [`strs`], [`find`], [`with_at`] and [`read_json`] for JSON |
 //!
 //! Registry fixtures (a registry with a provider and tokens) live in
@@ -16,6 +17,7 @@
 
 pub mod process;
 pub mod pulse;
+pub mod s3;
 pub mod services;
 pub mod wait;
 
@@ -25,6 +27,7 @@ use sha2::{Digest, Sha256};
 
 pub use process::{stdout_lines, KillOnDrop};
 pub use pulse::PulseServer;
+pub use s3::MotoS3;
 pub use services::{in_ci, mosquitto, reachable, skip_unless_ci, tool_installed, Tmpfs, MOSQUITTO};
 pub use wait::{eventually, poll_until, wait_for, wait_until};
 
