@@ -9,8 +9,9 @@
 use std::path::{Path, PathBuf};
 
 /// The operator-facing pages that must exist in Chinese under `docs/zh/`.
-const OPERATOR_PAGES: [&str; 7] = [
+const OPERATOR_PAGES: [&str; 8] = [
     "install-edge-agent",
+    "install-registry",
     "devices",
     "http-api",
     "actions",
