@@ -7,6 +7,7 @@ pub mod asr;
 pub mod bench;
 pub mod browser;
 pub mod client;
+pub mod pki;
 pub mod scenario;
 
 use std::io::{BufRead, BufReader};

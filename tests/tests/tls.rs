@@ -8,63 +8,18 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use benchlink_e2e::bench::{caps, Broker, Lab, LabOptions, LabTls, Mosquitto, PROVIDER_ID};
+use benchlink_e2e::bench::{caps, Broker, Lab, LabOptions, Mosquitto, PROVIDER_ID};
 use benchlink_e2e::client::{sha256_hex, Agent};
+use benchlink_e2e::pki::Pki;
 use benchlink_e2e::workspace_bin;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, TlsConfiguration, Transport};
 use serde_json::{json, Value};
 
 static ONE_LAB_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A CA and a server certificate it signed for `127.0.0.1` and
-/// `localhost`, as PEM files in a directory of their own.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new(name: &str) -> Pki {
-        let dir = benchlink_testkit::temp_dir();
-        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(DnType::CommonName, format!("{name} test CA"));
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
-            .expect("CA certificate");
-        let mut server =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-                .expect("server params");
-        server
-            .distinguished_name
-            .push(DnType::CommonName, "benchlink registry");
-        let key = KeyPair::generate().expect("server key");
-        let cert = server.signed_by(&key, &ca).expect("server certificate");
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(dir.path().join("server.pem"), cert.pem()).unwrap();
-        std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn lab_tls(&self) -> LabTls {
-        LabTls {
-            cert_file: self.path("server.pem"),
-            key_file: self.path("server.key"),
-            ca_file: self.path("ca.pem"),
-        }
-    }
-}
 
 /// An admin client of the lab trusting `ca_file` only.
 fn admin(lab: &Lab, ca_file: &Path) -> Agent {
@@ -154,7 +109,7 @@ async fn connack(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_trusting_the_ca_carries_a_round_trip_over_https_and_mqtt_tls() {
     let _one = ONE_LAB_AT_A_TIME.lock().await;
-    let pki = Pki::new("lab");
+    let pki = Pki::new("lab").expect("test PKI");
     let lab = Lab::start(LabOptions {
         tls: Some(pki.lab_tls()),
         ..Default::default()
@@ -173,7 +128,7 @@ async fn an_edge_trusting_the_ca_carries_a_round_trip_over_https_and_mqtt_tls() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_clients_and_clients_not_trusting_the_ca_get_no_answer() {
     let _one = ONE_LAB_AT_A_TIME.lock().await;
-    let pki = Pki::new("lab");
+    let pki = Pki::new("lab").expect("test PKI");
     let lab = Lab::start(LabOptions {
         tls: Some(pki.lab_tls()),
         ..Default::default()
@@ -206,7 +161,7 @@ async fn plain_clients_and_clients_not_trusting_the_ca_get_no_answer() {
     );
 
     // A client trusting another CA fails the handshake, on both ports.
-    let other = Pki::new("other");
+    let other = Pki::new("other").expect("test PKI");
     let stranger = Agent::with_ca_file(
         &lab.base_url,
         "bootstrap-admin",
@@ -247,7 +202,7 @@ async fn registry_and_edge_meet_on_an_external_broker_over_tls() {
         return;
     }
     let _one = ONE_LAB_AT_A_TIME.lock().await;
-    let pki = Pki::new("broker");
+    let pki = Pki::new("broker").expect("test PKI");
     let dir = benchlink_testkit::temp_dir();
     let broker = Mosquitto::start_with(
         dir.path(),
@@ -297,7 +252,7 @@ fn check_config(bin: &str, dir: &Path, toml: &str) -> (Option<i32>, String) {
 
 #[test]
 fn check_config_refuses_unusable_tls_files_naming_the_key() {
-    let pki = Pki::new("config");
+    let pki = Pki::new("config").expect("test PKI");
     let dir = benchlink_testkit::temp_dir();
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate\n").unwrap();
