@@ -35,6 +35,18 @@
 //! per action, each with current / baseline and that ratio's range over
 //! the rounds, against a target of no more than 5 % slower.
 //! `scripts/bench-fencing.sh` builds a baseline and runs this.
+//!
+//! Each measurement also times *lease cycles*: `POST
+//! /capability-leases/request` then `/release` on a speaker of the
+//! caller's own (no action), with the CPU each process spent per cycle.
+//!
+//! `--tls` runs the lab over HTTPS and MQTT over TLS (a throwaway CA,
+//! [`benchlink_e2e::pki`]); the bare MQTT clients then use TLS too.
+//! `--service-compare DIR` runs three setups in turn for `--rounds`: the
+//! build in DIR (before metrics) plain, the current build plain, the
+//! current build over TLS, and prints the registry's CPU per lease cycle
+//! and per action of each against the first, with a target of at most
+//! 10 % more (docs/benchmarks.md "Metrics and TLS").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -76,10 +88,22 @@ struct Args {
     /// (baseline, current, baseline, current, ...) to spread drift.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: u64,
+    /// HTTPS and MQTT over TLS for the whole lab (a CA made for the run).
+    #[arg(long)]
+    tls: bool,
+    /// Compare three setups, `--rounds` times each, alternated: the
+    /// binaries in DIR over plain HTTP and MQTT, the current ones plain,
+    /// and the current ones with `--tls`.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["baseline_bins", "tls"])]
+    service_compare: Option<PathBuf>,
 }
 
 /// The most a current figure may exceed the baseline's: 5 %.
 const TARGET_RATIO: f64 = 1.05;
+
+/// `--service-compare`: the most metrics, then metrics and TLS, may add to
+/// the registry's CPU per lease cycle and per action: 10 %.
+const SERVICE_TARGET_RATIO: f64 = 1.10;
 
 /// One concurrency level of one measurement: the round trips (each
 /// sample one request) and the CPU milliseconds per request of each
@@ -89,6 +113,9 @@ struct Level {
     bare: Vec<Duration>,
     action: Vec<Duration>,
     action_cpu: Vec<Option<f64>>,
+    /// Lease cycles (request + release) and their CPU ms per cycle.
+    cycle: Vec<Duration>,
+    cycle_cpu: Vec<Option<f64>>,
 }
 
 /// One whole measurement: its levels in `--concurrency` order and the
@@ -223,15 +250,27 @@ struct BareMqtt {
     topic: String,
 }
 
+/// An MQTT client connected to `127.0.0.1:port` (over TLS trusting the
+/// PEM CA `ca` when given), after its CONNACK.
 async fn connect(
     port: u16,
     client_id: &str,
     user: &str,
     password: &str,
+    ca: Option<&[u8]>,
 ) -> Result<(AsyncClient, rumqttc::EventLoop)> {
     let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
     opts.set_credentials(user, password)
         .set_keep_alive(Duration::from_secs(10));
+    if let Some(ca) = ca {
+        opts.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Simple {
+                ca: ca.to_vec(),
+                alpn: None,
+                client_auth: None,
+            },
+        ));
+    }
     let (client, mut el) = AsyncClient::new(opts, 1024);
     // Small control messages: no Nagle delay on the client's side.
     let mut net = rumqttc::NetworkOptions::new();
@@ -248,11 +287,17 @@ async fn connect(
 }
 
 impl BareMqtt {
-    async fn start(port: u16, prefix: &str, user: &str, password: &str) -> Result<Self> {
+    async fn start(
+        port: u16,
+        prefix: &str,
+        user: &str,
+        password: &str,
+        ca: Option<&[u8]>,
+    ) -> Result<Self> {
         let ping_topic = format!("{prefix}/bench/ping");
         let pong_topic = format!("{prefix}/bench/pong");
-        let (echo, mut echo_el) = connect(port, "bench-echo", user, password).await?;
-        let (ping, mut ping_el) = connect(port, "bench-ping", user, password).await?;
+        let (echo, mut echo_el) = connect(port, "bench-echo", user, password, ca).await?;
+        let (ping, mut ping_el) = connect(port, "bench-ping", user, password, ca).await?;
         echo.subscribe(&ping_topic, QoS::AtLeastOnce).await?;
         ping.subscribe(&pong_topic, QoS::AtLeastOnce).await?;
         let echo2 = echo.clone();
@@ -339,10 +384,20 @@ where
 }
 
 /// One whole measurement with the registry and edge from `bin_dir` (the
-/// workspace's when `None`): a fresh lab, a warm-up, then each level,
-/// bare MQTT then actions. Prints its tables as it goes.
-async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
+/// workspace's when `None`), over TLS when `tls`: a fresh lab, a warm-up,
+/// then each level, bare MQTT, actions, then lease cycles. Prints its
+/// tables as it goes.
+async fn measure(args: &Args, bin_dir: Option<&Path>, tls: bool) -> Result<Run> {
     let max_callers = args.concurrency.iter().copied().max().unwrap_or(1);
+    let pki = if tls {
+        Some(benchlink_e2e::pki::Pki::new("action-bench")?)
+    } else {
+        None
+    };
+    let ca_pem = match &pki {
+        Some(p) => Some(std::fs::read(p.path("ca.pem"))?),
+        None => None,
+    };
     let broker_dir = tempfile::tempdir()?;
     let mut private = None;
     if args.private_mosquitto {
@@ -367,24 +422,34 @@ async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
     };
     let prefix = format!("benchlink-bench-{}/v1", benchlink_e2e::bench::uuid_like());
     println!(
-        "starting a lab with {max_callers} extra simulated speakers ({} broker, outbox durability {}) ...",
+        "starting a lab with {} extra simulated speakers ({} broker, outbox durability {}, {}) ...",
+        max_callers * 2,
         match (&args.external_broker, args.private_mosquitto) {
             (Some(_), _) => "external",
             (None, true) => "private Mosquitto (TCP_NODELAY)",
             (None, false) => "embedded",
         },
-        args.durability
+        args.durability,
+        if tls {
+            "HTTPS and MQTT over TLS"
+        } else {
+            "plain HTTP and MQTT"
+        }
     );
     let lab = Lab::start(LabOptions {
         broker,
         topic_prefix: prefix.clone(),
-        extra_speakers: max_callers,
+        // The first half for the actions, the second for lease cycles.
+        extra_speakers: max_callers * 2,
         outbox_durability: Some(args.durability.clone()),
         bin_dir: bin_dir.map(Path::to_path_buf),
+        tls: pki.as_ref().map(|p| p.lab_tls()),
         ..Default::default()
     })
     .await?;
-    let agent = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let ca_file = pki.as_ref().map(|p| p.path("ca.pem"));
+    let agent = Agent::with_ca_file(&lab.base_url, HW_AGENT, &lab.hw_token, ca_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let mut leases = Vec::new();
     for i in 1..=max_callers {
         let (s, l) = agent
@@ -403,7 +468,14 @@ async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
     }
     let leases = Arc::new(leases);
     let mqtt = Arc::new(
-        BareMqtt::start(lab.mqtt_port, &prefix, "bootstrap-admin", &lab.admin_token).await?,
+        BareMqtt::start(
+            lab.mqtt_port,
+            &prefix,
+            "bootstrap-admin",
+            &lab.admin_token,
+            ca_pem.as_deref(),
+        )
+        .await?,
     );
 
     let action = {
@@ -425,6 +497,23 @@ async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
             }
         }
     };
+    let cycle = {
+        let agent = agent.clone();
+        move |caller: usize, _i: u64| {
+            let agent = agent.clone();
+            let speaker = bench_speaker(max_callers + caller + 1);
+            async move {
+                let start = Instant::now();
+                let lease = agent.lease_ok(&speaker, "lease cycle benchmark").await?;
+                let (s, v) = agent.release(&lease).await?;
+                let took = start.elapsed();
+                if !s.is_success() {
+                    bail!("release of {lease}: {s}: {v}");
+                }
+                Ok(took)
+            }
+        }
+    };
     let bare = {
         let mqtt = mqtt.clone();
         move |_caller: usize, i: u64| {
@@ -436,16 +525,19 @@ async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
     // Warm-up: connections, prepared statements, page cache.
     run_level(max_callers, max_callers * 5, action.clone()).await?;
     run_level(max_callers, max_callers * 5, bare.clone()).await?;
+    run_level(max_callers, max_callers * 5, cycle.clone()).await?;
 
     println!(
-        "\n{:>11} {:>9} | {:>17} {:>9} | {:>17} {:>9} | {:>13}",
+        "\n{:>11} {:>9} | {:>17} {:>9} | {:>17} {:>9} | {:>13} | {:>15} {:>9}",
         "concurrency",
         "requests",
         "bare MQTT p50 ms",
         "p99 ms",
         "action p50 ms",
         "p99 ms",
-        "p50 ratio"
+        "p50 ratio",
+        "lease cycle p50",
+        "p99 ms"
     );
     let mut counted: Counted = vec![
         (
@@ -472,39 +564,48 @@ async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
         let t1 = cpu_times(&counted);
         let mut a = run_level(c, args.requests, action.clone()).await?;
         let t2 = cpu_times(&counted);
+        let cycles = run_level(c, args.requests, cycle.clone()).await?;
+        let t3 = cpu_times(&counted);
         let action_ms = cpu_ms(&t1, &t2, a.len());
+        let cycle_ms = cpu_ms(&t2, &t3, cycles.len());
         cpu_rows.push((c, "bare MQTT", cpu_row(&cpu_ms(&t0, &t1, b.len()), cores)));
         cpu_rows.push((c, "action", cpu_row(&action_ms, cores)));
+        cpu_rows.push((c, "lease cycle", cpu_row(&cycle_ms, cores)));
         let (b50, b99) = percentiles(&mut b);
         let (a50, a99) = percentiles(&mut a);
+        let (l50, l99) = percentiles_of([&cycles]);
         budgets.push((c, b50, action_ms.clone()));
         println!(
-            "{:>11} {:>9} | {:>17.3} {:>9.3} | {:>17.3} {:>9.3} | {:>12.1}x",
+            "{:>11} {:>9} | {:>17.3} {:>9.3} | {:>17.3} {:>9.3} | {:>12.1}x | {:>15.3} {:>9.3}",
             c,
             a.len(),
             b50,
             b99,
             a50,
             a99,
-            a50 / b50
+            a50 / b50,
+            l50,
+            l99
         );
         levels.push(Level {
             callers: c,
             bare: b,
             action: a,
             action_cpu: action_ms,
+            cycle: cycles,
+            cycle_cpu: cycle_ms,
         });
     }
     println!("\ntarget: action p50 within 5x the bare MQTT p50");
     println!("\nCPU ms per request (user + system, {cores} cores):");
-    let mut header = format!("{:>11} {:>10}", "concurrency", "what");
+    let mut header = format!("{:>11} {:>11}", "concurrency", "what");
     for (name, _) in &counted {
         header.push_str(&format!(" {name:>9}"));
     }
     header.push_str(&format!(" {:>9} {:>15}", "total", "ceiling req/s"));
     println!("{header}");
     for (c, what, cells) in cpu_rows {
-        let mut line = format!("{c:>11} {what:>10}");
+        let mut line = format!("{c:>11} {what:>11}");
         let n = cells.len();
         for (i, cell) in cells.into_iter().enumerate() {
             if i + 1 == n {
@@ -527,8 +628,11 @@ async fn measure(args: &Args, bin_dir: Option<&Path>) -> Result<Run> {
 /// The whole benchmark: one measurement, or with `--baseline-bins` the
 /// alternated measurements of both builds and their comparison.
 async fn bench(args: Args) -> Result<()> {
+    if let Some(dir) = args.service_compare.clone() {
+        return service_compare(&args, &dir).await;
+    }
     let Some(baseline) = args.baseline_bins.clone() else {
-        measure(&args, None).await?;
+        measure(&args, None, args.tls).await?;
         return Ok(());
     };
     let baseline = std::fs::canonicalize(&baseline)
@@ -545,11 +649,139 @@ async fn bench(args: Args) -> Result<()> {
                     None => "current (workspace)".to_string(),
                 }
             );
-            runs[which].push(measure(&args, dir).await?);
+            runs[which].push(measure(&args, dir, args.tls).await?);
         }
     }
     print_comparison(&args, &baseline, &runs[0], &runs[1]);
     Ok(())
+}
+
+/// `--service-compare DIR`: the three setups in turn, `--rounds` times,
+/// then [`print_service_comparison`].
+async fn service_compare(args: &Args, dir: &Path) -> Result<()> {
+    let dir = std::fs::canonicalize(dir)
+        .with_context(|| format!("--service-compare {}", dir.display()))?;
+    let setups: [(&str, Option<&Path>, bool); 3] = [
+        ("baseline plain", Some(dir.as_path()), false),
+        ("current plain", None, false),
+        ("current TLS", None, true),
+    ];
+    let mut runs: [Vec<Run>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let total = args.rounds * 3;
+    for round in 0..args.rounds {
+        for (which, (name, bins, tls)) in setups.iter().enumerate() {
+            let n = round * 3 + which as u64 + 1;
+            println!("\n=== measurement {n}/{total}: {name} ===");
+            runs[which].push(measure(args, *bins, *tls).await?);
+        }
+    }
+    print_service_comparison(args, &dir, &setups.map(|s| s.0), &runs);
+    Ok(())
+}
+
+/// Mean CPU ms per lease cycle of process `name` at level index `li` over
+/// `runs` (weighted by cycle count); `None` when a reading is missing.
+fn pooled_cycle_cpu(runs: &[Run], li: usize, name: &str) -> Option<f64> {
+    let mut ms = 0.0;
+    let mut n = 0usize;
+    for run in runs {
+        let pi = run.counted.iter().position(|c| *c == name)?;
+        let level = run.levels.get(li)?;
+        ms += level.cycle_cpu.get(pi).copied().flatten()? * level.cycle.len() as f64;
+        n += level.cycle.len();
+    }
+    (n > 0).then(|| ms / n as f64)
+}
+
+/// The table of `--service-compare`: per level, the registry's CPU per
+/// lease cycle and per action of each setup (pooled over the rounds),
+/// each against the first setup's with the ratio's range over the
+/// rounds; the p50 round trips beside them; then the verdicts against
+/// [`SERVICE_TARGET_RATIO`].
+fn print_service_comparison(args: &Args, dir: &Path, names: &[&str; 3], runs: &[Vec<Run>; 3]) {
+    println!(
+        "\n=== comparison: {} ({}) / {} / {}; rounds: {}, alternated; {} requests per level per measurement ===",
+        names[0],
+        dir.display(),
+        names[1],
+        names[2],
+        args.rounds,
+        args.requests
+    );
+    println!(
+        "registry CPU, ms per request (user + system, its embedded broker included); ratio = setup / {}, its range over the rounds in brackets",
+        names[0]
+    );
+    let mut verdicts = Vec::new();
+    let Some(first) = runs[0].first() else {
+        return;
+    };
+    for (li, level) in first.levels.iter().enumerate() {
+        for (what, cpu) in [
+            (
+                "lease cycle",
+                pooled_cycle_cpu as fn(&[Run], usize, &str) -> Option<f64>,
+            ),
+            ("action", pooled_cpu),
+        ] {
+            let base = cpu(&runs[0], li, "registry");
+            let mut line = format!("{:>3} callers {what:<11} |", level.callers);
+            for (k, setup) in runs.iter().enumerate() {
+                let Some(c) = cpu(setup, li, "registry") else {
+                    line.push_str(&format!(" {}: -", names[k]));
+                    continue;
+                };
+                line.push_str(&format!(" {}: {c:.3}", names[k]));
+                if let (true, Some(b)) = (k > 0, base) {
+                    let rounds: Vec<f64> = runs[0]
+                        .iter()
+                        .zip(setup)
+                        .filter_map(|(b, c)| {
+                            Some(
+                                cpu(std::slice::from_ref(c), li, "registry")?
+                                    / cpu(std::slice::from_ref(b), li, "registry")?,
+                            )
+                        })
+                        .collect();
+                    line.push_str(&format!(" ({:.3} [{}])", c / b, ratio_range(&rounds)));
+                    verdicts.push((level.callers, what, names[k], b, c));
+                }
+                line.push_str(" |");
+            }
+            println!("{line}");
+        }
+    }
+    println!("\nround trips, p50 / p99 ms over all rounds' samples:");
+    for (li, level) in first.levels.iter().enumerate() {
+        let mut line = format!("{:>3} callers |", level.callers);
+        for (k, setup) in runs.iter().enumerate() {
+            let (c50, c99) =
+                percentiles_of(setup.iter().filter_map(|r| Some(&r.levels.get(li)?.cycle)));
+            let (a50, a99) =
+                percentiles_of(setup.iter().filter_map(|r| Some(&r.levels.get(li)?.action)));
+            line.push_str(&format!(
+                " {}: cycle {c50:.3}/{c99:.3}, action {a50:.3}/{a99:.3} |",
+                names[k]
+            ));
+        }
+        println!("{line}");
+    }
+    println!(
+        "\ntarget: registry CPU per lease cycle and per action at most {:.0} % above {} (ratio <= {SERVICE_TARGET_RATIO:.2}):",
+        (SERVICE_TARGET_RATIO - 1.0) * 100.0,
+        names[0]
+    );
+    for (callers, what, setup, b, c) in verdicts {
+        println!(
+            "{callers:>3} callers, {what:<11}, {setup:<13}: {} {}",
+            change(b, c),
+            if c / b <= SERVICE_TARGET_RATIO {
+                "within"
+            } else {
+                "OVER"
+            }
+        );
+    }
 }
 
 /// `current / baseline` as a signed percentage change: `+3.1 %`.
