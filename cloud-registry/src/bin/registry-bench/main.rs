@@ -79,7 +79,9 @@ use shared_protocol::provider::{
 use shared_protocol::PROTOCOL_VERSION;
 use tokio::time::Instant;
 
-#[derive(Debug, Parser)]
+mod fleet;
+
+#[derive(Debug, Clone, Parser)]
 #[command(
     about = "Registry leases over HTTP, heartbeats over MQTT and idle RSS, as a separate process"
 )]
@@ -133,6 +135,42 @@ struct Args {
     /// Rounds of the policy comparison (each runs off, then on).
     #[arg(long, default_value_t = 3)]
     policy_rounds: usize,
+    /// Instead of the full run: this many simulated benches (MQTT
+    /// connections with heartbeats) per run, comma-separated (fleet.rs,
+    /// docs/benchmarks.md "Ten thousand benches").
+    /// `--fleet` alone: 10,000.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "10000")]
+    fleet: Vec<usize>,
+    /// The broker of the fleet runs.
+    #[arg(long, value_enum, default_value = "both")]
+    fleet_broker: fleet::BrokerSetup,
+    /// Closed-loop lease clients of a fleet run.
+    #[arg(long, default_value_t = 20)]
+    fleet_clients: usize,
+    /// Measured seconds of a fleet run's leases (after `--warmup`).
+    #[arg(long, default_value_t = 30.0)]
+    fleet_seconds: f64,
+    /// Heartbeat interval of each simulated bench, seconds (the
+    /// registry's `[heartbeat] interval_seconds`).
+    #[arg(long, default_value_t = 10.0)]
+    fleet_heartbeat_seconds: f64,
+    /// MQTT keep-alive of each simulated bench, seconds (edge-agent's
+    /// default `mqtt_keep_alive_seconds`).
+    #[arg(long, default_value_t = 15)]
+    fleet_keep_alive: u64,
+    /// New MQTT connections per second while the fleet connects.
+    #[arg(long, default_value_t = 1000.0)]
+    connect_rate: f64,
+    /// Most seconds from the first connection until every bench is
+    /// online; the leases run anyway after it.
+    #[arg(long, default_value_t = 60)]
+    fleet_settle_seconds: u64,
+    /// HTTP requests in flight while the fleet registers.
+    #[arg(long, default_value_t = 32)]
+    fleet_concurrency: usize,
+    /// The Mosquitto binary of the external setup.
+    #[arg(long, default_value = "mosquitto")]
+    mosquitto_bin: String,
     /// Keep the registry's directory (config, SQLite file, log) here
     /// instead of a temporary one that is removed at the end.
     #[arg(long)]
@@ -249,9 +287,26 @@ struct ReadyLine {
 }
 
 impl RegistryProcess {
-    /// Write the configuration into `dir`, start `bin serve`, wait for the
-    /// ready line (at most 120 s: the Earth entity data loads first).
+    /// Write the configuration into `dir`, start `bin serve` with the
+    /// embedded broker, wait for the ready line (at most 120 s: the Earth
+    /// entity data loads first).
     fn start(bin: &Path, dir: &Path, extra_config: &str) -> Result<Self> {
+        Self::start_with_mqtt(
+            bin,
+            dir,
+            "mode = \"embedded\"\nlisten = \"127.0.0.1:0\"\n",
+            extra_config,
+        )
+    }
+
+    /// [`RegistryProcess::start`] with `mqtt_config` as the body of the
+    /// `[mqtt]` table (TOML lines).
+    fn start_with_mqtt(
+        bin: &Path,
+        dir: &Path,
+        mqtt_config: &str,
+        extra_config: &str,
+    ) -> Result<Self> {
         let db_path = dir.join("registry.sqlite3");
         let token_path = dir.join("admin.token");
         let log_path = dir.join("registry.log");
@@ -261,7 +316,7 @@ impl RegistryProcess {
             "[http]\nlisten = \"127.0.0.1:0\"\n\n\
              [store]\npath = {}\n\n\
              [auth]\nbootstrap_admin_token_file = {}\n\n\
-             [mqtt]\nmode = \"embedded\"\nlisten = \"127.0.0.1:0\"\n\n\
+             [mqtt]\n{mqtt_config}\n\
              [sessions]\nartifact_dir = {}\n\n{extra_config}",
             quoted(&db_path),
             quoted(&token_path),
@@ -484,7 +539,11 @@ async fn register_provider(
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
     events: u64,
+    /// `benchlink_providers_online` (a gauge).
+    providers_online: u64,
     heartbeats_in: u64,
+    /// `benchlink_mqtt_messages_in_total{kind="status"}`.
+    status_in: u64,
     rejected: u64,
     duplicates: u64,
 }
@@ -507,7 +566,9 @@ async fn counters(http: &reqwest::Client, base: &str) -> Result<Counters> {
         };
         match name {
             "benchlink_events_total" => c.events = value,
+            "benchlink_providers_online" => c.providers_online = value,
             "benchlink_mqtt_messages_in_total{kind=\"heartbeat\"}" => c.heartbeats_in = value,
+            "benchlink_mqtt_messages_in_total{kind=\"status\"}" => c.status_in = value,
             "benchlink_mqtt_messages_rejected_total" => c.rejected = value,
             "benchlink_mqtt_duplicates_total" => c.duplicates = value,
             _ => {}
@@ -632,6 +693,8 @@ struct LeaseSetup {
     base: String,
     /// (principal, token) per simulated client.
     agents: Vec<(String, String)>,
+    /// The `own` scenario's capability of each simulated client.
+    own_capabilities: Vec<String>,
     shared: Option<reqwest::Client>,
 }
 
@@ -749,7 +812,7 @@ async fn run_leases(
     let mut lease_clients = Vec::with_capacity(clients);
     for (i, (principal, token)) in setup.agents.iter().take(clients).enumerate() {
         let cap = match scenario {
-            Scenario::Own => format!("bench-cap-{i:04}"),
+            Scenario::Own => setup.own_capabilities[i].clone(),
             Scenario::One => CONTENDED.to_string(),
         };
         lease_clients.push(Arc::new(LeaseClient::new(
@@ -1284,6 +1347,13 @@ async fn main() -> Result<()> {
         ),
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    if !args.fleet.is_empty() {
+        let outcome = fleet::run(&bin, &dir, &args).await;
+        if outcome.is_ok() && remove {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return outcome;
+    }
     if args.policy_compare {
         let outcome = policy_compare(&bin, &dir, &args).await;
         if outcome.is_ok() && remove {
@@ -1345,6 +1415,9 @@ async fn lease_lab(
     let setup = LeaseSetup {
         base: base.clone(),
         agents,
+        own_capabilities: (0..max_clients)
+            .map(|i| format!("bench-cap-{i:04}"))
+            .collect(),
         shared: if args.shared_client {
             Some(http_client()?)
         } else {
