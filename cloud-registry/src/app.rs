@@ -412,6 +412,32 @@ pub fn api_routes(
     (router, document)
 }
 
+/// The embedded broker's client cap for this process: `[mqtt]
+/// max_clients` lowered to what the descriptor limit leaves
+/// ([`crate::config::gate_client_cap`]; the soft limit is raised to the
+/// hard one first). Logged with a warning when the limit lowered it.
+fn gate_client_cap(config: &Config) -> usize {
+    let nofile = match crate::fdlimit::raise_nofile_to_hard() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the file-descriptor limit");
+            crate::fdlimit::nofile_limits().map_or(1024, |(soft, _)| soft)
+        }
+    };
+    let configured = config.mqtt.max_clients;
+    let cap = crate::config::gate_client_cap(nofile, config.http.max_connections, configured);
+    if configured.is_some_and(|c| c > cap) {
+        tracing::warn!(
+            nofile,
+            max_clients = cap,
+            configured = configured.unwrap_or_default(),
+            "the file-descriptor limit leaves room for fewer MQTT clients than \
+             `mqtt.max_clients` (3 descriptors each); raise LimitNOFILE"
+        );
+    }
+    cap
+}
+
 /// The listener's limits from `[http]`, with `max_connections` lowered to
 /// what the file-descriptor limit leaves after [`crate::config::FD_RESERVE`]
 /// (logged when it is). Raises the soft `RLIMIT_NOFILE` to the hard limit
@@ -709,8 +735,17 @@ impl Registry {
                 let user = config.mqtt.client_id.clone();
                 let prefix = config.mqtt.topic_prefix.clone();
                 let gate_tls = tls.mqtt_gate.clone();
+                let max_clients = gate_client_cap(&config);
                 let broker = tokio::task::spawn_blocking(move || {
-                    EmbeddedBroker::start(listen, a, &user, max_packet, &prefix, gate_tls)
+                    EmbeddedBroker::start(
+                        listen,
+                        a,
+                        &user,
+                        max_packet,
+                        &prefix,
+                        gate_tls,
+                        max_clients,
+                    )
                 })
                 .await??;
                 let login = broker.registry_login().clone();

@@ -256,6 +256,7 @@ impl EmbeddedBroker {
         max_payload_bytes: usize,
         topic_prefix: &str,
         tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+        max_clients: usize,
     ) -> Result<Self, BrokerError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| BrokerError::Thread(std::io::Error::other(e)))?;
@@ -320,7 +321,7 @@ impl EmbeddedBroker {
         let config = Config {
             id: 0,
             router: RouterConfig {
-                max_connections: 10_000,
+                max_connections: crate::config::EMBEDDED_BROKER_MAX_CONNECTIONS,
                 max_outgoing_packet_count: 200,
                 max_segment_size: 10 * 1024 * 1024,
                 max_segment_count: 10,
@@ -360,6 +361,8 @@ impl EmbeddedBroker {
             max_packet_bytes: max_payload_bytes,
             stats: stats.clone(),
             tls: tls.clone().map(tokio_rustls::TlsAcceptor::from),
+            clients: Arc::new(tokio::sync::Semaphore::new(max_clients)),
+            max_clients,
         });
         runtime.spawn(async move {
             match tokio::net::TcpListener::from_std(public) {
@@ -367,7 +370,7 @@ impl EmbeddedBroker {
                 Err(e) => tracing::error!(error = %e, "the MQTT gate cannot listen"),
             }
         });
-        tracing::info!(%addr, %internal, tls = tls.is_some(), "embedded MQTT broker listening (provider topics isolated)");
+        tracing::info!(%addr, %internal, tls = tls.is_some(), max_clients, "embedded MQTT broker listening (provider topics isolated)");
         Ok(Self {
             addr,
             internal,

@@ -44,7 +44,7 @@ use shared_protocol::mqtt::{parse_topic, TopicKind};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use crate::auth::Authenticator;
@@ -76,6 +76,8 @@ pub struct GateStats {
     pub refused_publishes: AtomicU64,
     /// SUBSCRIBE filters answered with 0x80.
     pub refused_subscriptions: AtomicU64,
+    /// Connections refused because [`Gate::clients`] had no permit left.
+    pub refused_capacity: AtomicU64,
 }
 
 /// Whether provider `provider_id` may publish on `topic`: only its own
@@ -113,6 +115,11 @@ pub(crate) struct Gate {
     pub stats: Arc<GateStats>,
     /// TLS on the public address (`None`: plain MQTT).
     pub tls: Option<TlsAcceptor>,
+    /// One permit per client connection the gate may hold at once
+    /// (`[mqtt] max_clients`, [`crate::config::gate_client_cap`]).
+    pub clients: Arc<Semaphore>,
+    /// The permits `clients` started with, for the log.
+    pub max_clients: usize,
 }
 
 /// How a relayed connection ended, seen from the client's side.
@@ -132,6 +139,7 @@ impl Gate {
     /// Accept connections on `listener` until the runtime stops, each in
     /// its own task.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let mut last_full_warning = None;
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(s) => s,
@@ -142,9 +150,59 @@ impl Gate {
                     continue;
                 }
             };
+            let Ok(permit) = self.clients.clone().try_acquire_owned() else {
+                self.refuse_over_capacity(stream, peer, &mut last_full_warning);
+                continue;
+            };
             self.stats.connections.fetch_add(1, Ordering::Relaxed);
             let gate = self.clone();
-            tokio::spawn(async move { gate.connection(stream, peer).await });
+            tokio::spawn(async move {
+                gate.connection(stream, peer).await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// A connection beyond the client cap: on plain MQTT it is answered
+    /// CONNACK 3 (server unavailable) without reading its CONNECT, its
+    /// side is shut, and what it sends is drained for at most 2 s (so the
+    /// close is not a reset that could discard the CONNACK); over TLS it
+    /// just closes. A warning is logged at most once a minute.
+    fn refuse_over_capacity(
+        &self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        last_warning: &mut Option<std::time::Instant>,
+    ) {
+        self.stats.refused_capacity.fetch_add(1, Ordering::Relaxed);
+        if self.tls.is_none() {
+            tokio::spawn(async move {
+                let mut out = BytesMut::with_capacity(4);
+                if ConnAck::new(ConnectReturnCode::ServiceUnavailable, false)
+                    .write(&mut out)
+                    .is_err()
+                {
+                    return;
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    stream.write_all(&out).await?;
+                    stream.shutdown().await?;
+                    let mut sink = [0u8; 512];
+                    while stream.read(&mut sink).await? > 0 {}
+                    Ok::<_, std::io::Error>(())
+                })
+                .await;
+            });
+        }
+        if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            *last_warning = Some(std::time::Instant::now());
+            tracing::warn!(
+                %peer,
+                max_clients = self.max_clients,
+                refused = self.stats.refused_capacity.load(Ordering::Relaxed),
+                "MQTT connection refused: the embedded broker holds its most clients \
+                 (`[mqtt] max_clients`, or the file-descriptor limit: raise LimitNOFILE)"
+            );
         }
     }
 

@@ -301,6 +301,40 @@ pub struct MqttConfig {
     /// External only, with `tls = true`: PEM file of the CA certificates
     /// to trust instead of the system's.
     pub ca_file: Option<PathBuf>,
+    /// Embedded only: most MQTT clients (benches, admins) connected at
+    /// once; a client beyond it gets CONNACK 3 (server unavailable) and is
+    /// disconnected, so that the file descriptors HTTP and SQLite need
+    /// stay free. `None` (default): what the descriptor limit leaves (see
+    /// [`gate_client_cap`]); a set value is still lowered to that. 1 to
+    /// [`EMBEDDED_BROKER_MAX_CONNECTIONS`].
+    pub max_clients: Option<usize>,
+}
+
+/// rumqttd's connection limit in the embedded broker (the gate's relayed
+/// clients, the registry's own client and the revocation kicks).
+pub const EMBEDDED_BROKER_MAX_CONNECTIONS: usize = 10_000;
+
+/// Descriptors one gate client holds in the registry process: its socket
+/// to the gate, the gate's socket to rumqttd and rumqttd's end of that.
+pub const FDS_PER_GATE_CLIENT: u64 = 3;
+
+/// The most clients the embedded broker's gate admits at once, for a
+/// descriptor limit of `nofile` (`RLIMIT_NOFILE` after raising it) and
+/// `http_max_connections` HTTP connections: what is left after
+/// [`FD_RESERVE`] and HTTP's share (itself capped at `nofile` −
+/// [`FD_RESERVE`]), [`FDS_PER_GATE_CLIENT`] each, at most
+/// [`EMBEDDED_BROKER_MAX_CONNECTIONS`] − 16 (room for the registry's own
+/// connections), at most `configured` when set, at least 1.
+pub fn gate_client_cap(
+    nofile: u64,
+    http_max_connections: usize,
+    configured: Option<usize>,
+) -> usize {
+    let room = nofile.saturating_sub(FD_RESERVE);
+    let http = (http_max_connections as u64).min(room);
+    let by_fds = (room - http) / FDS_PER_GATE_CLIENT;
+    let cap = by_fds.min((EMBEDDED_BROKER_MAX_CONNECTIONS - 16) as u64) as usize;
+    configured.map_or(cap, |c| c.min(cap)).max(1)
 }
 
 impl Default for MqttConfig {
@@ -319,6 +353,7 @@ impl Default for MqttConfig {
             tls_key_file: None,
             tls: false,
             ca_file: None,
+            max_clients: None,
         }
     }
 }
@@ -680,6 +715,17 @@ impl Config {
             bad("mqtt.keep_alive_seconds", "must be at least 2".into());
         }
         self.mqtt_tls_problems(bad);
+        match (self.mqtt.max_clients, self.mqtt.mode) {
+            (Some(_), MqttMode::External) => bad(
+                "mqtt.max_clients",
+                "is for mqtt.mode = \"embedded\"; an external broker's limit is configured on the broker".into(),
+            ),
+            (Some(n), MqttMode::Embedded) if n == 0 || n > EMBEDDED_BROKER_MAX_CONNECTIONS => bad(
+                "mqtt.max_clients",
+                format!("must be 1 to {EMBEDDED_BROKER_MAX_CONNECTIONS}, got {n}"),
+            ),
+            _ => {}
+        }
     }
 
     /// The TLS keys of `[mqtt]`: the gate's certificate in embedded mode,
@@ -1330,5 +1376,35 @@ hardware = \"not_listed\"
     fn the_shipped_example_config_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/cloud-registry.toml");
         Config::load(&path).unwrap();
+    }
+
+    #[test]
+    fn the_gate_cap_leaves_the_reserve_and_https_share_three_descriptors_per_client() {
+        // 20 000 descriptors, 4 096 for HTTP: (20 000 − 1 024 − 4 096) / 3.
+        assert_eq!(gate_client_cap(20_000, 4_096, None), 4_960);
+        assert_eq!(gate_client_cap(20_000, 4_096, Some(100)), 100);
+        assert_eq!(gate_client_cap(20_000, 4_096, Some(9_000)), 4_960);
+        // The shipped unit's LimitNOFILE: rumqttd's own limit is reached first.
+        assert_eq!(
+            gate_client_cap(65_536, 4_096, None),
+            EMBEDDED_BROKER_MAX_CONNECTIONS - 16
+        );
+        // Less than the reserve: still one client.
+        assert_eq!(gate_client_cap(512, 4_096, None), 1);
+    }
+
+    #[test]
+    fn max_clients_is_refused_outside_its_range_and_with_an_external_broker() {
+        let mut c = Config::default();
+        c.mqtt.max_clients = Some(0);
+        assert!(
+            c.problems().iter().any(|(k, _)| k == "mqtt.max_clients"),
+            "{:?}",
+            c.problems()
+        );
+        c.mqtt.max_clients = Some(10);
+        assert!(!c.problems().iter().any(|(k, _)| k == "mqtt.max_clients"));
+        c.mqtt.mode = MqttMode::External;
+        assert!(c.problems().iter().any(|(k, _)| k == "mqtt.max_clients"));
     }
 }

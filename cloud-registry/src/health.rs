@@ -283,13 +283,14 @@ async fn metrics(State(st): State<HealthState>) -> Response {
         );
         s.counter_by(
             "benchlink_mqtt_gate_refused_total",
-            "What the embedded broker's gate refused: logins, wills, publishes and subscription filters outside a provider's own topics.",
+            "What the embedded broker's gate refused: logins, wills, publishes and subscription filters outside a provider's own topics, and connections beyond its client cap.",
             "what",
             &[
                 ("login", load(&g.refused_logins)),
                 ("will", load(&g.refused_wills)),
                 ("publish", load(&g.refused_publishes)),
                 ("subscribe", load(&g.refused_subscriptions)),
+                ("capacity", load(&g.refused_capacity)),
             ],
         );
     }

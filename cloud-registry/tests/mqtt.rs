@@ -906,3 +906,55 @@ async fn a_preemption_reaches_the_provider_as_a_notice_then_a_revocation() {
     assert!(api.metric("benchlink_mqtt_commands_out_total").await >= 2);
     reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_beyond_the_embedded_brokers_cap_gets_server_unavailable_and_http_still_answers() {
+    let (_dir, reg, api, _admin) = registry_with(|c| c.mqtt.max_clients = Some(2)).await;
+    let (host, port) = (reg.mqtt_addr.ip().to_string(), reg.mqtt_addr.port());
+    let mut tokens = Vec::new();
+    for id in ["prov-a", "prov-b", "prov-c"] {
+        tokens.push(reg.auth.create_token(Role::Provider, id).await.unwrap());
+    }
+    let connect = |id: &'static str, token: String| {
+        let host = host.clone();
+        async move { TestProvider::try_connect(&host, port, PREFIX, id, id, Some((id, &token))).await }
+    };
+    let a = connect("prov-a", tokens[0].clone())
+        .await
+        .expect("first client admitted");
+    let _b = connect("prov-b", tokens[1].clone())
+        .await
+        .expect("second client admitted");
+    let refused = connect("prov-c", tokens[2].clone())
+        .await
+        .err()
+        .expect("third client refused");
+    assert!(
+        refused.contains("ServiceUnavailable"),
+        "CONNACK 3, got: {refused}"
+    );
+    let (status, health) = api.get("/healthz", None).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "HTTP answers while the broker is full: {health}"
+    );
+    assert_eq!(
+        api.metric("benchlink_mqtt_gate_refused_total{what=\"capacity\"}")
+            .await,
+        1
+    );
+
+    // A client that leaves frees its place.
+    a.task.abort();
+    let mut admitted = None;
+    for _ in 0..50 {
+        if let Ok(c) = connect("prov-c", tokens[2].clone()).await {
+            admitted = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(admitted.is_some(), "prov-c admitted once prov-a left");
+    reg.shutdown().await;
+}

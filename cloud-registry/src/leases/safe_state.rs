@@ -155,7 +155,7 @@ impl State {
             // Handed over in the transaction that ended the last lease: no
             // wait.
             m.granted(
-                self.capability_type_of(&cap),
+                self.capability_type_of(cap),
                 HolderType::System.as_str(),
                 std::time::Duration::ZERO,
             );
