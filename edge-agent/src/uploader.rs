@@ -123,8 +123,12 @@ pub enum UploadOutcome {
     /// `422 checksum_mismatch`; the local file was re-hashed: `local_intact`
     /// tells whether it still matches the recorded sha256.
     ChecksumMismatch { local_intact: bool },
-    /// The registry could not be reached or is overloaded; try later.
+    /// The registry could not be reached, or the connection broke; try
+    /// later.
     Unreachable(String),
+    /// The registry answered 429 or 5xx (overloaded, or its artifact store
+    /// is down): nothing it received is kept; back off.
+    Unavailable(String),
     /// The registry refused the token.
     AuthRefused(String),
     /// The registry refused this artifact (other 4xx, or a confirmation with
@@ -146,8 +150,9 @@ pub struct DrainReport {
     pub registry_unavailable: bool,
     /// The registry refused the token (401/403).
     pub auth_refused: bool,
-    /// The attempt that found the registry unavailable had sent bytes
-    /// (which a resumable upload keeps): continue soon.
+    /// The attempt that found the registry unreachable had sent bytes
+    /// before its connection broke (which a resumable upload keeps):
+    /// continue soon. Never set after a 429/5xx answer.
     pub progressed: bool,
     /// Recording an outcome in the outbox failed (a full disk?).
     pub bookkeeping_failed: bool,
@@ -353,9 +358,15 @@ impl Uploader {
                     UploadOutcome::Uploaded | UploadOutcome::UploadedUnbound => {
                         report.uploaded += 1
                     }
-                    UploadOutcome::Unreachable(_) | UploadOutcome::AuthRefused(_) => {
+                    UploadOutcome::Unreachable(_)
+                    | UploadOutcome::Unavailable(_)
+                    | UploadOutcome::AuthRefused(_) => {
                         report.auth_refused = matches!(outcome, UploadOutcome::AuthRefused(_));
-                        report.progressed = sent > 0;
+                        // Bytes sent before the connection broke may be
+                        // kept by a resumable upload; bytes answered with
+                        // 429/5xx are not, and the registry asked for time.
+                        report.progressed =
+                            sent > 0 && matches!(outcome, UploadOutcome::Unreachable(_));
                         report.failed += 1;
                         report.registry_unavailable = true;
                         return report;
@@ -396,7 +407,9 @@ impl Uploader {
                 outbox.record_upload_failure(&id, &why, per_artifact_backoff(attempts))
             }
             UploadOutcome::FileMissing => outbox.mark_lost(&id, "file missing at upload"),
-            UploadOutcome::Unreachable(why) | UploadOutcome::AuthRefused(why) => {
+            UploadOutcome::Unreachable(why)
+            | UploadOutcome::Unavailable(why)
+            | UploadOutcome::AuthRefused(why) => {
                 outbox.record_upload_failure(&id, &why, Duration::ZERO)
             }
             UploadOutcome::Retry(why) => outbox.record_upload_failure(&id, &why, RESUME_PAUSE),
@@ -495,7 +508,7 @@ impl Uploader {
                 format!("{status}: {}", error_message(&body)),
             )),
             s if s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error() => Err(
-                UploadOutcome::Unreachable(format!("{s}: {}", error_message(&body))),
+                UploadOutcome::Unavailable(format!("{s}: {}", error_message(&body))),
             ),
             s => Err(UploadOutcome::Refused(format!(
                 "upload-status {s}: {}",
@@ -608,7 +621,7 @@ impl Uploader {
                 UploadOutcome::AuthRefused(format!("{status}: {}", error_message(&body)))
             }
             s if s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error() => {
-                UploadOutcome::Unreachable(format!("{s}: {}", error_message(&body)))
+                UploadOutcome::Unavailable(format!("{s}: {}", error_message(&body)))
             }
             s => {
                 tracing::warn!(artifact_id = %p.artifact_id, status = %s, "uploader: the registry refused an artifact: {}", error_message(&body));
