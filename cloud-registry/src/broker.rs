@@ -54,6 +54,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rumqttc::mqttbytes::v4::ConnectReturnCode;
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
 use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
@@ -180,7 +181,10 @@ fn digest(s: &str) -> [u8; 32] {
 /// client id ([`Access::Provider`]), or an admin ([`Access::Full`]). The
 /// token is looked up in the store at every connect, so one created or
 /// revoked with the CLI while the registry runs counts at once. `Err`
-/// says why not, in words for the log (never the secret).
+/// says why not: the CONNACK return code (2 for a provider's client id
+/// that is not its provider id, 5 for a token of a role that cannot log
+/// in, 3 when the token store cannot be read, 4 otherwise) and words for
+/// the log (never the secret).
 pub(crate) async fn allow_login(
     auth: &Authenticator,
     registry_user: &str,
@@ -188,25 +192,30 @@ pub(crate) async fn allow_login(
     client_id: &str,
     username: &str,
     password: &str,
-) -> Result<Access, String> {
+) -> Result<Access, (ConnectReturnCode, String)> {
+    use ConnectReturnCode::{BadClientId, BadUserNamePassword, NotAuthorized, ServiceUnavailable};
     if username == registry_user {
         // Compare digests: equal length, no early exit on the secret.
         return if &digest(password) == registry_password_hash {
             Ok(Access::Full)
         } else {
-            Err("wrong secret for the registry's own client".into())
+            Err((
+                BadUserNamePassword,
+                "wrong secret for the registry's own client".into(),
+            ))
         };
     }
     match auth.look_up_stored(password).await {
         TokenLookup::Valid(p) if p.role == Role::Provider => {
             if p.name != username {
-                Err(format!(
+                Err((BadUserNamePassword, format!(
                     "the token belongs to provider `{}`, not to user name `{username}` (set provider_id to the token's provider)",
                     p.name
-                ))
+                )))
             } else if client_id != username {
-                Err(format!(
-                    "client id `{client_id}` is not the provider id `{username}`"
+                Err((
+                    BadClientId,
+                    format!("client id `{client_id}` is not the provider id `{username}`"),
                 ))
             } else {
                 Ok(Access::Provider(p.name))
@@ -216,21 +225,34 @@ pub(crate) async fn allow_login(
             if p.name == username {
                 Ok(Access::Full)
             } else {
-                Err(format!(
-                    "the {} token belongs to `{}`, not to user name `{username}`",
-                    p.role, p.name
+                Err((
+                    BadUserNamePassword,
+                    format!(
+                        "the {} token belongs to `{}`, not to user name `{username}`",
+                        p.role, p.name
+                    ),
                 ))
             }
         }
-        TokenLookup::Valid(p) => Err(format!(
-            "a {} token (of `{}`) cannot log in to the broker: a bench needs a provider token",
-            p.role, p.name
+        TokenLookup::Valid(p) => Err((
+            NotAuthorized,
+            format!(
+                "a {} token (of `{}`) cannot log in to the broker: a bench needs a provider token",
+                p.role, p.name
+            ),
         )),
-        TokenLookup::Revoked { principal } => Err(format!(
-            "the token was revoked (it belonged to `{principal}`)"
+        TokenLookup::Revoked { principal } => Err((
+            BadUserNamePassword,
+            format!("the token was revoked (it belonged to `{principal}`)"),
         )),
-        TokenLookup::Unknown => Err("unknown token (not created by this registry)".into()),
-        TokenLookup::Unreadable(e) => Err(format!("the token store cannot be read: {e}")),
+        TokenLookup::Unknown => Err((
+            BadUserNamePassword,
+            "unknown token (not created by this registry)".into(),
+        )),
+        TokenLookup::Unreadable(e) => Err((
+            ServiceUnavailable,
+            format!("the token store cannot be read: {e}"),
+        )),
     }
 }
 
@@ -508,13 +530,15 @@ mod tests {
             login("prov-1", "prov-1", provider.clone()).await,
             Ok(Access::Provider("prov-1".into()))
         );
-        let why = |r: Result<Access, String>| r.unwrap_err();
+        let why = |r: Result<Access, (ConnectReturnCode, String)>| r.unwrap_err().1;
         assert!(why(login("x", "x", "blk_nope".into()).await).contains("unknown token"));
         assert!(why(login("prov-2", "prov-2", gone).await).contains("revoked"));
         assert!(why(login("viewer-1", "viewer-1", viewer).await).contains("needs a provider token"));
         assert!(why(login("prov-9", "prov-9", provider.clone()).await)
             .contains("belongs to provider `prov-1`"));
-        assert!(why(login("other", "prov-1", provider).await).contains("client id `other`"));
+        let wrong_id = login("other", "prov-1", provider).await.unwrap_err();
+        assert_eq!(wrong_id.0, ConnectReturnCode::BadClientId);
+        assert!(wrong_id.1.contains("client id `other`"));
         assert!(why(login("registry", "registry", "wrong".into()).await).contains("wrong secret"));
     }
 

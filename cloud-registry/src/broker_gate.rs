@@ -163,37 +163,32 @@ impl Gate {
         }
     }
 
-    /// A connection beyond the client cap: on plain MQTT it is answered
-    /// CONNACK 3 (server unavailable) without reading its CONNECT, its
-    /// side is shut, and what it sends is drained for at most 2 s (so the
-    /// close is not a reset that could discard the CONNACK); over TLS it
-    /// just closes. A warning is logged at most once a minute.
+    /// A connection beyond the client cap: it is answered CONNACK 3
+    /// (server unavailable) without its CONNECT being read (over TLS after
+    /// the handshake, within the CONNECT timeout), its side is shut, and
+    /// what it sends is drained for at most 2 s (so the close is not a
+    /// reset that could discard the CONNACK). A warning is logged at most
+    /// once a minute.
     fn refuse_over_capacity(
         &self,
-        mut stream: TcpStream,
+        stream: TcpStream,
         peer: SocketAddr,
         last_warning: &mut Option<std::time::Instant>,
     ) {
         self.stats.refused_capacity.fetch_add(1, Ordering::Relaxed);
-        if self.tls.is_none() {
-            tokio::spawn(async move {
-                let mut out = BytesMut::with_capacity(4);
-                if ConnAck::new(ConnectReturnCode::ServiceUnavailable, false)
-                    .write(&mut out)
-                    .is_err()
-                {
-                    return;
+        let tls = self.tls.clone();
+        tokio::spawn(async move {
+            match tls {
+                None => answer_server_unavailable(stream).await,
+                Some(acceptor) => {
+                    if let Ok(Ok(stream)) =
+                        tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(stream)).await
+                    {
+                        answer_server_unavailable(stream).await;
+                    }
                 }
-                let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                    stream.write_all(&out).await?;
-                    stream.shutdown().await?;
-                    let mut sink = [0u8; 512];
-                    while stream.read(&mut sink).await? > 0 {}
-                    Ok::<_, std::io::Error>(())
-                })
-                .await;
-            });
-        }
+            }
+        });
         if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
             *last_warning = Some(std::time::Instant::now());
             tracing::warn!(
@@ -346,9 +341,8 @@ impl Gate {
             &login.password,
         )
         .await
-        .map_err(|reason| {
+        .inspect_err(|_| {
             self.stats.refused_logins.fetch_add(1, Ordering::Relaxed);
-            (ConnectReturnCode::BadUserNamePassword, reason)
         })?;
         if let (Access::Provider(p), Some(will)) = (&access, &c.last_will) {
             if !may_publish(&self.prefix, p, &will.topic) {
@@ -496,6 +490,26 @@ impl Gate {
             }
         }
     }
+}
+
+/// CONNACK 3 (server unavailable) on `stream`, then shut its side and
+/// drain what the client sends, all within 2 s.
+async fn answer_server_unavailable<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
+    let mut out = BytesMut::with_capacity(4);
+    if ConnAck::new(ConnectReturnCode::ServiceUnavailable, false)
+        .write(&mut out)
+        .is_err()
+    {
+        return;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        stream.write_all(&out).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 512];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 fn lock(p: &Pending) -> std::sync::MutexGuard<'_, HashMap<u16, Vec<bool>>> {

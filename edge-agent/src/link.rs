@@ -672,6 +672,13 @@ fn log_connection_error(e: &ConnectionError, was_connected: bool, failures: u64,
             retry_in_ms = delay_ms,
             "mqtt: the registry refused this bench's credentials (token revoked or unknown); check provider_id and token"
         ),
+        ConnectionError::ConnectionRefused(code @ ConnectReturnCode::ServiceUnavailable) => {
+            tracing::warn!(
+                ?code,
+                retry_in_ms = delay_ms,
+                "mqtt: the broker cannot take this bench now (the registry's broker holds its most clients, or its token store is unavailable); retrying"
+            )
+        }
         ConnectionError::ConnectionRefused(code) => tracing::error!(
             ?code,
             retry_in_ms = delay_ms,
