@@ -41,6 +41,10 @@ pub enum TlsFileError {
     /// A certificate of a CA file is not a CA certificate rustls accepts.
     #[error("{path}: a certificate cannot be trusted as a CA: {reason}")]
     BadCa { path: String, reason: String },
+    /// The server's certificate (the file's first) is outside its
+    /// validity period now: clients would refuse it.
+    #[error("{path}: the certificate {what} (UTC); clients refuse it")]
+    OutOfValidity { path: String, what: String },
 }
 
 fn in_parens(d: &str) -> String {
@@ -77,6 +81,33 @@ pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, Tl
     }
 }
 
+/// Whether `cert` (from the file at `path`) is valid now: not before its
+/// `notBefore`, not after its `notAfter`.
+///
+/// Errors: [`TlsFileError::OutOfValidity`] naming the date; a certificate
+/// whose fields cannot be read is [`TlsFileError::NoCertificate`].
+fn check_validity(path: &Path, cert: &CertificateDer<'_>) -> Result<(), TlsFileError> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| {
+        TlsFileError::NoCertificate {
+            path: shown(path),
+            detail: e.to_string(),
+        }
+    })?;
+    let validity = parsed.validity();
+    let now = x509_parser::time::ASN1Time::now();
+    let what = if now > validity.not_after {
+        format!("expired on {}", validity.not_after)
+    } else if now < validity.not_before {
+        format!("is not valid before {}", validity.not_before)
+    } else {
+        return Ok(());
+    };
+    Err(TlsFileError::OutOfValidity {
+        path: shown(path),
+        what,
+    })
+}
+
 /// The private key of the PEM file at `path` (the first one).
 ///
 /// Errors: unreadable file, or no key in it.
@@ -107,7 +138,9 @@ pub fn server_config(
     alpn: &[&[u8]],
 ) -> Result<Arc<rustls::ServerConfig>, TlsFileError> {
     let chain = read_certificates(cert)?;
+    check_validity(cert, &chain[0])?;
     let private = read_key(key)?;
+    let n_certs = chain.len();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -115,7 +148,11 @@ pub fn server_config(
         .map_err(|e| TlsFileError::Mismatch {
             cert: shown(cert),
             key: shown(key),
-            reason: e.to_string(),
+            reason: if n_certs > 1 {
+                format!("{e}; the file holds {n_certs} certificates: the server's own must come first, then its issuers")
+            } else {
+                e.to_string()
+            },
         })?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))

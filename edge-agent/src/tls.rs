@@ -31,6 +31,17 @@ pub fn read_ca_file(ca_file: &Path) -> Result<Vec<CertificateDer<'static>>, Stri
     }
     let mut roots = rustls::RootCertStore::empty();
     for c in &certs {
+        if let Ok((_, parsed)) = x509_parser::parse_x509_certificate(c.as_ref()) {
+            if let Ok(Some(bc)) = parsed.basic_constraints() {
+                if !bc.value.ca {
+                    return Err(format!(
+                        "{}: the certificate of `{}` cannot be a CA (basicConstraints CA:FALSE): give the CA's certificate, not the registry's",
+                        ca_file.display(),
+                        parsed.subject()
+                    ));
+                }
+            }
+        }
         roots.add(c.clone()).map_err(|e| {
             format!(
                 "{}: a certificate cannot be trusted as a CA: {e}",

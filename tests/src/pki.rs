@@ -49,6 +49,30 @@ impl Pki {
         self.dir.path().join(name)
     }
 
+    /// A self-signed certificate for `127.0.0.1` with its key, written as
+    /// `{name}.pem` and `{name}.key`: valid from 2020-01-01 to 2020-02-01
+    /// when `expired`, and marked `CA:FALSE` (basicConstraints) either
+    /// way. Returns both paths.
+    ///
+    /// Errors: key generation, signing or writing failed.
+    pub fn odd_certificate(&self, name: &str, expired: bool) -> Result<(PathBuf, PathBuf)> {
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).context("params")?;
+        params.is_ca = IsCa::ExplicitNoCa;
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 2, 1);
+        }
+        let key = KeyPair::generate().context("key")?;
+        let cert = params.self_signed(&key).context("certificate")?;
+        let (c, k) = (
+            self.path(&format!("{name}.pem")),
+            self.path(&format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem())?;
+        std::fs::write(&k, key.serialize_pem())?;
+        Ok((c, k))
+    }
+
     /// The lab's TLS options: the server certificate, its key and the CA.
     pub fn lab_tls(&self) -> LabTls {
         LabTls {

@@ -279,6 +279,26 @@ fn check_config_refuses_unusable_tls_files_naming_the_key() {
     );
     let (code, err) = check_config("cloud-registry", dir.path(), &ok);
     assert_eq!(code, Some(0), "{err}");
+    let (old_cert, old_key) = pki
+        .odd_certificate("expired", true)
+        .expect("expired certificate");
+    let (code, err) = check_config(
+        "cloud-registry",
+        dir.path(),
+        &registry(
+            format!(
+                "tls_cert_file = \"{}\"\ntls_key_file = \"{}\"",
+                old_cert.display(),
+                old_key.display()
+            ),
+            String::new(),
+        ),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("http.tls_cert_file") && err.contains("expired on"),
+        "an expired certificate: {err}"
+    );
     for (toml, key_named) in [
         (
             registry(
@@ -342,7 +362,10 @@ fn check_config_refuses_unusable_tls_files_naming_the_key() {
         )),
     );
     assert_eq!(code, Some(0), "{err}");
-    for bad in [garbage, dir.path().join("missing.pem")] {
+    let (leaf, _) = pki
+        .odd_certificate("leaf", false)
+        .expect("leaf certificate");
+    for bad in [garbage, dir.path().join("missing.pem"), leaf] {
         let (code, err) = check_config(
             "edge-agent",
             dir.path(),
