@@ -2321,3 +2321,37 @@ async fn an_upload_while_the_s3_server_is_down_is_503_and_stores_nothing() {
     assert_eq!(meta["uploaded"], false, "nothing stored: {meta}");
     b.reg.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_download_whose_blob_the_store_lost_is_500_artifact_bytes_missing() {
+    let mut b = Bench::start().await;
+    let (_, cmd, call) = b
+        .act("cam-1", json!({"action": "snapshot", "wait_ms": 5000}))
+        .await;
+    let bytes = jpeg_like(10_000);
+    let sum = sha256_hex(&bytes);
+    b.complete(
+        &cmd,
+        call,
+        json!({"artifacts": [artifact_meta("art-lost", &cmd.session_id, &bytes)]}),
+    )
+    .await;
+    status_is(
+        b.put_bytes(&b.provider_token, "art-lost", &sum, &bytes)
+            .await,
+        StatusCode::CREATED,
+    );
+    // Someone removes the file behind the registry's back.
+    std::fs::remove_file(b.blob_file(&bytes)).unwrap();
+    let r = b
+        .api
+        .get("/api/v1/artifacts/art-lost/content", Some(&b.agent))
+        .await;
+    assert_error(
+        &r,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "artifact_bytes_missing",
+    );
+    assert_eq!(r.1["error"]["details"]["checksum"], sum.as_str(), "{}", r.1);
+    b.reg.shutdown().await;
+}

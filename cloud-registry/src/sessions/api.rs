@@ -754,6 +754,15 @@ impl From<SessionError> for ApiError {
                 ApiError::conflict("artifact_not_uploaded", message)
                     .with_details(json!({ "artifact_id": artifact_id, "uploaded": false }))
             }
+            SessionError::ArtifactBytesMissing {
+                artifact_id,
+                checksum,
+            } => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "artifact_bytes_missing",
+                message,
+            )
+            .with_details(json!({ "artifact_id": artifact_id, "checksum": checksum })),
             SessionError::NotArtifactOwner {
                 artifact_id,
                 owner: _,

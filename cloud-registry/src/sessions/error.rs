@@ -143,6 +143,15 @@ pub enum SessionError {
     #[error("artifact `{artifact_id}` is known, but its bytes have not been uploaded yet")]
     ArtifactNotUploaded { artifact_id: String },
 
+    /// The bytes were received and confirmed, but the artifact store no
+    /// longer holds the blob (deleted from the bucket or the directory).
+    /// HTTP 500 `artifact_bytes_missing`.
+    #[error("artifact `{artifact_id}` was uploaded, but the artifact store no longer holds its bytes (sha256 {checksum}); the registry log has the detail")]
+    ArtifactBytesMissing {
+        artifact_id: String,
+        checksum: String,
+    },
+
     /// The artifact was produced on another provider. HTTP 403
     /// `not_artifact_owner`.
     #[error("artifact `{artifact_id}` belongs to provider `{owner}`, not to `{caller}`")]

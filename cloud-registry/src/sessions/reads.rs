@@ -89,7 +89,7 @@ impl Sessions {
     /// the `Range` header value `range` asks for (see
     /// [`byte_range::resolve`]; `None`: all of them).
     ///
-    /// Errors: `ArtifactNotFound`, `ArtifactNotUploaded` (only metadata),
+    /// Errors: `ArtifactNotFound`, `ArtifactNotUploaded` (only metadata), `ArtifactBytesMissing` (the store lost the blob),
     /// `Blob`, `Store`.
     pub async fn open_artifact(
         &self,
@@ -113,8 +113,9 @@ impl Sessions {
         };
         let content = content.ok_or_else(|| {
             tracing::error!(artifact_id, checksum = %artifact.checksum, "artifact marked uploaded but its blob is missing");
-            SessionError::ArtifactNotUploaded {
+            SessionError::ArtifactBytesMissing {
                 artifact_id: artifact_id.to_string(),
+                checksum: artifact.checksum.clone(),
             }
         })?;
         let download = match answer {
