@@ -11,7 +11,7 @@ use edge_agent::drivers::NewArtifact;
 use edge_agent::outbox::{Outbox, UploadState};
 use edge_agent::uploader::Uploader;
 use serde_json::Map;
-use shared_protocol::artifact::ArtifactType;
+use shared_protocol::artifact::{ArtifactType, CapabilityArtifact};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -22,6 +22,47 @@ fn config(dir: &Path) -> OutboxConfig {
         disk_budget_bytes: 64 * 1024 * 1024,
         durability: Durability::Os,
     }
+}
+
+/// An outbox under `dir` holding one image artifact of `bytes`, and its
+/// record.
+fn outbox_holding(dir: &Path, bytes: Vec<u8>) -> (Outbox, CapabilityArtifact) {
+    let (outbox, _) = Outbox::open(&config(dir), "bench-1").unwrap();
+    let meta = outbox
+        .ingest(
+            "sess-1",
+            NewArtifact {
+                artifact_type: ArtifactType::Image,
+                content_type: "image/jpeg".into(),
+                bytes,
+                duration_ms: None,
+                metadata: Map::new(),
+            },
+        )
+        .unwrap();
+    (outbox, meta)
+}
+
+/// An uploader of `outbox` to the stand-in on `port`.
+fn uploader(outbox: &Outbox, port: u16) -> Uploader {
+    Uploader::new(
+        outbox.clone(),
+        &format!("http://127.0.0.1:{port}"),
+        "token",
+        Arc::new(Notify::new()),
+        None,
+    )
+    .unwrap()
+}
+
+/// Write a JSON answer with `status` (e.g. `200 OK`) and `body`, then
+/// close.
+async fn answer(s: &mut tokio::net::TcpStream, status: &str, body: &str) {
+    let resp = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(resp.as_bytes()).await;
 }
 
 /// Answers `upload-status` with `complete: true` for `sha256`, and
@@ -58,11 +99,7 @@ async fn registry_holding(sha256: String) -> (u16, Arc<Mutex<Vec<String>>>) {
                         r#"{"error":{"code":"x","message":"no","details":{}}}"#.to_string(),
                     )
                 };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
+                answer(&mut s, status, &body).await;
             });
         }
     });
@@ -72,32 +109,13 @@ async fn registry_holding(sha256: String) -> (u16, Arc<Mutex<Vec<String>>>) {
 #[tokio::test]
 async fn an_artifact_sent_before_that_the_registry_holds_whole_is_not_sent_again() {
     let dir = tempfile::tempdir().unwrap();
-    let (outbox, _) = Outbox::open(&config(dir.path()), "bench-1").unwrap();
-    let meta = outbox
-        .ingest(
-            "sess-1",
-            NewArtifact {
-                artifact_type: ArtifactType::Image,
-                content_type: "image/jpeg".into(),
-                bytes: b"hello".to_vec(),
-                duration_ms: None,
-                metadata: Map::new(),
-            },
-        )
-        .unwrap();
+    let (outbox, meta) = outbox_holding(dir.path(), b"hello".to_vec());
     // An earlier attempt reached the registry, but its answer was lost.
     outbox
         .record_upload_failure(&meta.artifact_id, "connection reset", Duration::ZERO)
         .unwrap();
     let (port, seen) = registry_holding(meta.checksum.clone()).await;
-    let up = Uploader::new(
-        outbox.clone(),
-        &format!("http://127.0.0.1:{port}"),
-        "token",
-        Arc::new(Notify::new()),
-        None,
-    )
-    .unwrap();
+    let up = uploader(&outbox, port);
     let report = up.drain_once().await;
     assert_eq!(report.uploaded, 1, "{report:?}");
     let seen = seen.lock().unwrap().clone();
@@ -156,11 +174,7 @@ async fn registry_whose_store_is_down() -> (u16, Arc<Mutex<Vec<String>>>) {
                 let line = head.lines().next().unwrap_or_default().to_uppercase();
                 log.lock().unwrap().push(line);
                 let body = r#"{"error":{"code":"blob_store_unavailable","message":"the artifact store cannot be reached; try again later","details":{}}}"#;
-                let resp = format!(
-                    "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
+                answer(&mut s, "503 Service Unavailable", body).await;
             });
         }
     });
@@ -170,28 +184,9 @@ async fn registry_whose_store_is_down() -> (u16, Arc<Mutex<Vec<String>>>) {
 #[tokio::test]
 async fn a_503_after_the_whole_body_backs_off_instead_of_resuming_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (outbox, _) = Outbox::open(&config(dir.path()), "bench-1").unwrap();
-    let meta = outbox
-        .ingest(
-            "sess-1",
-            NewArtifact {
-                artifact_type: ArtifactType::Image,
-                content_type: "image/jpeg".into(),
-                bytes: vec![7u8; 4096],
-                duration_ms: None,
-                metadata: Map::new(),
-            },
-        )
-        .unwrap();
+    let (outbox, meta) = outbox_holding(dir.path(), vec![7u8; 4096]);
     let (port, seen) = registry_whose_store_is_down().await;
-    let up = Uploader::new(
-        outbox.clone(),
-        &format!("http://127.0.0.1:{port}"),
-        "token",
-        Arc::new(Notify::new()),
-        None,
-    )
-    .unwrap();
+    let up = uploader(&outbox, port);
     let report = up.drain_once().await;
     let seen = seen.lock().unwrap().clone();
     assert!(seen.iter().any(|l| l.starts_with("PUT ")), "{seen:?}");

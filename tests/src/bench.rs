@@ -577,6 +577,28 @@ impl Lab {
         &self.registry_config
     }
 
+    /// Run `cloud-registry audit-log verify` on the lab's registry: the
+    /// event log's hash chain must verify.
+    ///
+    /// Errors: the program cannot run, or it reports a break (its output
+    /// in the message).
+    pub async fn verify_audit_log(&self) -> Result<()> {
+        let out =
+            tokio::process::Command::new(lab_bin(self.opts.bin_dir.as_deref(), "cloud-registry")?)
+                .args(["audit-log", "verify", "--config"])
+                .arg(self.registry_config())
+                .output()
+                .await?;
+        if !out.status.success() {
+            bail!(
+                "audit-log verify: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
     /// The bench TOML the edge runs with.
     pub fn edge_config(&self) -> &Path {
         &self.edge_config

@@ -21,6 +21,19 @@ use serde_json::{json, Value};
 
 static ONE_LAB_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A new CA and a lab on the embedded broker with HTTPS and MQTT over
+/// TLS under it (the edge registered over MQTT over TLS).
+async fn tls_lab() -> (Pki, Lab) {
+    let pki = Pki::new("lab").expect("test PKI");
+    let lab = Lab::start(LabOptions {
+        tls: Some(pki.lab_tls()),
+        ..Default::default()
+    })
+    .await
+    .expect("lab with TLS starts (the edge registered over MQTT over TLS)");
+    (pki, lab)
+}
+
 /// An admin client of the lab trusting `ca_file` only.
 fn admin(lab: &Lab, ca_file: &Path) -> Agent {
     Agent::with_ca_file(
@@ -109,13 +122,7 @@ async fn connack(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_trusting_the_ca_carries_a_round_trip_over_https_and_mqtt_tls() {
     let _one = ONE_LAB_AT_A_TIME.lock().await;
-    let pki = Pki::new("lab").expect("test PKI");
-    let lab = Lab::start(LabOptions {
-        tls: Some(pki.lab_tls()),
-        ..Default::default()
-    })
-    .await
-    .expect("lab with TLS starts (the edge registered over MQTT over TLS)");
+    let (pki, lab) = tls_lab().await;
     assert!(lab.base_url.starts_with("https://"), "{}", lab.base_url);
     let admin = admin(&lab, &pki.path("ca.pem"));
     let health = admin.get_ok("/healthz").await.expect("healthz over HTTPS");
@@ -128,13 +135,7 @@ async fn an_edge_trusting_the_ca_carries_a_round_trip_over_https_and_mqtt_tls() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_clients_and_clients_not_trusting_the_ca_get_no_answer() {
     let _one = ONE_LAB_AT_A_TIME.lock().await;
-    let pki = Pki::new("lab").expect("test PKI");
-    let lab = Lab::start(LabOptions {
-        tls: Some(pki.lab_tls()),
-        ..Default::default()
-    })
-    .await
-    .expect("lab with TLS starts");
+    let (pki, lab) = tls_lab().await;
 
     // Plain HTTP on the HTTPS port: no HTTP answer.
     let got = plain_http_answer(lab.http_port);
