@@ -32,7 +32,7 @@
 //!   OpenAPI 3.1 document), [`config`] (the TOML file).
 
 pub use registry_agents as agents;
-pub use registry_core::{auth, db, error, extract, ids, storage};
+pub use registry_core::{auth, db, error, extract, ids, sql, storage};
 
 pub mod access_log;
 pub mod api;

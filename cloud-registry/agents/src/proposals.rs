@@ -11,7 +11,7 @@
 //! rejected proposal is stored, so a rejected API key never lands in SQLite.
 
 use chrono::Utc;
-use rusqlite::Connection;
+use registry_core::sql::Connection;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use shared_protocol::agent::{AgentProposal, ProposalRiskLevel, ProposalStatus, ProposalType};

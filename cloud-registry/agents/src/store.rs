@@ -9,7 +9,7 @@
 //! longer changes: the loop that lost a race with `stop` cannot undo it.
 
 use chrono::{SecondsFormat, Utc};
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use registry_core::sql::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -940,7 +940,7 @@ impl Store {
                 sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
                 let mut stmt = conn.prepare(&sql)?;
                 let raws = stmt
-                    .query_map(rusqlite::params_from_iter(args), raw_run)?
+                    .query_map(registry_core::sql::params_from_iter(args), raw_run)?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
                 raws.into_iter().map(decode_run).collect()
             })
@@ -1159,10 +1159,13 @@ impl Store {
                 }
                 let now = Utc::now();
                 let msg = format!("run stopped by {by}");
+                let elapsed = tx.millis_between("?3", "started_at");
                 tx.execute(
-                    "UPDATE agent_steps SET status = 'failed', error = ?2, completed_at = ?3,
-                         duration_ms = CAST((julianday(?3) - julianday(started_at)) * 86400000 AS INTEGER)
-                     WHERE run_id = ?1 AND status = 'running'",
+                    &format!(
+                        "UPDATE agent_steps SET status = 'failed', error = ?2, completed_at = ?3,
+                             duration_ms = {elapsed}
+                         WHERE run_id = ?1 AND status = 'running'"
+                    ),
                     params![run.id, msg, ts(now)],
                 )?;
                 tx.execute(

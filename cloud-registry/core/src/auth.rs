@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::sql::{params, Connection, OptionalExtension};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 use shared_protocol::api::Role;
 
@@ -209,11 +209,11 @@ pub enum TokenError {
 ///
 /// Errors: [`TokenError::RoleConflict`], or the store cannot be written.
 pub fn create_token_sync(
-    conn: &Connection,
+    conn: &mut Connection,
     role: Role,
     principal: &str,
 ) -> Result<String, TokenError> {
-    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
+    let tx = conn.transaction_with_behavior(crate::sql::TransactionBehavior::Immediate)?;
     if let Some(existing) = principal_role_sync(&tx, principal)? {
         if existing != role.as_str() {
             return Err(TokenError::RoleConflict {
@@ -528,8 +528,8 @@ mod tests {
         let db = Db::open(&path, |c| migrate(c)).unwrap();
         let auth = Authenticator::load(db).await.unwrap();
         // The CLI writes through its own connection while the registry runs.
-        let cli = Connection::open(&path).unwrap();
-        let token = create_token_sync(&cli, Role::AuditAgent, "audit:led-01").unwrap();
+        let mut cli = Connection::open(&path).unwrap();
+        let token = create_token_sync(&mut cli, Role::AuditAgent, "audit:led-01").unwrap();
         assert_eq!(auth.authenticate(&token), None, "not in the cache yet");
         let p = auth
             .authenticate_fresh(&token)

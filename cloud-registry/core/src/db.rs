@@ -34,8 +34,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::OpenFlags;
 use tokio::sync::oneshot;
+
+pub use crate::sql::Connection;
+use crate::sql::{pg::PgConn, Backend, TransactionBehavior};
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
 
@@ -49,7 +52,8 @@ type GroupedJob = Box<dyn FnOnce(&mut Connection) -> Finish + Send + 'static>;
 /// Errors from the database layer.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    #[error("sqlite: {0}")]
+    /// A statement failed (on PostgreSQL too: see [`crate::sql`]).
+    #[error("store: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("the database thread has stopped")]
     Closed,
@@ -120,13 +124,14 @@ pub struct Db {
     /// [`Db::write_grouped`]).
     grouped: Arc<Mutex<Vec<GroupedJob>>>,
     path: PathBuf,
+    backend: Backend,
     wal_stats: Arc<WalStats>,
     /// Dropped with the last handle: the checkpoint thread then runs a
-    /// final checkpoint and stops.
-    _checkpointer: Arc<mpsc::Sender<()>>,
+    /// final checkpoint and stops (SQLite only).
+    _checkpointer: Option<Arc<mpsc::Sender<()>>>,
 }
 
-fn configure(conn: &Connection) -> rusqlite::Result<()> {
+fn configure(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
     // First: every statement after it, `journal_mode` included, waits for
     // a lock another process holds instead of failing at once.
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -141,7 +146,11 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 /// [`CHECKPOINT_EVERY`] until the returned sender (and its clones) are
 /// dropped, then a `TRUNCATE` one. It keeps `stats` and warns when
 /// checkpoints cannot keep up (see the module docs).
-fn spawn_checkpointer(conn: Connection, wal: PathBuf, stats: Arc<WalStats>) -> mpsc::Sender<()> {
+fn spawn_checkpointer(
+    conn: rusqlite::Connection,
+    wal: PathBuf,
+    stats: Arc<WalStats>,
+) -> mpsc::Sender<()> {
     let (tx, rx) = mpsc::channel::<()>();
     let spawned = thread::Builder::new()
         .name("db-checkpoint".to_string())
@@ -243,7 +252,7 @@ impl CheckpointWatch {
 
 /// Run `PRAGMA wal_checkpoint(mode)`: (busy, frames in the WAL, frames
 /// checkpointed).
-fn checkpoint(conn: &Connection, mode: &str) -> Result<(i64, i64, i64), rusqlite::Error> {
+fn checkpoint(conn: &rusqlite::Connection, mode: &str) -> Result<(i64, i64, i64), rusqlite::Error> {
     let sql = format!("PRAGMA wal_checkpoint({mode})");
     conn.query_row(&sql, [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
 }
@@ -285,10 +294,12 @@ fn spawn_worker(
                         // a reader's snapshot. Busy (the checkpoint
                         // thread was running) is worth trying again at
                         // the next job.
-                        let reader_in_way = matches!(
-                            checkpoint(&conn, "PASSIVE"),
-                            Ok((0, log, copied)) if log != copied
-                        );
+                        let reader_in_way = conn.as_sqlite().is_some_and(|c| {
+                            matches!(
+                                checkpoint(c, "PASSIVE"),
+                                Ok((0, log, copied)) if log != copied
+                            )
+                        });
                         if reader_in_way {
                             next_try = Instant::now() + CHECKPOINT_EVERY;
                         }
@@ -330,26 +341,27 @@ impl Db {
             path: path.to_path_buf(),
             source,
         };
-        let mut writer = Connection::open(path).map_err(open_err)?;
+        let writer = rusqlite::Connection::open(path).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
         // Every transaction of the writer takes the write lock when it
         // begins, waiting (busy timeout) behind another process's writer,
         // e.g. `cloud-registry token create`. A deferred one that read first
         // would fail at its first write, without waiting, if that process
         // had committed since the read (SQLITE_BUSY_SNAPSHOT).
-        writer.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
         writer
             .pragma_update(None, "journal_size_limit", wal_limit)
             .map_err(open_err)?;
+        let mut writer = Connection::sqlite(writer, TransactionBehavior::Immediate);
         migrate(&mut writer)?;
-        writer
-            .pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(open_err)?;
-        let checkpointer = Connection::open(path).map_err(open_err)?;
+        if let Some(w) = writer.as_sqlite() {
+            w.pragma_update(None, "wal_autocheckpoint", 0)
+                .map_err(open_err)?;
+        }
+        let checkpointer = rusqlite::Connection::open(path).map_err(open_err)?;
         checkpointer
             .busy_timeout(std::time::Duration::from_secs(5))
             .map_err(open_err)?;
-        let reader = Connection::open_with_flags(
+        let reader = rusqlite::Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
@@ -358,6 +370,7 @@ impl Db {
             .busy_timeout(std::time::Duration::from_secs(5))
             .map_err(open_err)?;
         reader.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let reader = Connection::sqlite(reader, TransactionBehavior::Deferred);
         let wal_stats = Arc::new(WalStats::default());
         Ok(Self {
             writer: spawn_worker(
@@ -368,12 +381,53 @@ impl Db {
             reader: spawn_worker("db-reader", reader, None),
             grouped: Arc::default(),
             path: path.to_path_buf(),
+            backend: Backend::Sqlite,
             wal_stats: wal_stats.clone(),
-            _checkpointer: Arc::new(spawn_checkpointer(checkpointer, wal_path(path), wal_stats)),
+            _checkpointer: Some(Arc::new(spawn_checkpointer(
+                checkpointer,
+                wal_path(path),
+                wal_stats,
+            ))),
         })
     }
 
-    /// The database file.
+    /// Connect to PostgreSQL at `url` (`postgres://user@host:5432/db`) on
+    /// `schema` (created when missing), run `migrate` on the write
+    /// connection, then open the read connection.
+    ///
+    /// Errors: the server cannot be reached or refuses the login, or a
+    /// migration fails ([`DbError::Open`], `path` then being the URL
+    /// without its password).
+    pub fn open_postgres(
+        url: &str,
+        schema: &str,
+        migrate: impl FnOnce(&mut Connection) -> rusqlite::Result<()>,
+    ) -> Result<Self, DbError> {
+        let shown = PathBuf::from(redact_url(url));
+        let open_err = |source| DbError::Open {
+            path: shown.clone(),
+            source,
+        };
+        let mut writer = Connection::postgres(PgConn::connect(url, schema).map_err(open_err)?);
+        migrate(&mut writer)?;
+        let reader = Connection::postgres(PgConn::connect(url, schema).map_err(open_err)?);
+        Ok(Self {
+            writer: spawn_worker("db-writer", writer, None),
+            reader: spawn_worker("db-reader", reader, None),
+            grouped: Arc::default(),
+            path: shown,
+            backend: Backend::Postgres,
+            wal_stats: Arc::default(),
+            _checkpointer: None,
+        })
+    }
+
+    /// The engine this store runs on.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The database file (on PostgreSQL: the URL without its password).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -516,14 +570,14 @@ pub fn backup(
         let path = path.to_path_buf();
         move |source| DbError::Open { path, source }
     };
-    let src = Connection::open_with_flags(from, OpenFlags::SQLITE_OPEN_READ_ONLY)
+    let src = rusqlite::Connection::open_with_flags(from, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .map_err(open_err(from))?;
     src.busy_timeout(Duration::from_secs(5))?;
     let mut partial = to.as_os_str().to_os_string();
     partial.push(".partial");
     let partial = PathBuf::from(partial);
     let _ = std::fs::remove_file(&partial);
-    let mut dst = Connection::open(&partial).map_err(open_err(&partial))?;
+    let mut dst = rusqlite::Connection::open(&partial).map_err(open_err(&partial))?;
     let mut restarts = 0u32;
     let pages = {
         let b = Backup::new(&src, &mut dst)?;
@@ -565,6 +619,25 @@ pub fn backup(
     })
 }
 
+/// `url` with its password, if any, replaced by `***` (for logs and errors).
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -577,22 +650,18 @@ fn run_grouped(conn: &mut Connection, queue: &Mutex<Vec<GroupedJob>>) {
         return;
     }
     // Should BEGIN fail, each write's savepoint commits on its own: the
-    // answers below are then still true.
-    // IMMEDIATE, as for every transaction of the writer (see `Db::open`).
-    let began = conn.execute_batch("BEGIN IMMEDIATE").is_ok();
+    // answers below are then still true. The writer's transactions begin
+    // IMMEDIATE on SQLite (see `Db::open`).
     let mut finishers = Vec::with_capacity(jobs.len());
+    let began = conn.begin().is_ok();
     for job in jobs {
         finishers.push(job(conn));
     }
     let committed = if began {
-        conn.execute_batch("COMMIT")
-            .map_err(|e| DbError::Commit(e.to_string()))
+        conn.commit().map_err(|e| DbError::Commit(e.to_string()))
     } else {
         Ok(())
     };
-    if committed.is_err() && !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
     for finish in finishers {
         finish(match &committed {
             Ok(()) => Ok(()),
@@ -668,7 +737,7 @@ mod tests {
         let other = {
             let (path, stop) = (path.clone(), stop.clone());
             std::thread::spawn(move || {
-                let c = Connection::open(&path).unwrap();
+                let c = rusqlite::Connection::open(&path).unwrap();
                 c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
                 let mut n = 0i64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {

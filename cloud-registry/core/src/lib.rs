@@ -7,6 +7,7 @@
 //! - [`error`]: the JSON error body ([`error::ApiError`]);
 //! - [`extract`]: validated JSON bodies and query strings;
 //! - [`ids`]: time-ordered row ids;
+//! - [`sql`]: one SQL interface over SQLite and PostgreSQL;
 //! - [`storage`]: the store's disk (full or writable).
 
 pub mod auth;
@@ -14,4 +15,5 @@ pub mod db;
 pub mod error;
 pub mod extract;
 pub mod ids;
+pub mod sql;
 pub mod storage;

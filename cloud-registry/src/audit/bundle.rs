@@ -12,13 +12,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
 
+use crate::sql::{params, Connection, OptionalExtension};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use ed25519_dalek::SigningKey;
 use futures::StreamExt;
-use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use shared_protocol::api::ErrorBody;
@@ -447,7 +447,7 @@ fn gather(conn: &Connection, id: &str) -> rusqlite::Result<Gathered> {
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
             let named = |col: usize, set: &dyn Fn(&str) -> bool| -> rusqlite::Result<bool> {
-                Ok(r.get_ref(col)?.as_str_or_null()?.is_some_and(set))
+                Ok(r.get::<_, Option<String>>(col)?.is_some_and(|v| set(&v)))
             };
             if named(1, &|a| a == id)?
                 || named(2, &|l| leases.contains(l))?

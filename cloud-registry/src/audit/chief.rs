@@ -1,7 +1,7 @@
 //! The chief audit (seed 001 §12): its dependencies on other requests and
 //! the sub-results it reads instead of raw data.
 
-use rusqlite::{params, Connection};
+use crate::sql::{params, Connection};
 use serde_json::Value;
 use shared_protocol::audit::{AuditRequestStatus, AuditTaskRequest, AuditType};
 

@@ -6,9 +6,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::sql::types::Value as SqlValue;
+use crate::sql::{params, params_from_iter, Connection, TransactionBehavior};
 use chrono::{TimeDelta, Utc};
-use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, Connection, TransactionBehavior};
 use serde_json::json;
 use shared_protocol::audit::{AuditRequestStatus, AuditType};
 use shared_protocol::event::{CapabilityEvent, EventType};
@@ -98,7 +98,7 @@ pub(crate) fn pick(
                     continue;
                 }
             }
-            chosen = Some(sql::request_row(r)?);
+            chosen = Some(sql::request_row(&r)?);
             break;
         }
         chosen

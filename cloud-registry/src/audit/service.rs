@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::sql::TransactionBehavior;
 use chrono::{TimeDelta, Utc};
-use rusqlite::TransactionBehavior;
 use serde::Serialize;
 use serde_json::{json, Value};
 use shared_protocol::api::Role;
@@ -1177,7 +1177,7 @@ fn ended(claim: &ClaimInfo) -> AuditError {
 /// The caller's live claim on `row`, checked: it exists (else 403), has
 /// not ended and is within its visibility timeout (else 409).
 fn live_claim_of(
-    conn: &rusqlite::Connection,
+    conn: &crate::sql::Connection,
     row: &RequestRow,
     principal: &str,
 ) -> Result<ClaimInfo, AuditError> {
@@ -1207,7 +1207,7 @@ fn live_claim_of(
 /// transaction): end the claim, `completed`, the event, and the messages
 /// to the source thread and the handoff target.
 fn complete(
-    tx: &rusqlite::Connection,
+    tx: &crate::sql::Connection,
     row: &RequestRow,
     claim: &ClaimInfo,
     result: &AuditTaskResult,
@@ -1556,7 +1556,7 @@ fn serves(r: &CapabilityRequirement, c: &CapabilityInfo) -> bool {
 /// Errors: `Invalid` on the first field naming an unknown id, the message
 /// listing every unknown id with its field.
 fn check_artifacts_exist(
-    tx: &rusqlite::Connection,
+    tx: &crate::sql::Connection,
     request: &AuditTaskRequest,
     result: &AuditTaskResult,
 ) -> Result<(), AuditError> {

@@ -5,9 +5,9 @@
 //! here is synchronous and runs on a database thread, inside the caller's
 //! transaction.
 
+use crate::sql::types::Value as SqlValue;
+use crate::sql::{params, params_from_iter, Connection, OptionalExtension, Row};
 use chrono::{DateTime, SecondsFormat, Utc};
-use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row};
 use shared_protocol::audit::{
     AuditDecision, AuditRequestStatus, AuditResultStatus, AuditTaskRequest, AuditTaskResult,
     AuditType,
@@ -119,14 +119,6 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         CREATE INDEX IF NOT EXISTS audit_result_artifacts_artifact
             ON audit_result_artifacts(artifact_id);
 
-        CREATE TRIGGER IF NOT EXISTS audit_results_no_update BEFORE UPDATE ON audit_results
-            BEGIN SELECT RAISE(ABORT, 'audit_results are never rewritten'); END;
-        CREATE TRIGGER IF NOT EXISTS audit_results_no_delete BEFORE DELETE ON audit_results
-            BEGIN SELECT RAISE(ABORT, 'audit_results are never rewritten'); END;
-        CREATE TRIGGER IF NOT EXISTS audit_findings_no_update BEFORE UPDATE ON audit_findings
-            BEGIN SELECT RAISE(ABORT, 'audit_findings are never rewritten'); END;
-        CREATE TRIGGER IF NOT EXISTS audit_findings_no_delete BEFORE DELETE ON audit_findings
-            BEGIN SELECT RAISE(ABORT, 'audit_findings are never rewritten'); END;
 
         CREATE TABLE IF NOT EXISTS thread_registry (
             thread_ref    TEXT PRIMARY KEY,
@@ -153,7 +145,9 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         );
         CREATE INDEX IF NOT EXISTS inter_thread_messages_inbox
             ON inter_thread_messages(to_thread_ref, message_id);",
-    )
+    )?;
+    conn.append_only("audit_results", "audit_results are never rewritten")?;
+    conn.append_only("audit_findings", "audit_findings are never rewritten")
 }
 
 // ---------------------------------------------------------------------------
@@ -652,15 +646,15 @@ pub(crate) fn insert_result(
     }
     for c in &result.used_capabilities {
         conn.execute(
-            "INSERT OR IGNORE INTO audit_result_capabilities (result_id, capability_id)
-             VALUES (?1, ?2)",
+            "INSERT INTO audit_result_capabilities (result_id, capability_id)
+             VALUES (?1, ?2) ON CONFLICT DO NOTHING",
             params![result_id, c],
         )?;
     }
     for a in &result.artifact_refs {
         conn.execute(
-            "INSERT OR IGNORE INTO audit_result_artifacts (result_id, artifact_id)
-             VALUES (?1, ?2)",
+            "INSERT INTO audit_result_artifacts (result_id, artifact_id)
+             VALUES (?1, ?2) ON CONFLICT DO NOTHING",
             params![result_id, a],
         )?;
     }

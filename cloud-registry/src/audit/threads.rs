@@ -3,9 +3,9 @@
 //! such as `mac-01:thread-ui-22` that audit requests come from
 //! (`source_thread_ref`) and results are handed to (`handoff_target`).
 
+use crate::sql::types::Value as SqlValue;
+use crate::sql::{params, params_from_iter, Connection, OptionalExtension, Row};
 use chrono::Utc;
-use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row};
 use serde_json::Value;
 
 use super::error::AuditError;
@@ -100,7 +100,11 @@ pub(crate) fn list(
     conn: &Connection,
     filter: &ThreadFilter,
 ) -> rusqlite::Result<Vec<ThreadRecord>> {
-    let mut clauses = Vec::new();
+    let label_clause = format!(
+        "EXISTS (SELECT 1 FROM {} WHERE value = ?)",
+        conn.json_texts("thread_registry.labels")
+    );
+    let mut clauses: Vec<&str> = Vec::new();
     let mut args: Vec<SqlValue> = Vec::new();
     if let Some(n) = &filter.node_id {
         clauses.push("node_id = ?");
@@ -111,7 +115,7 @@ pub(crate) fn list(
         args.push(SqlValue::Text(r.clone()));
     }
     if let Some(l) = &filter.label {
-        clauses.push("EXISTS (SELECT 1 FROM json_each(thread_registry.labels) WHERE value = ?)");
+        clauses.push(&label_clause);
         args.push(SqlValue::Text(l.clone()));
     }
     let where_sql = if clauses.is_empty() {

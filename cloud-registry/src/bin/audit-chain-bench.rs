@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use cloud_registry::events::{self, chain, NewEvent};
-use rusqlite::{params, Connection};
+use cloud_registry::sql::{params, Connection};
 use serde_json::json;
 use shared_protocol::event::EventType;
 

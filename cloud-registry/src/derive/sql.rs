@@ -5,7 +5,7 @@
 //! its event commit together, so a source never gets two artifacts of one
 //! kind.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::sql::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 use shared_protocol::artifact::{ArtifactType, CapabilityArtifact};
 use shared_protocol::event::{CapabilityEvent, EventType};
@@ -18,11 +18,7 @@ use crate::sessions::sql::{self as session_sql, ArtifactRow, SessionRow};
 /// every artifact uploaded before is marked handled: evidence is derived
 /// from what arrives from then on, not from a store's whole history.
 pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let existed = conn
-        .prepare(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'derivation_sources'",
-        )?
-        .exists([])?;
+    let existed = conn.has_table("derivation_sources")?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS derivation_sources (
             source_artifact_id TEXT PRIMARY KEY,
@@ -40,8 +36,9 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     )?;
     if !existed {
         conn.execute(
-            "INSERT OR IGNORE INTO derivation_sources (source_artifact_id, handled_at)
-             SELECT artifact_id, ?1 FROM capability_artifacts WHERE uploaded = 1",
+            "INSERT INTO derivation_sources (source_artifact_id, handled_at)
+             SELECT artifact_id, ?1 FROM capability_artifacts WHERE uploaded = 1
+             ON CONFLICT DO NOTHING",
             params![session_sql::ts(&chrono::Utc::now())],
         )?;
     }
@@ -212,7 +209,8 @@ pub fn mark_handled(
     now: Timestamp,
 ) -> rusqlite::Result<()> {
     conn.execute(
-        "INSERT OR IGNORE INTO derivation_sources (source_artifact_id, handled_at) VALUES (?1, ?2)",
+        "INSERT INTO derivation_sources (source_artifact_id, handled_at) VALUES (?1, ?2)
+         ON CONFLICT DO NOTHING",
         params![source_artifact_id, session_sql::ts(&now)],
     )?;
     Ok(())

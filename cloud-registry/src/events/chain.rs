@@ -14,9 +14,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::sql::{params, Connection, OptionalExtension};
 use chrono::Utc;
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
-use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 pub use shared_protocol::chain::{canonical, row_hash, ChainRow, GENESIS};
@@ -80,9 +80,7 @@ pub fn head(conn: &Connection) -> rusqlite::Result<(u64, String)> {
 /// rows are chained once, in order, here (the append-only triggers are
 /// dropped for that and created again by the caller).
 pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let has_hash: bool = conn
-        .prepare("SELECT 1 FROM pragma_table_info('events') WHERE name = 'hash'")?
-        .exists([])?;
+    let has_hash: bool = conn.has_column("events", "hash")?;
     if !has_hash {
         conn.execute_batch(
             "ALTER TABLE events ADD COLUMN prev_hash TEXT;
@@ -107,12 +105,9 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             signed_at     TEXT NOT NULL,
             public_key    TEXT NOT NULL,
             signature     TEXT NOT NULL
-        );
-        CREATE TRIGGER IF NOT EXISTS event_checkpoints_no_update BEFORE UPDATE ON event_checkpoints
-            BEGIN SELECT RAISE(ABORT, 'event_checkpoints is append-only'); END;
-        CREATE TRIGGER IF NOT EXISTS event_checkpoints_no_delete BEFORE DELETE ON event_checkpoints
-            BEGIN SELECT RAISE(ABORT, 'event_checkpoints is append-only'); END;",
-    )
+        );",
+    )?;
+    conn.append_only("event_checkpoints", "event_checkpoints is append-only")
 }
 
 /// Stored rows with `after < event_id <= upto`, oldest first, with their

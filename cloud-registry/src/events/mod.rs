@@ -21,8 +21,8 @@ pub mod follow;
 
 use std::sync::Arc;
 
+use crate::sql::{params, Connection, OptionalExtension};
 use chrono::Utc;
-use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 use shared_protocol::event::{CapabilityEvent, EventType};
 use tokio::sync::broadcast;
@@ -124,12 +124,7 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         DROP INDEX IF EXISTS events_capability;",
     )?;
     chain::migrate(conn)?;
-    conn.execute_batch(
-        "CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
-            BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;
-        CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
-            BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;",
-    )
+    conn.append_only("events", "events is append-only")
 }
 
 /// Append `ev` using `conn` (normally inside the caller's transaction) and
@@ -193,7 +188,7 @@ pub fn append(conn: &Connection, mut ev: NewEvent) -> rusqlite::Result<Capabilit
     })
 }
 
-fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<CapabilityEvent> {
+fn row_to_event(r: &crate::sql::Row<'_>) -> rusqlite::Result<CapabilityEvent> {
     let event_type: String = r.get(1)?;
     let occurred_at: String = r.get(2)?;
     let data: String = r.get(9)?;

@@ -16,8 +16,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use crate::sql::{params, Connection};
 use chrono::SecondsFormat;
-use rusqlite::{params, Connection};
 use sha2::{Digest, Sha256};
 use shared_protocol::Timestamp;
 use tokio::time::Instant;
@@ -73,9 +73,12 @@ pub(crate) fn write(conn: &Connection, changes: &[KeyChange]) -> rusqlite::Resul
             } => {
                 let ids = serde_json::to_string(lease_ids).unwrap_or_else(|_| "[]".to_string());
                 conn.prepare_cached(
-                    "INSERT OR REPLACE INTO lease_idempotency_keys
+                    "INSERT INTO lease_idempotency_keys
                          (principal, idempotency_key, fingerprint, lease_ids, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (principal, idempotency_key) DO UPDATE SET
+                         fingerprint = excluded.fingerprint, lease_ids = excluded.lease_ids,
+                         created_at = excluded.created_at",
                 )?
                 .execute(params![
                     principal,

@@ -135,7 +135,7 @@ pub use safe_state::{
 
 /// Create the lease engine's tables (leases, idempotency keys);
 /// idempotent. [`LeaseEngine::start`] runs it too.
-pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+pub fn migrate(conn: &crate::sql::Connection) -> rusqlite::Result<()> {
     sql::migrate(conn)?;
     idempotency::migrate(conn)
 }

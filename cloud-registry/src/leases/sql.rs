@@ -7,9 +7,9 @@
 //! the arrival sequence (`queue_seq`, monotonic), what was asked for
 //! (`want`, JSON), the preemption intent and the queue timeout.
 
+use crate::sql::types::Type;
+use crate::sql::{params, Connection, OptionalExtension, Row as SqlRow};
 use chrono::{SecondsFormat, Utc};
-use rusqlite::types::Type;
-use rusqlite::{params, Connection, OptionalExtension, Row as SqlRow};
 use shared_protocol::event::CapabilityEvent;
 use shared_protocol::lease::{CapabilityLease, LeaseStatus};
 use shared_protocol::Timestamp;
@@ -71,9 +71,7 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     ))?;
     // `generation` (the grant order that fences commands to the bench)
     // came later: add it to a table made before.
-    let has_generation = conn
-        .prepare("SELECT 1 FROM pragma_table_info('capability_leases') WHERE name = 'generation'")?
-        .exists([])?;
+    let has_generation = conn.has_column("capability_leases", "generation")?;
     if !has_generation {
         conn.execute_batch("ALTER TABLE capability_leases ADD COLUMN generation INTEGER")?;
     }
@@ -343,7 +341,7 @@ pub(crate) fn list(
         sql.push_str(&format!(" LIMIT {limit}"));
     }
     let mut stmt = conn.prepare(&sql)?;
-    let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), read_row)?;
+    let rows = stmt.query_map(crate::sql::params_from_iter(args.iter()), read_row)?;
     rows.map(|r| r.map(|row| row.lease)).collect()
 }
 

@@ -8,9 +8,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::sql::types::Type;
+use crate::sql::{params, Connection, OptionalExtension, Row, Transaction};
 use chrono::{SecondsFormat, Utc};
-use rusqlite::types::Type;
-use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 use shared_protocol::capability::{
@@ -992,13 +992,14 @@ impl ProviderStore for SqliteProviderStore {
         Ok(self
             .db
             .read(move |c| -> rusqlite::Result<Vec<Capability>> {
+                let tags = c.json_texts("capabilities.tags");
                 let mut stmt = c.prepare_cached(&format!(
                     "SELECT {CAPABILITY_COLUMNS} FROM capabilities
                      WHERE (?1 IS NULL OR capability_type = ?1)
                        AND (?2 IS NULL OR provider_id = ?2)
                        AND (?3 IS NULL OR status = ?3)
                        AND (?4 IS NULL OR EXISTS
-                            (SELECT 1 FROM json_each(capabilities.tags) WHERE value = ?4))
+                            (SELECT 1 FROM {tags} WHERE value = ?4))
                      ORDER BY capability_id"
                 ))?;
                 let rows = stmt.query_map(

@@ -135,7 +135,7 @@ impl Default for SessionsConfig {
 
 /// Create the tables of sessions, artifacts and held uploads, and the
 /// bookkeeping of unbound bytes (idempotent).
-pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+pub fn migrate(conn: &crate::sql::Connection) -> rusqlite::Result<()> {
     sql::migrate(conn)?;
     unbound::migrate(conn)
 }

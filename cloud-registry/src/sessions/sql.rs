@@ -5,9 +5,9 @@
 //! database thread with a connection; every state change appends its event
 //! in the same transaction and returns it for publishing after commit.
 
+use crate::sql::types::Type;
+use crate::sql::{params, Connection, OptionalExtension, Row as SqlRow};
 use chrono::{SecondsFormat, Utc};
-use rusqlite::types::Type;
-use rusqlite::{params, Connection, OptionalExtension, Row as SqlRow};
 use serde_json::{json, Map, Value};
 use shared_protocol::artifact::CapabilityArtifact;
 use shared_protocol::event::{CapabilityEvent, EventType};
@@ -83,21 +83,13 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     )?;
     // `late_report` (a report of an action run outside its lease) came
     // later: add it to a table made before.
-    let has_late_report = conn
-        .prepare(
-            "SELECT 1 FROM pragma_table_info('capability_sessions') WHERE name = 'late_report'",
-        )?
-        .exists([])?;
+    let has_late_report = conn.has_column("capability_sessions", "late_report")?;
     if !has_late_report {
         conn.execute_batch("ALTER TABLE capability_sessions ADD COLUMN late_report TEXT")?;
     }
     // `derived_from` (the source of evidence the registry derived, see
     // `crate::derive`) came later too.
-    let has_derived_from = conn
-        .prepare(
-            "SELECT 1 FROM pragma_table_info('capability_artifacts') WHERE name = 'derived_from'",
-        )?
-        .exists([])?;
+    let has_derived_from = conn.has_column("capability_artifacts", "derived_from")?;
     if !has_derived_from {
         conn.execute_batch("ALTER TABLE capability_artifacts ADD COLUMN derived_from TEXT")?;
     }
@@ -965,9 +957,12 @@ pub fn record_upload(
         let first = held.as_deref() != Some(sha256);
         if first {
             tx.execute(
-                "INSERT OR REPLACE INTO artifact_pending_uploads
+                "INSERT INTO artifact_pending_uploads
                      (artifact_id, provider_id, sha256, size_bytes, received_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (artifact_id, provider_id) DO UPDATE SET
+                     sha256 = excluded.sha256, size_bytes = excluded.size_bytes,
+                     received_at = excluded.received_at",
                 params![
                     artifact_id,
                     provider_id,
@@ -1192,7 +1187,7 @@ pub fn open_sessions_of(
              SELECT session_id, capability_id, 1, started_at, rowid
                FROM capability_sessions INDEXED BY capability_sessions_presumed
               WHERE ended_by = 'registry' AND provider_id = ?1 AND ended_at >= ?2
-         ) ORDER BY part, started_at, r LIMIT ?3",
+         ) AS listed ORDER BY part, started_at, r LIMIT ?3",
     )?;
     let rows = stmt.query_map(
         params![provider_id, ts(&presumed_since), limit as i64],

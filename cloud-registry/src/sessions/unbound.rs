@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::sql::{params, Connection, OptionalExtension};
 use shared_protocol::Timestamp;
 
 use super::sql::ts;
@@ -55,10 +55,11 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             ON artifact_pending_uploads(received_at);
         CREATE INDEX IF NOT EXISTS capability_artifacts_checksum
             ON capability_artifacts(checksum);
-        INSERT OR IGNORE INTO artifact_unbound_blobs
+        INSERT INTO artifact_unbound_blobs
             (provider_id, sha256, artifact_id, size_bytes, received_at)
             SELECT provider_id, sha256, artifact_id, size_bytes, received_at
-            FROM artifact_pending_uploads;",
+            FROM artifact_pending_uploads WHERE true
+            ON CONFLICT DO NOTHING;",
     )
 }
 
@@ -75,9 +76,9 @@ pub fn note_unbound(
     now: Timestamp,
 ) -> rusqlite::Result<()> {
     conn.prepare_cached(
-        "INSERT OR IGNORE INTO artifact_unbound_blobs
+        "INSERT INTO artifact_unbound_blobs
              (provider_id, sha256, artifact_id, size_bytes, received_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
     )?
     .execute(params![
         provider_id,
