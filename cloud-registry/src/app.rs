@@ -4,7 +4,7 @@
 //!
 //! # Adding a feature module
 //! A feature module (providers, leases, agents, audit tasks, sessions)
-//! provides `pub fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()>`
+//! provides `pub fn migrate(conn: &crate::sql::Connection) -> rusqlite::Result<()>`
 //! (idempotent `CREATE TABLE IF NOT EXISTS ...`) and, in its `api.rs`, an
 //! axum `Router` built from its own state. To plug it in:
 //! 1. add `("name", module::migrate)` to [`MIGRATIONS`];
@@ -21,10 +21,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sql::Connection;
 use axum::extract::DefaultBodyLimit;
 use axum::{Extension, Router};
 use ed25519_dalek::SigningKey;
-use rusqlite::Connection;
 use serde_json::json;
 use shared_protocol::api::Role;
 use shared_protocol::capability::Capability;
@@ -113,8 +113,8 @@ pub enum AppError {
     Lease(#[from] LeaseError),
     #[error("artifact store: {0}")]
     Blob(#[from] sessions::BlobError),
-    #[error("store {0} is in use by another registry process (one registry per store file)")]
-    StoreInUse(PathBuf),
+    #[error("store {0} is in use by another registry process (one registry per store)")]
+    StoreInUse(String),
     #[error("Earth entity data: {0}")]
     Entities(#[from] EntityError),
     #[error("agent runtime: {0}")]
@@ -172,7 +172,7 @@ pub fn lock_store(store: &Path) -> Result<std::fs::File, AppError> {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(AppError::StoreInUse(store.to_path_buf()))
+                return Err(AppError::StoreInUse(store.display().to_string()))
             }
             Err(std::fs::TryLockError::Error(source)) => {
                 return Err(AppError::Io {
@@ -193,6 +193,87 @@ pub fn open_db(path: &Path) -> Result<Db, DbError> {
     Db::open(path, migrate_all)
 }
 
+/// The PostgreSQL advisory lock key of `schema`: the first 8 bytes of
+/// sha256(`benchlink-store:` + schema), as a signed 64-bit integer.
+pub fn schema_lock_key(schema: &str) -> i64 {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(format!("benchlink-store:{schema}").as_bytes());
+    i64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// What keeps a second registry off the store while this one runs.
+pub enum StoreLock {
+    /// SQLite: the `flock` of `<store>.lock` ([`lock_store`]).
+    File(std::fs::File),
+    /// PostgreSQL: a session of its own holding the schema's advisory lock
+    /// ([`schema_lock_key`]); the server lets it go when the session ends
+    /// (the registry stopped or was killed). The session lives on a thread
+    /// of its own (the client blocks), which ends it when this is dropped.
+    Postgres(std::sync::mpsc::Sender<()>),
+}
+
+/// Keep `client` (holding the advisory lock) open on a thread of its own
+/// until the returned sender is dropped.
+fn hold_lock_session(client: postgres::Client) -> std::sync::mpsc::Sender<()> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("store-lock".into())
+        .spawn(move || {
+            let _ = rx.recv();
+            drop(client);
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the store lock thread");
+    }
+    tx
+}
+
+/// Take the advisory lock of `store`'s PostgreSQL schema on a session of
+/// its own, asking again for up to [`STORE_LOCK_WAIT`].
+///
+/// Errors: [`AppError::StoreInUse`] while another registry holds it; the
+/// server cannot be reached.
+pub fn lock_store_postgres(store: &crate::config::StoreConfig) -> Result<StoreLock, AppError> {
+    let url = store.url.as_deref().unwrap_or_default();
+    let mut client = postgres::Client::connect(url, postgres::NoTls)
+        .map_err(|e| AppError::Sqlite(crate::sql::pg::to_error(e)))?;
+    let key = schema_lock_key(&store.schema);
+    let deadline = std::time::Instant::now() + STORE_LOCK_WAIT;
+    loop {
+        let got: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+            .and_then(|r| r.try_get(0))
+            .map_err(|e| AppError::Sqlite(crate::sql::pg::to_error(e)))?;
+        if got {
+            return Ok(StoreLock::Postgres(hold_lock_session(client)));
+        }
+        if std::time::Instant::now() >= deadline {
+            drop(hold_lock_session(client));
+            return Err(AppError::StoreInUse(store.describe()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Open the store `[store]` names and run every migration: the SQLite
+/// file, or the PostgreSQL schema.
+///
+/// Errors: the store cannot be opened or migrated.
+pub fn open_store(store: &crate::config::StoreConfig) -> Result<Db, DbError> {
+    match (store.backend, store.url.as_deref()) {
+        (crate::config::StoreBackend::Postgres, Some(url)) => {
+            Db::open_postgres(url, &store.schema, migrate_all)
+        }
+        (crate::config::StoreBackend::Postgres, None) => Err(DbError::Open {
+            path: PathBuf::from("store.url"),
+            source: rusqlite::Error::InvalidPath(PathBuf::from(
+                "store.url is required with backend = \"postgres\"",
+            )),
+        }),
+        (crate::config::StoreBackend::Sqlite, _) => open_db(&store.path),
+    }
+}
+
 /// The id of the newest event (0 when the log is empty).
 pub async fn last_event_id(db: &Db) -> Result<u64, DbError> {
     Ok(db.read(|c| events::last_id(c)).await??)
@@ -205,7 +286,7 @@ pub async fn last_event_id(db: &Db) -> Result<u64, DbError> {
 /// Errors: the store cannot be opened or written, or `name` already has
 /// tokens of another role ([`auth::TokenError::RoleConflict`]).
 pub fn create_token_offline(config: &Config, role: Role, name: &str) -> Result<String, AppError> {
-    let db = open_db(&config.store.path)?;
+    let db = open_store(&config.store)?;
     let name = name.to_string();
     Ok(db.write_blocking(move |c| auth::create_token_sync(c, role, &name))??)
 }
@@ -585,7 +666,7 @@ pub struct RunningRegistry {
     pub db: Db,
     mqtt: MqttLink,
     /// Held for the registry's life: one registry per store file.
-    _store_lock: std::fs::File,
+    _store_lock: StoreLock,
     shutdown_tx: watch::Sender<bool>,
     http: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -614,7 +695,13 @@ impl Registry {
         let mqtt_tls = tls.mqtt_gate.is_some() || tls.mqtt_client.is_some();
         // It may wait up to STORE_LOCK_WAIT: not on a runtime worker.
         let store_path = config.store.path.clone();
-        let store_lock = tokio::task::spawn_blocking(move || lock_store(&store_path)).await??;
+        let sqlite = config.store.backend == crate::config::StoreBackend::Sqlite;
+        let store_for_lock = config.store.clone();
+        let store_lock = tokio::task::spawn_blocking(move || match sqlite {
+            true => lock_store(&store_path).map(StoreLock::File),
+            false => lock_store_postgres(&store_for_lock),
+        })
+        .await??;
         let store_dir = config
             .store
             .path
@@ -623,8 +710,8 @@ impl Registry {
             .unwrap_or(std::path::Path::new("."));
         crate::storage::set_store_dir(store_dir);
         crate::storage::start_probe();
-        let path = config.store.path.clone();
-        let db = tokio::task::spawn_blocking(move || open_db(&path)).await??;
+        let store_config = config.store.clone();
+        let db = tokio::task::spawn_blocking(move || open_store(&store_config)).await??;
         let signing = open_chain(&config, &db).await?;
         let auth = Authenticator::load(db.clone()).await?;
         let admin_token = match &config.auth.bootstrap_admin_token_file {
@@ -1104,7 +1191,6 @@ mod tests {
             let (path, stop) = (path.clone(), stop.clone());
             std::thread::spawn(move || {
                 let c = Connection::open(&path).unwrap();
-                c.busy_timeout(Duration::from_secs(5)).unwrap();
                 let mut n = 0i64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     c.execute("INSERT INTO busy_probe (n) VALUES (?1)", [n])

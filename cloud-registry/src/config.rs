@@ -224,20 +224,59 @@ impl Default for HttpConfig {
     }
 }
 
-/// `[store]`: where the registry keeps its state.
+/// `[store] backend`: the database engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreBackend {
+    /// One SQLite file (`path`), one registry process.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL database (`url`, `schema`).
+    Postgres,
+}
+
+/// `[store]`: where the registry keeps its state (docs/scale.md).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
+    /// `sqlite` (default) or `postgres`.
+    pub backend: StoreBackend,
     /// SQLite database file (created with its directory when missing).
     /// A relative path is relative to the directory of the config file
-    /// ([`Config::load`]), whatever the working directory.
+    /// ([`Config::load`]), whatever the working directory. On PostgreSQL
+    /// its directory is where the registry keeps its files (the audit-log
+    /// signing key).
     pub path: PathBuf,
+    /// PostgreSQL only: the connection URL,
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (libpq's form;
+    /// `?sslmode=` is not supported).
+    pub url: Option<String>,
+    /// PostgreSQL only: the schema the registry's tables live in (created
+    /// when missing). Default `public`.
+    pub schema: String,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
+            backend: StoreBackend::Sqlite,
             path: PathBuf::from("cloud-registry.sqlite3"),
+            url: None,
+            schema: "public".into(),
+        }
+    }
+}
+
+impl StoreConfig {
+    /// How logs and errors name the store: the file, or the URL without
+    /// its password and the schema.
+    pub fn describe(&self) -> String {
+        match (self.backend, &self.url) {
+            (StoreBackend::Postgres, Some(url)) => {
+                format!("{} (schema {})", crate::db::redact_url(url), self.schema)
+            }
+            (StoreBackend::Postgres, None) => "postgres (no store.url)".into(),
+            (StoreBackend::Sqlite, _) => self.path.display().to_string(),
         }
     }
 }
@@ -651,6 +690,34 @@ impl Config {
         );
         // [store]
         check_path(bad, "store.path", Some(&self.store.path), PathKind::File);
+        match (self.store.backend, self.store.url.as_deref()) {
+            (StoreBackend::Postgres, None) => bad(
+                "store.url",
+                "required with backend = \"postgres\": postgres://USER@HOST:5432/DATABASE".into(),
+            ),
+            (StoreBackend::Postgres, Some(url)) => {
+                if let Err(e) = url.parse::<postgres::Config>() {
+                    bad("store.url", format!("not a PostgreSQL URL: {e}"));
+                } else if url.contains("sslmode=") {
+                    bad("store.url", "sslmode is not supported: connect on a trusted network or through a TLS tunnel".into());
+                }
+                let schema_ok = !self.store.schema.is_empty()
+                    && self.store.schema.len() <= 63
+                    && self
+                        .store
+                        .schema
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                if !schema_ok {
+                    bad("store.schema", "must be 1 to 63 of a-z, 0-9 and _".into());
+                }
+            }
+            (StoreBackend::Sqlite, Some(_)) => bad(
+                "store.url",
+                "only with backend = \"postgres\" (the SQLite store is store.path)".into(),
+            ),
+            (StoreBackend::Sqlite, None) => {}
+        }
         // [auth]
         check_path(
             bad,

@@ -194,7 +194,9 @@ struct StoreMissing {
 /// opening it would make a new, empty store (a typo in `--config` would
 /// then mint tokens no registry knows of, or list none).
 fn require_store(config: &std::path::Path, cfg: &Config, hint: &'static str) -> anyhow::Result<()> {
-    if cfg.store.path.exists() {
+    if cfg.store.backend == cloud_registry::config::StoreBackend::Postgres
+        || cfg.store.path.exists()
+    {
         return Ok(());
     }
     Err(StoreMissing {
@@ -213,8 +215,7 @@ fn open_existing_store(
     cfg: &Config,
 ) -> anyhow::Result<cloud_registry::db::Db> {
     require_store(config, cfg, "")?;
-    let path = &cfg.store.path;
-    app::open_db(path).with_context(|| format!("opening store {}", path.display()))
+    app::open_store(&cfg.store).with_context(|| format!("opening store {}", cfg.store.describe()))
 }
 
 /// The tokens as a table for a person: NAME, ROLE, CREATED_AT and REVOKED
@@ -408,16 +409,18 @@ async fn serve(
 /// (a read-only connection, beside a running registry too).
 fn audit_log(cmd: AuditLogCommand) -> anyhow::Result<std::process::ExitCode> {
     use cloud_registry::events::chain::{self, Checkpoint, SigningKeyFile};
-    use rusqlite::{Connection, OpenFlags};
+    use cloud_registry::sql::Connection;
     let open = |config: &std::path::Path| -> anyhow::Result<(Config, Connection)> {
         let cfg = Config::load(config)?;
         require_store(config, &cfg, "")?;
-        let conn = Connection::open_with_flags(
-            &cfg.store.path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .with_context(|| format!("opening store {}", cfg.store.path.display()))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let conn = match (cfg.store.backend, cfg.store.url.as_deref()) {
+            (cloud_registry::config::StoreBackend::Postgres, Some(url)) => {
+                cloud_registry::sql::pg::PgConn::connect(url, &cfg.store.schema)
+                    .map(Connection::postgres)
+            }
+            _ => Connection::open_read_only(&cfg.store.path),
+        }
+        .with_context(|| format!("opening store {}", cfg.store.describe()))?;
         Ok((cfg, conn))
     };
     let stored_public = |cfg: &Config| -> anyhow::Result<String> {
@@ -640,6 +643,10 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             pause_ms,
         } => {
             let cfg = Config::load(&config)?;
+            anyhow::ensure!(
+                cfg.store.backend == cloud_registry::config::StoreBackend::Sqlite,
+                "backup copies a SQLite store; back a PostgreSQL store up with pg_dump or the server's base backups (docs/scale.md)"
+            );
             let from = &cfg.store.path;
             anyhow::ensure!(
                 from.exists(),
