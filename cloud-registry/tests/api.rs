@@ -1539,8 +1539,8 @@ async fn a_second_registry_on_the_same_store_refuses_to_start() {
     let first = start(test_config(&dir)).await;
     let second = cloud_registry::app::Registry::start(test_config(&dir)).await;
     match second {
-        Err(cloud_registry::app::AppError::StoreInUse(path)) => {
-            assert_eq!(path, dir.path().join("registry.sqlite3"))
+        Err(cloud_registry::app::AppError::StoreInUse(store)) => {
+            assert_eq!(store, test_config(&dir).store.describe())
         }
         Err(other) => panic!("expected StoreInUse, got {other}"),
         Ok(_) => panic!("a second registry started on a store in use"),
@@ -1942,15 +1942,15 @@ async fn an_open_event_stream_ends_when_its_token_is_revoked_over_http() {
 
 #[tokio::test]
 async fn an_open_event_stream_ends_when_another_process_revokes_its_token() {
-    let (_dir, reg, api, admin) = registry_with_p1(|_| {}).await;
-    let store = reg.db_path();
+    let (dir, reg, api, admin) = registry_with_p1(|_| {}).await;
+    let dir = std::sync::Arc::new(dir);
     let (_viewer, mut sse) = viewer_stream(&api, &admin).await;
 
     // What `cloud-registry token revoke` does: a write to the store the
     // running registry learns of only by reading it.
+    let for_cli = dir.clone();
     tokio::task::spawn_blocking(move || {
-        let mut conn = rusqlite::Connection::open(store).unwrap();
-        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        let mut conn = store_connection(&for_cli);
         cloud_registry::auth::revoke_tokens_sync(&mut conn, "viewer-sse").unwrap();
     })
     .await

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use cloud_registry::app::{AppError, Registry};
 use cloud_registry::events::chain;
+use cloud_registry::sql::{params, Connection};
 use common::*;
-use rusqlite::{params, Connection};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -39,14 +39,7 @@ async fn used_store() -> (TempDir, PathBuf, u64) {
     assert!(last >= 8, "{last} events");
     reg.shutdown().await;
     let config = dir.path().join("registry.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store]\npath = {:?}\n",
-            dir.path().join("registry.sqlite3").display().to_string()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, store_toml(&dir)).unwrap();
     (dir, config, last)
 }
 
@@ -68,14 +61,19 @@ fn verify(config: &Path, extra: &[&str]) -> (bool, String) {
 
 /// Change the store at `config` with `sql` after dropping the
 /// append-only triggers (what someone with the file can do).
-fn tamper(dir: &TempDir, f: impl FnOnce(&Connection)) {
-    let conn = Connection::open(dir.path().join("registry.sqlite3")).unwrap();
-    conn.execute_batch(
-        "DROP TRIGGER events_no_update; DROP TRIGGER events_no_delete;
-         DROP TRIGGER event_checkpoints_no_delete;",
-    )
-    .unwrap();
-    f(&conn);
+///
+/// On a thread of its own: a store connection blocks, which must not
+/// happen on the test's runtime thread.
+fn tamper(dir: &TempDir, f: impl FnOnce(&Connection) + Send) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let conn = store_connection(dir);
+            drop_append_only(&conn, &["events", "event_checkpoints"]);
+            f(&conn);
+        })
+        .join()
+        .unwrap()
+    });
 }
 
 #[tokio::test]
@@ -204,11 +202,15 @@ async fn events_cut_off_the_end_are_caught_by_a_checkpoint() {
 }
 
 fn tamper_checkpoints_away(dir: &TempDir) {
-    let conn = Connection::open(dir.path().join("registry.sqlite3")).unwrap();
-    conn.execute_batch(
-        "DROP TRIGGER IF EXISTS event_checkpoints_no_delete; DELETE FROM event_checkpoints;",
-    )
-    .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let conn = store_connection(dir);
+            drop_append_only(&conn, &["event_checkpoints"]);
+            conn.execute_batch("DELETE FROM event_checkpoints").unwrap();
+        })
+        .join()
+        .unwrap()
+    });
 }
 
 #[tokio::test]

@@ -315,10 +315,8 @@ impl Bench {
     /// `artifact_dir`, `artifacts` next to the SQLite file).
     fn blob_file(&self, bytes: &[u8]) -> PathBuf {
         let sum = sha256_hex(bytes);
-        self.reg
-            .db_path()
-            .parent()
-            .unwrap()
+        self._dir
+            .path()
             .join("artifacts")
             .join("sha256")
             .join(&sum[..2])
@@ -328,13 +326,7 @@ impl Bench {
     /// Wait until `n` upload bodies are being received (staged files in
     /// the artifact store's `staging` directory): their checks have passed.
     async fn wait_staged(&self, n: usize) {
-        let dir = self
-            .reg
-            .db_path()
-            .parent()
-            .unwrap()
-            .join("artifacts")
-            .join("staging");
+        let dir = self._dir.path().join("artifacts").join("staging");
         for _ in 0..500 {
             let staged = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
             if staged >= n {
@@ -560,7 +552,7 @@ async fn an_upload_whose_bytes_do_not_match_the_declared_sha256_is_refused_and_n
         .get("/api/v1/artifacts/art-mismatch/content", Some(&b.agent))
         .await;
     assert_error(&r, StatusCode::CONFLICT, "artifact_not_uploaded");
-    let blobs = b.reg.db_path().parent().unwrap().join("artifacts");
+    let blobs = b._dir.path().join("artifacts");
     for sum in [sha256_hex(&bytes), sha256_hex(&damaged)] {
         assert!(
             !blobs

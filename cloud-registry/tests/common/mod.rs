@@ -18,12 +18,88 @@ use tempfile::TempDir;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-/// A config on free ports, storing under `dir`, with an admin token file.
+/// Whether this run stores in PostgreSQL (`BENCHLINK_TEST_STORE=postgres`,
+/// the second pass of `scripts/test.sh`) rather than SQLite.
+pub fn on_postgres() -> bool {
+    std::env::var("BENCHLINK_TEST_STORE").as_deref() == Ok("postgres")
+}
+
+/// The PostgreSQL server of the PostgreSQL pass:
+/// `BENCHLINK_TEST_POSTGRES_URL`, by default the lab's 127.0.0.1:5432,
+/// database `test`.
+pub fn postgres_url() -> String {
+    std::env::var("BENCHLINK_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A schema of its own for the store of the test that owns `dir`
+/// (`bl_test_` and the directory's name).
+pub fn postgres_schema(dir: &TempDir) -> String {
+    let name = dir.path().file_name().unwrap().to_string_lossy();
+    let tail: String = name
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    format!("bl_test_{}_{tail}", std::process::id())
+}
+
+/// A connection of its own to the store of the [`test_config`] of `dir`
+/// (what a CLI command beside the registry opens). Blocking.
+pub fn store_connection(dir: &TempDir) -> cloud_registry::sql::Connection {
+    let store = test_config(dir).store;
+    match store.url {
+        Some(url) => cloud_registry::sql::Connection::postgres(
+            cloud_registry::sql::pg::PgConn::connect(&url, &store.schema).expect("connect"),
+        ),
+        None => cloud_registry::sql::Connection::open(&store.path).expect("open the store"),
+    }
+}
+
+/// The `[store]` table of the [`test_config`] of `dir`, as TOML (for a
+/// config file a CLI command reads).
+pub fn store_toml(dir: &TempDir) -> String {
+    let store = test_config(dir).store;
+    let mut t = format!("[store]\npath = {:?}\n", store.path.display().to_string());
+    if let Some(url) = &store.url {
+        t.push_str(&format!(
+            "backend = \"postgres\"\nurl = {url:?}\nschema = {:?}\n",
+            store.schema
+        ));
+    }
+    t
+}
+
+/// Drops the append-only triggers of `tables` on the store of `dir` (what
+/// someone with the file, or the database's owner, can do).
+pub fn drop_append_only(conn: &cloud_registry::sql::Connection, tables: &[&str]) {
+    for t in tables {
+        let sql = match conn.backend() {
+            cloud_registry::sql::Backend::Sqlite => {
+                format!(
+                    "DROP TRIGGER IF EXISTS {t}_no_update; DROP TRIGGER IF EXISTS {t}_no_delete;"
+                )
+            }
+            cloud_registry::sql::Backend::Postgres => {
+                format!("DROP TRIGGER IF EXISTS {t}_append_only ON {t};")
+            }
+        };
+        conn.execute_batch(&sql).unwrap();
+    }
+}
+
+/// A config on free ports, storing under `dir` (on the PostgreSQL pass,
+/// in a schema of its own), with an admin token file.
 pub fn test_config(dir: &TempDir) -> Config {
     let mut cfg = Config::default();
     cfg.http.listen = "127.0.0.1:0".parse().unwrap();
     cfg.mqtt.listen = "127.0.0.1:0".parse().unwrap();
     cfg.store.path = dir.path().join("registry.sqlite3");
+    if on_postgres() {
+        cfg.store.backend = cloud_registry::config::StoreBackend::Postgres;
+        cfg.store.url = Some(postgres_url());
+        cfg.store.schema = postgres_schema(dir);
+    }
     cfg.auth.bootstrap_admin_token_file = Some(dir.path().join("admin.token"));
     cfg
 }
