@@ -89,6 +89,11 @@ struct Args {
     /// The registry binary (default: `cloud-registry` next to this executable).
     #[arg(long)]
     registry_bin: Option<PathBuf>,
+    /// Store the registry's state in PostgreSQL at this URL
+    /// (`postgres://postgres@127.0.0.1:5432/test`), each registry started
+    /// in a new schema dropped afterwards, instead of a SQLite file.
+    #[arg(long)]
+    store_url: Option<String>,
     /// Measured seconds per run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
@@ -278,7 +283,12 @@ struct RegistryProcess {
     admin_token: String,
     db_path: PathBuf,
     log_path: PathBuf,
+    /// PostgreSQL: the URL and the schema, dropped when the process is.
+    pg_schema: Option<(String, String)>,
 }
+
+/// `--store-url`, once parsed.
+static STORE_URL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 #[derive(Deserialize)]
 struct ReadyLine {
@@ -308,13 +318,25 @@ impl RegistryProcess {
         extra_config: &str,
     ) -> Result<Self> {
         let db_path = dir.join("registry.sqlite3");
+        let schema = STORE_URL.get().and_then(|u| u.as_ref()).map(|url| {
+            static STARTED: AtomicUsize = AtomicUsize::new(0);
+            let n = STARTED.fetch_add(1, Ordering::Relaxed);
+            (url.clone(), format!("bench_{}_{n}", std::process::id()))
+        });
         let token_path = dir.join("admin.token");
         let log_path = dir.join("registry.log");
         // `toml::Value`'s Display quotes and escapes a string as TOML.
         let quoted = |p: &Path| toml::Value::from(p.display().to_string()).to_string();
+        let store_extra = match &schema {
+            Some((url, schema)) => format!(
+                "backend = \"postgres\"\nurl = {}\nschema = \"{schema}\"\n",
+                toml::Value::from(url.clone())
+            ),
+            None => String::new(),
+        };
         let config = format!(
             "[http]\nlisten = \"127.0.0.1:0\"\n\n\
-             [store]\npath = {}\n\n\
+             [store]\npath = {}\n{store_extra}\n\
              [auth]\nbootstrap_admin_token_file = {}\n\n\
              [mqtt]\n{mqtt_config}\n\
              [sessions]\nartifact_dir = {}\n\n{extra_config}",
@@ -349,6 +371,7 @@ impl RegistryProcess {
             }
         });
         let mut process = Self {
+            pg_schema: schema,
             child,
             pid,
             base: String::new(),
@@ -402,6 +425,11 @@ impl Drop for RegistryProcess {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        if let Some((url, schema)) = &self.pg_schema {
+            if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+            }
         }
     }
 }
@@ -1335,6 +1363,7 @@ fn print_targets(results: &[RunResult]) {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    let _ = STORE_URL.set(args.store_url.clone());
     if cfg!(debug_assertions) {
         eprintln!("warning: a debug build; run `cargo build --release -p cloud-registry --bins` for real figures");
     }
@@ -1542,11 +1571,17 @@ async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
         registry.base,
         registry.mqtt
     );
-    println!(
-        "store:    SQLite journal_mode={} (read from the file), synchronous=NORMAL: an answered \
-         operation survives SIGKILL of the registry; a power loss may lose the last commits",
-        journal_mode(&registry.db_path).unwrap_or_else(|e| format!("? ({e})"))
-    );
+    match &registry.pg_schema {
+        Some((url, schema)) => println!(
+            "store:    PostgreSQL {} schema {schema} (synchronous_commit as the server has it)",
+            cloud_registry::db::redact_url(url)
+        ),
+        None => println!(
+            "store:    SQLite journal_mode={} (read from the file), synchronous=NORMAL: an answered \
+             operation survives SIGKILL of the registry; a power loss may lose the last commits",
+            journal_mode(&registry.db_path).unwrap_or_else(|e| format!("? ({e})"))
+        ),
+    }
     println!(
         "client:   this process, tokio {} workers + reqwest (HTTP/1.1 keep-alive, TCP_NODELAY), {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
