@@ -1422,6 +1422,27 @@ hardware = \"not_listed\"
     }
 
     #[test]
+    fn a_postgres_store_needs_a_url_and_a_plain_schema_name() {
+        let ok = "[store]\nbackend = \"postgres\"\nurl = \"postgres://u@127.0.0.1:5432/db\"\nschema = \"lab_a\"\n";
+        assert!(Config::parse(ok).is_ok());
+        let missing = "[store]\nbackend = \"postgres\"\n";
+        assert_eq!(keys(missing), [(Some(1), "store.url".to_string())]);
+        let msg = Config::parse(missing).unwrap_err().to_string();
+        assert!(msg.contains("required with backend"), "{msg}");
+        let bad = "[store]\nbackend = \"postgres\"\nurl = \"postgres://u@h/db?sslmode=require\"\nschema = \"Lab-A\"\n";
+        let found: Vec<String> = keys(bad).into_iter().map(|(_, k)| k).collect();
+        assert_eq!(found, ["store.url", "store.schema"]);
+        let stray = "[store]\nurl = \"postgres://u@h/db\"\n";
+        let msg = Config::parse(stray).unwrap_err().to_string();
+        assert!(msg.contains("store.url") && msg.contains("only with backend"), "{msg}");
+        let cfg = Config::parse(
+            "[store]\nbackend = \"postgres\"\nurl = \"postgres://u:secret@h/db\"\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.store.describe(), "postgres://u:***@h/db (schema public)");
+    }
+
+    #[test]
     fn http_timeouts_and_the_connection_cap_are_bounded() {
         let cfg = Config::parse(
             "[http]\nheader_read_timeout_ms = 2000\nbody_read_timeout_ms = 100\nmax_connections = 1\n",

@@ -15,6 +15,7 @@ const PAGES: &[&str] = &[
     "docs/http-api.md",
     "docs/install-edge-agent.md",
     "docs/mcp.md",
+    "docs/scale.md",
     "config/cloud-registry.toml",
     "config/edge-agent.example.toml",
     "config/edge-agent.sim.toml",

@@ -16,6 +16,8 @@ use super::{Error, Result};
 /// An open PostgreSQL session with its prepared statements.
 pub struct PgConn {
     client: Client,
+    url: String,
+    schema: String,
     cache: HashMap<String, postgres::Statement>,
     /// Open transaction levels (0: autocommit).
     pub(crate) depth: u32,
@@ -38,9 +40,25 @@ impl PgConn {
             .map_err(to_error)?;
         Ok(Self {
             client,
+            url: url.to_owned(),
+            schema: schema.to_owned(),
             cache: HashMap::new(),
             depth: 0,
         })
+    }
+
+    /// A session whose connection has ended (the server restarted, the
+    /// network dropped it) is opened again before the next statement that
+    /// begins outside a transaction; inside one, the statement fails, and
+    /// so does the transaction, whose changes the server never committed.
+    fn reconnect_if_closed(&mut self) -> Result<()> {
+        if !self.client.is_closed() || self.depth > 0 {
+            return Ok(());
+        }
+        let fresh = Self::connect(&self.url, &self.schema)?;
+        tracing::warn!(schema = %self.schema, "PostgreSQL session reopened after its connection ended");
+        *self = fresh;
+        Ok(())
     }
 
     /// The client, for what the shared interface has no method for
@@ -50,6 +68,9 @@ impl PgConn {
     }
 
     pub(crate) fn batch(&mut self, sql: &str) -> Result<()> {
+        if sql == "BEGIN" {
+            self.reconnect_if_closed()?;
+        }
         self.client
             .batch_execute(&translate(sql))
             .map_err(|e| with_sql(e, sql))
@@ -60,6 +81,7 @@ impl PgConn {
     /// then prepared at each run with the types of the values given
     /// ([`PgConn::typed`]).
     pub(crate) fn prepare(&mut self, sql: &str) -> Result<Option<postgres::Statement>> {
+        self.reconnect_if_closed()?;
         if let Some(s) = self.cache.get(sql) {
             return Ok(Some(s.clone()));
         }
