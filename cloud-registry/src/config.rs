@@ -1434,12 +1434,17 @@ hardware = \"not_listed\"
         assert_eq!(found, ["store.url", "store.schema"]);
         let stray = "[store]\nurl = \"postgres://u@h/db\"\n";
         let msg = Config::parse(stray).unwrap_err().to_string();
-        assert!(msg.contains("store.url") && msg.contains("only with backend"), "{msg}");
-        let cfg = Config::parse(
-            "[store]\nbackend = \"postgres\"\nurl = \"postgres://u:secret@h/db\"\n",
-        )
-        .unwrap();
-        assert_eq!(cfg.store.describe(), "postgres://u:***@h/db (schema public)");
+        assert!(
+            msg.contains("store.url") && msg.contains("only with backend"),
+            "{msg}"
+        );
+        let cfg =
+            Config::parse("[store]\nbackend = \"postgres\"\nurl = \"postgres://u:secret@h/db\"\n")
+                .unwrap();
+        assert_eq!(
+            cfg.store.describe(),
+            "postgres://u:***@h/db (schema public)"
+        );
     }
 
     #[test]

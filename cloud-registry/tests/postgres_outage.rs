@@ -1,0 +1,143 @@
+//! The registry on PostgreSQL when the server goes away and comes back
+//! (docs/scale.md "When a part fails"): requests meanwhile get a JSON
+//! error, never a hang or a crash, and once the server answers again the
+//! registry serves from the same store without a restart.
+//!
+//! The server's connections run through a socat proxy the test stops and
+//! starts; it needs PostgreSQL on 127.0.0.1:5432 (or
+//! `BENCHLINK_TEST_POSTGRES_URL`) and socat, and fails under CI=true when
+//! either is missing.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use benchlink_testkit::eventually;
+use common::*;
+use reqwest::StatusCode;
+use tempfile::TempDir;
+
+/// `socat` forwarding `port` to the PostgreSQL server, in a process group
+/// of its own so that stopping it ends every forwarded connection.
+struct Proxy(Child);
+
+impl Proxy {
+    fn start(port: u16, upstream: &str) -> Option<Self> {
+        let spawned = Command::new("socat")
+            .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
+            .arg(format!("TCP:{upstream}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn();
+        match spawned {
+            Ok(child) => Some(Proxy(child)),
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+                panic!("socat is required under CI=true: {e}")
+            }
+            Err(e) => {
+                eprintln!("NOT RUN: socat cannot start: {e}");
+                None
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        // SAFETY: signals the process group this test started.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_listening(port: u16) {
+    eventually(Duration::from_secs(5), "the proxy listens", || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+            .map(drop)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_fail_cleanly_while_postgres_is_away_and_succeed_once_it_is_back() {
+    let url = postgres_url();
+    let parsed: postgres::Config = url.parse().expect("a PostgreSQL URL");
+    let upstream = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
+        (Some(postgres::config::Host::Tcp(h)), Some(p)) => format!("{h}:{p}"),
+        _ => "127.0.0.1:5432".into(),
+    };
+    let port = free_port();
+    let Some(mut proxy) = Proxy::start(port, &upstream) else {
+        return;
+    };
+    wait_listening(port).await;
+    let via_proxy = url.replacen(&upstream, &format!("127.0.0.1:{port}"), 1);
+    assert_ne!(via_proxy, url, "the URL names {upstream}");
+
+    let dir = TempDir::new().unwrap();
+    let mut cfg = test_config(&dir);
+    cfg.store.backend = cloud_registry::config::StoreBackend::Postgres;
+    cfg.store.url = Some(via_proxy);
+    cfg.store.schema = postgres_schema(&dir);
+    let reg = start(cfg).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+
+    proxy.stop();
+    // The registry's sessions are cut: a request now is answered with a
+    // JSON error (a write and a read).
+    let started = std::time::Instant::now();
+    let (status, body) = api.register_provider(&admin, &provider_body("p2")).await;
+    assert!(status.is_server_error(), "{status} {body}");
+    assert!(body["error"]["code"].is_string(), "{body}");
+    let (status, body) = api.get("/api/v1/capability-providers", Some(&admin)).await;
+    assert!(status.is_server_error(), "{status} {body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let _back = Proxy::start(port, &upstream).unwrap();
+    wait_listening(port).await;
+    // No restart: the next requests open new sessions and see the store
+    // as it was, p2's refused registration not in it.
+    let listed = eventually(
+        Duration::from_secs(10),
+        "providers listed again",
+        || async {
+            let (status, body) = api.get("/api/v1/capability-providers", Some(&admin)).await;
+            (status == StatusCode::OK).then_some(body)
+        },
+    )
+    .await;
+    let ids: Vec<&str> = listed["providers"]
+        .as_array()
+        .or(listed.as_array())
+        .expect("a list of providers")
+        .iter()
+        .filter_map(|p| p["provider_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["p1"], "{listed}");
+    let (status, body) = api.register_provider(&admin, &provider_body("p2")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    reg.shutdown().await;
+}
