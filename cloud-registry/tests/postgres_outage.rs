@@ -106,10 +106,11 @@ async fn requests_fail_cleanly_while_postgres_is_away_and_succeed_once_it_is_bac
     // JSON error (a write and a read).
     let started = std::time::Instant::now();
     let (status, body) = api.register_provider(&admin, &provider_body("p2")).await;
-    assert!(status.is_server_error(), "{status} {body}");
-    assert!(body["error"]["code"].is_string(), "{body}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+    assert_eq!(body["error"]["details"]["retryable"], true, "{body}");
     let (status, body) = api.get("/api/v1/capability-providers", Some(&admin)).await;
-    assert!(status.is_server_error(), "{status} {body}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "{:?}",

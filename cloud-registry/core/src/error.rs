@@ -88,6 +88,15 @@ impl ApiError {
         if crate::storage::is_full(&err) {
             return Self::storage_full(&err);
         }
+        if crate::storage::is_unreachable(&err) {
+            tracing::warn!(error = %err, "store unreachable");
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the registry cannot reach its store (PostgreSQL); nothing of the request was stored: retry",
+            )
+            .with_details(json!({ "retryable": true }));
+        }
         tracing::error!(error = %err, "internal error");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -37,6 +37,16 @@ const FULL_TEXTS: [&str; 3] = [
     "os error 28",
 ];
 
+/// How the message of a store error begins when the store's server could
+/// not be reached (PostgreSQL down, the connection cut): answered 503
+/// `store_unavailable` ([`crate::error::ApiError::internal`]).
+pub const UNREACHABLE: &str = "store unreachable: ";
+
+/// True when `err` says the store's server could not be reached.
+pub fn is_unreachable(err: &(impl std::fmt::Display + ?Sized)) -> bool {
+    err.to_string().contains(UNREACHABLE)
+}
+
 /// True when `err` says the disk is full.
 pub fn is_full(err: &(impl std::fmt::Display + ?Sized)) -> bool {
     let text = err.to_string();

@@ -349,12 +349,25 @@ pub fn to_error(e: postgres::Error) -> Error {
         Some("57014") => ffi::SQLITE_INTERRUPT,
         Some(c) if c.starts_with("08") || c.starts_with("57") => ffi::SQLITE_IOERR,
         Some(_) => ffi::SQLITE_ERROR,
-        None if e.is_closed() => ffi::SQLITE_IOERR,
+        None if e.is_closed()
+            || StdError::source(&e)
+                .is_some_and(|c| c.downcast_ref::<std::io::Error>().is_some()) =>
+        {
+            ffi::SQLITE_IOERR
+        }
         None => ffi::SQLITE_ERROR,
     };
-    let message = match e.as_db_error() {
-        Some(db) => format!("postgres {}: {}", db.code().code(), db.message()),
-        None => format!("postgres: {e}"),
+    let lost = code == ffi::SQLITE_IOERR;
+    let message = match (e.as_db_error(), lost) {
+        (Some(db), false) => format!("postgres {}: {}", db.code().code(), db.message()),
+        (Some(db), true) => format!(
+            "{}postgres {}: {}",
+            crate::storage::UNREACHABLE,
+            db.code().code(),
+            db.message()
+        ),
+        (None, true) => format!("{}postgres: {e}", crate::storage::UNREACHABLE),
+        (None, false) => format!("postgres: {e}"),
     };
     Error::SqliteFailure(ffi::Error::new(code), Some(message))
 }

@@ -244,8 +244,11 @@ fn a_session_the_server_ended_is_opened_again_for_the_next_statement() {
     let Some(mut s) = pg("reopen") else { return };
     let c = s.conn.as_mut().unwrap();
     c.execute_batch(SCHEMA).unwrap();
-    c.execute("INSERT INTO t (name) VALUES ('before')", []).unwrap();
-    let pid: i64 = c.query_row("SELECT pg_backend_pid()", [], |r| r.get(0)).unwrap();
+    c.execute("INSERT INTO t (name) VALUES ('before')", [])
+        .unwrap();
+    let pid: i64 = c
+        .query_row("SELECT pg_backend_pid()", [], |r| r.get(0))
+        .unwrap();
     // What a server restart or an administrator does to the session.
     let mut admin = postgres::Client::connect(&test_url(), postgres::NoTls).unwrap();
     admin
@@ -255,8 +258,12 @@ fn a_session_the_server_ended_is_opened_again_for_the_next_statement() {
     // The first statement may still meet the ended session; the next
     // opens a new one and sees what was committed before.
     let _ = c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0));
-    let n: i64 = c.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).unwrap();
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(n, 1);
-    let again: i64 = c.query_row("SELECT pg_backend_pid()", [], |r| r.get(0)).unwrap();
+    let again: i64 = c
+        .query_row("SELECT pg_backend_pid()", [], |r| r.get(0))
+        .unwrap();
     assert_ne!(again, pid);
 }
