@@ -7,7 +7,8 @@
 //! provides `pub fn migrate(conn: &crate::sql::Connection) -> rusqlite::Result<()>`
 //! (idempotent `CREATE TABLE IF NOT EXISTS ...`) and, in its `api.rs`, an
 //! axum `Router` built from its own state. To plug it in:
-//! 1. add `("name", module::migrate)` to [`MIGRATIONS`];
+//! 1. add `("name", module::migrate)` to [`MIGRATIONS`] (and one to
+//!    [`SCHEMA_VERSION`] when a release changes the tables);
 //! 2. start its service in [`Registry::start`] and merge its router there
 //!    (e.g. `.nest("/api/v1/agents", agents::router(h))`) before
 //!    [`build_router`] adds the layers.
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::sql::Connection;
+use crate::sql::{params, Connection};
 use axum::extract::DefaultBodyLimit;
 use axum::{Extension, Router};
 use ed25519_dalek::SigningKey;
@@ -69,6 +70,7 @@ pub const MIGRATIONS: &[(&str, MigrateFn)] = &[
     ("derive", crate::derive::sql::migrate),
     ("audit", audit::migrate),
     ("agents", agents::migrate),
+    ("cluster", crate::cluster::migrate),
 ];
 
 /// Run every migration in one transaction.
@@ -79,12 +81,52 @@ pub fn migrate_all(conn: &mut Connection) -> rusqlite::Result<()> {
     // connection committed in between (a CLI command while the registry
     // runs).
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_versions (
+            version    INTEGER NOT NULL UNIQUE,
+            applied_at TEXT NOT NULL,
+            applied_by TEXT NOT NULL
+        )",
+    )?;
+    let stored: Option<i64> =
+        tx.query_row("SELECT MAX(version) FROM schema_versions", [], |r| r.get(0))?;
+    if let Some(v) = stored.filter(|v| *v > SCHEMA_VERSION) {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(format!(
+                "the store is at schema version {v}, newer than this registry's {SCHEMA_VERSION}: \
+                 run cloud-registry {} or newer on it (nothing was changed)",
+                env!("CARGO_PKG_VERSION")
+            )),
+        ));
+    }
     for (name, migrate) in MIGRATIONS {
         tracing::debug!(module = name, "migrating");
         migrate(&tx)?;
     }
+    if stored.is_none_or(|v| v < SCHEMA_VERSION) {
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        tx.execute(
+            "INSERT INTO schema_versions (version, applied_at, applied_by) VALUES (?1, ?2, ?3)
+             ON CONFLICT (version) DO NOTHING",
+            params![
+                SCHEMA_VERSION,
+                now,
+                format!("cloud-registry {}", env!("CARGO_PKG_VERSION"))
+            ],
+        )?;
+        tracing::info!(from = ?stored, to = SCHEMA_VERSION, "store schema migrated");
+    }
     tx.commit()
 }
+
+/// The store's schema version this registry migrates to: one more with
+/// each release whose migrations change the tables. `schema_versions`
+/// keeps one row per version a store reached (`version`, `applied_at`
+/// RFC 3339 UTC, `applied_by` the registry's version); a registry refuses a
+/// store at a newer version than its own (a replica not yet upgraded, a
+/// downgrade) before touching it.
+pub const SCHEMA_VERSION: i64 = 1;
 
 /// Principal name of the token made for `auth.bootstrap_admin_token_file`.
 pub const BOOTSTRAP_ADMIN: &str = "bootstrap-admin";
@@ -94,7 +136,7 @@ pub const BOOTSTRAP_ADMIN: &str = "bootstrap-admin";
 pub enum AppError {
     #[error(transparent)]
     Db(#[from] DbError),
-    #[error("sqlite: {0}")]
+    #[error("store: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -205,50 +247,32 @@ pub fn schema_lock_key(schema: &str) -> i64 {
 pub enum StoreLock {
     /// SQLite: the `flock` of `<store>.lock` ([`lock_store`]).
     File(std::fs::File),
-    /// PostgreSQL: a session of its own holding the schema's advisory lock
-    /// ([`schema_lock_key`]); the server lets it go when the session ends
-    /// (the registry stopped or was killed). The session lives on a thread
-    /// of its own (the client blocks), which ends it when this is dropped.
-    Postgres(std::sync::mpsc::Sender<()>),
+    /// PostgreSQL: the store's writer session holds the schema's advisory
+    /// lock ([`schema_lock_key`], [`crate::sql::pg::PgConn::try_fence`]);
+    /// the server lets it go when the session ends (the registry stopped
+    /// or was killed). The flag turns true if the session reopened and
+    /// found the lock taken: this registry then writes no more.
+    Postgres(Arc<std::sync::atomic::AtomicBool>),
 }
 
-/// Keep `client` (holding the advisory lock) open on a thread of its own
-/// until the returned sender is dropped.
-fn hold_lock_session(client: postgres::Client) -> std::sync::mpsc::Sender<()> {
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let spawned = std::thread::Builder::new()
-        .name("store-lock".into())
-        .spawn(move || {
-            let _ = rx.recv();
-            drop(client);
-        });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "cannot start the store lock thread");
-    }
-    tx
-}
-
-/// Take the advisory lock of `store`'s PostgreSQL schema on a session of
-/// its own, asking again for up to [`STORE_LOCK_WAIT`].
+/// Open the writer session of `store`'s PostgreSQL schema and take the
+/// schema's advisory lock on it, asking again for up to
+/// [`STORE_LOCK_WAIT`].
 ///
 /// Errors: [`AppError::StoreInUse`] while another registry holds it; the
 /// server cannot be reached.
-pub fn lock_store_postgres(store: &crate::config::StoreConfig) -> Result<StoreLock, AppError> {
+pub fn lock_store_postgres(
+    store: &crate::config::StoreConfig,
+) -> Result<crate::cluster::LockedWriter, AppError> {
     let url = store.url.as_deref().unwrap_or_default();
-    let mut client = postgres::Client::connect(url, postgres::NoTls)
-        .map_err(|e| AppError::Sqlite(crate::sql::pg::to_error(e)))?;
+    let mut conn = crate::sql::pg::PgConn::connect(url, &store.schema)?;
     let key = schema_lock_key(&store.schema);
     let deadline = std::time::Instant::now() + STORE_LOCK_WAIT;
     loop {
-        let got: bool = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
-            .and_then(|r| r.try_get(0))
-            .map_err(|e| AppError::Sqlite(crate::sql::pg::to_error(e)))?;
-        if got {
-            return Ok(StoreLock::Postgres(hold_lock_session(client)));
+        if let Some(lost) = conn.try_fence(key)? {
+            return Ok((conn, lost));
         }
         if std::time::Instant::now() >= deadline {
-            drop(hold_lock_session(client));
             return Err(AppError::StoreInUse(store.describe()));
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -272,6 +296,18 @@ pub fn open_store(store: &crate::config::StoreConfig) -> Result<Db, DbError> {
         }),
         (crate::config::StoreBackend::Sqlite, _) => open_db(&store.path),
     }
+}
+
+/// [`open_store`] on PostgreSQL with `writer` (holding the lock) as the
+/// writing session.
+///
+/// Errors: the store cannot be opened or migrated.
+pub fn open_store_on(
+    store: &crate::config::StoreConfig,
+    writer: crate::sql::pg::PgConn,
+) -> Result<Db, DbError> {
+    let url = store.url.as_deref().unwrap_or_default();
+    Db::open_postgres_on(writer, url, &store.schema, migrate_all)
 }
 
 /// The id of the newest event (0 when the log is empty).
@@ -665,8 +701,10 @@ pub struct RunningRegistry {
     pub bus: EventBus,
     pub db: Db,
     mqtt: MqttLink,
-    /// Held for the registry's life: one registry per store file.
-    _store_lock: StoreLock,
+    /// Held for the registry's life: one registry per store.
+    store_lock: StoreLock,
+    /// With `[cluster] enabled`: this replica's id and its epoch.
+    cluster: Option<(String, i64)>,
     shutdown_tx: watch::Sender<bool>,
     http: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -680,6 +718,19 @@ impl Registry {
     ///
     /// Errors: database, ports in use, embedded broker not coming up.
     pub async fn start(config: Config) -> Result<RunningRegistry, AppError> {
+        Self::start_replica(config, Box::new(|_| {})).await
+    }
+
+    /// [`Registry::start`]; with `[cluster] enabled`, while another replica
+    /// leads, this one first stands by ([`crate::cluster::stand_by`]),
+    /// calling `on_standby` with the leader's URL, and returns once it has
+    /// taken over.
+    ///
+    /// Errors: as [`Registry::start`].
+    pub async fn start_replica(
+        config: Config,
+        on_standby: Box<dyn FnOnce(Option<String>) + Send>,
+    ) -> Result<RunningRegistry, AppError> {
         // Bind first: a taken port fails before anything else starts.
         let listener =
             crate::http_server::bind(config.http.listen).map_err(|source| AppError::Io {
@@ -693,15 +744,35 @@ impl Registry {
         let tls = load_tls(&config).await?;
         let http_scheme = if tls.http.is_some() { "https" } else { "http" };
         let mqtt_tls = tls.mqtt_gate.is_some() || tls.mqtt_client.is_some();
+        let replica = config.cluster.replica_id(http_addr.port());
+        let advertise = config.cluster.advertise_url(http_scheme, http_addr);
         // It may wait up to STORE_LOCK_WAIT: not on a runtime worker.
         let store_path = config.store.path.clone();
         let sqlite = config.store.backend == crate::config::StoreBackend::Sqlite;
         let store_for_lock = config.store.clone();
-        let store_lock = tokio::task::spawn_blocking(move || match sqlite {
-            true => lock_store(&store_path).map(StoreLock::File),
-            false => lock_store_postgres(&store_for_lock),
-        })
-        .await??;
+        let (listener, store_lock, writer) = if sqlite {
+            let f = tokio::task::spawn_blocking(move || lock_store(&store_path)).await??;
+            (listener, StoreLock::File(f), None)
+        } else if config.cluster.enabled {
+            let (listener, (w, lost)) = crate::cluster::stand_by(
+                &config.store,
+                &config.cluster,
+                listener,
+                crate::cluster::ForwarderSetup {
+                    limits: http_limits(&config),
+                    tls: tls.http.clone(),
+                    replica: replica.clone(),
+                    own_url: advertise.clone(),
+                },
+                on_standby,
+            )
+            .await?;
+            (listener, StoreLock::Postgres(lost), Some(w))
+        } else {
+            let (w, lost) =
+                tokio::task::spawn_blocking(move || lock_store_postgres(&store_for_lock)).await??;
+            (listener, StoreLock::Postgres(lost), Some(w))
+        };
         let store_dir = config
             .store
             .path
@@ -711,7 +782,22 @@ impl Registry {
         crate::storage::set_store_dir(store_dir);
         crate::storage::start_probe();
         let store_config = config.store.clone();
-        let db = tokio::task::spawn_blocking(move || open_store(&store_config)).await??;
+        let db = tokio::task::spawn_blocking(move || match writer {
+            Some(w) => open_store_on(&store_config, w),
+            None => open_store(&store_config),
+        })
+        .await??;
+        let cluster = match config.cluster.enabled {
+            true => {
+                let (r, u) = (replica.clone(), advertise.clone());
+                let epoch = db
+                    .write(move |c| crate::cluster::record_leader(c, &r, &u))
+                    .await??;
+                tracing::info!(replica = %replica, url = %advertise, epoch, "this replica leads");
+                Some((replica, epoch))
+            }
+            false => None,
+        };
         let signing = open_chain(&config, &db).await?;
         let auth = Authenticator::load(db.clone()).await?;
         let admin_token = match &config.auth.bootstrap_admin_token_file {
@@ -1070,7 +1156,8 @@ impl Registry {
             bus,
             db,
             mqtt,
-            _store_lock: store_lock,
+            store_lock,
+            cluster,
             shutdown_tx,
             http,
             background,
@@ -1083,9 +1170,10 @@ impl RunningRegistry {
     /// `{"event":"ready","http":"127.0.0.1:8080","http_scheme":"http",
     /// "url":"http://127.0.0.1:8080","mqtt":"127.0.0.1:18830",
     /// "mqtt_tls":false,"mqtt_mode":"embedded"}` (`https` and
-    /// `"mqtt_tls":true` with TLS).
+    /// `"mqtt_tls":true` with TLS; with `[cluster] enabled` also
+    /// `"replica"` and `"epoch"`).
     pub fn ready_line(&self) -> String {
-        json!({
+        let mut line = json!({
             "event": "ready",
             "http": self.http_addr.to_string(),
             "http_scheme": self.http_scheme,
@@ -1096,8 +1184,28 @@ impl RunningRegistry {
                 MqttMode::Embedded => "embedded",
                 MqttMode::External => "external",
             },
-        })
-        .to_string()
+        });
+        if let Some((replica, epoch)) = &self.cluster {
+            line["replica"] = json!(replica);
+            line["epoch"] = json!(epoch);
+        }
+        line.to_string()
+    }
+
+    /// With `[cluster] enabled`: this replica's id and its epoch (how many
+    /// takeovers the store has seen, this one included).
+    pub fn cluster(&self) -> Option<(&str, i64)> {
+        self.cluster.as_ref().map(|(r, e)| (r.as_str(), *e))
+    }
+
+    /// True once the store's writer session reopened and found the
+    /// PostgreSQL advisory lock taken by another registry: this one writes
+    /// no more and must stop (`serve` exits with status 75).
+    pub fn lost_store_lock(&self) -> bool {
+        match &self.store_lock {
+            StoreLock::Postgres(lost) => lost.load(std::sync::atomic::Ordering::SeqCst),
+            StoreLock::File(_) => false,
+        }
     }
 
     /// `{http_scheme}://{http_addr}`.
@@ -1162,6 +1270,18 @@ impl RunningRegistry {
         for t in self.background {
             let _ = tokio::time::timeout(Duration::from_secs(3), t).await;
         }
+        // Last: the next registry on a PostgreSQL store may take over now.
+        if matches!(self.store_lock, StoreLock::Postgres(_)) {
+            let released = self.db.write(|c| c.release_fence()).await;
+            let problem = match released {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(e) = problem {
+                tracing::warn!(error = %e, "cannot let go of the store's lock; it goes with the session");
+            }
+        }
         tracing::info!("registry stopped");
     }
 }
@@ -1169,6 +1289,40 @@ impl RunningRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema version is recorded once; a store at a newer version is
+    /// refused before anything in it changes.
+    #[test]
+    fn a_store_from_a_newer_registry_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite3");
+        drop(open_db(&path).unwrap());
+        drop(open_db(&path).unwrap());
+        let c = Connection::open(&path).unwrap();
+        let versions: Vec<i64> = c
+            .prepare("SELECT version FROM schema_versions")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(versions, [SCHEMA_VERSION]);
+        c.execute(
+            "INSERT INTO schema_versions VALUES (?1, 'now', 'cloud-registry 9.0.0')",
+            [SCHEMA_VERSION + 1],
+        )
+        .unwrap();
+        c.execute_batch("DROP TABLE cluster_leader").unwrap();
+        drop(c);
+        let err = open_db(&path).err().expect("refused").to_string();
+        assert!(
+            err.contains(&format!("schema version {}", SCHEMA_VERSION + 1)),
+            "{err}"
+        );
+        assert!(err.contains("newer than this registry"), "{err}");
+        let c = Connection::open(&path).unwrap();
+        assert!(!c.has_table("cluster_leader").unwrap(), "no migration ran");
+    }
 
     /// A command-line tool opening the store (migrations included) while
     /// the registry commits steadily (here several thousand commits a

@@ -120,6 +120,11 @@ pub struct Config {
     /// `crate::derive::DeriveConfig`, docs/audit-trail.md "Derived
     /// evidence").
     pub derived_evidence: crate::derive::DeriveConfig,
+    /// `[cluster]`: one of several replicas on one PostgreSQL schema
+    /// (`enabled`, `replica_id`, `advertise_url`, `takeover_poll_ms`,
+    /// `forward_connect_timeout_ms`; see `crate::cluster::ClusterConfig`,
+    /// docs/scale.md "Replicas").
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// `[policy]`: the lab's rules on how the bench may be driven
@@ -649,7 +654,72 @@ impl Config {
         ));
         out.extend(self.derived_evidence.problems());
         out.extend(self.blobs.problems());
+        self.cluster_problems(&mut |k: &str, m: String| out.push((k.to_string(), m)));
         out
+    }
+
+    /// The problems of `[cluster]` (see [`Config::problems`]).
+    fn cluster_problems(&self, bad: &mut impl FnMut(&str, String)) {
+        let c = &self.cluster;
+        if !(50..=10_000).contains(&c.takeover_poll_ms) {
+            bad(
+                "cluster.takeover_poll_ms",
+                "must be from 50 to 10000 (ms)".into(),
+            );
+        }
+        if !(50..=30_000).contains(&c.forward_connect_timeout_ms) {
+            bad(
+                "cluster.forward_connect_timeout_ms",
+                "must be from 50 to 30000 (ms)".into(),
+            );
+        }
+        if let Some(id) = &c.replica_id {
+            let ok = (1..=64).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !ok {
+                bad(
+                    "cluster.replica_id",
+                    "must be 1 to 64 of A-Z, a-z, 0-9, '.', '_' and '-'".into(),
+                );
+            }
+        }
+        if let Some(u) = &c.advertise_url {
+            let ok = reqwest::Url::parse(u).is_ok_and(|p| {
+                matches!(p.scheme(), "http" | "https") && p.host().is_some() && p.path() == "/"
+            });
+            if !ok {
+                bad(
+                    "cluster.advertise_url",
+                    "must be an http:// or https:// URL with a host and no path, like http://10.0.0.5:8080".into(),
+                );
+            }
+        }
+        if !c.enabled {
+            return;
+        }
+        if self.store.backend != StoreBackend::Postgres {
+            bad(
+                "cluster.enabled",
+                "replicas share one PostgreSQL store: set [store] backend = \"postgres\"".into(),
+            );
+        }
+        if self.mqtt.mode != MqttMode::External {
+            bad(
+                "cluster.enabled",
+                "replicas share one broker: set [mqtt] mode = \"external\" (each replica's embedded broker would have benches of its own)".into(),
+            );
+        }
+        if c.advertise_url.is_none() && self.http.listen.ip().is_unspecified() {
+            bad(
+                "cluster.advertise_url",
+                format!(
+                    "required when [http] listen is {} (a wildcard address): the URL the other replicas reach this one at",
+                    self.http.listen
+                ),
+            );
+        }
     }
 
     /// The problems of `[http]`, `[store]` and `[auth]` (see [`Config::problems`]).
@@ -1419,6 +1489,47 @@ hardware = \"not_listed\"
         cfg.store.path = PathBuf::new();
         let keys: Vec<String> = cfg.problems().into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, ["store.path", "heartbeat.offline_after_missed"]);
+    }
+
+    #[test]
+    fn a_replica_needs_postgres_an_external_broker_and_a_reachable_url() {
+        let pg = "[store]\nbackend = \"postgres\"\nurl = \"postgres://u@127.0.0.1:5432/db\"\n";
+        let ext = "[mqtt]\nmode = \"external\"\n";
+        let ok = format!("{pg}{ext}[cluster]\nenabled = true\nreplica_id = \"reg-a\"\n");
+        assert!(Config::parse(&ok).is_ok());
+        let found =
+            |text: &str| -> Vec<String> { keys(text).into_iter().map(|(_, k)| k).collect() };
+        // On SQLite with the embedded broker: both refused.
+        assert_eq!(
+            found("[cluster]\nenabled = true\n"),
+            ["cluster.enabled", "cluster.enabled"]
+        );
+        let msg = Config::parse("[cluster]\nenabled = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("backend = \"postgres\"") && msg.contains("mode = \"external\""),
+            "{msg}"
+        );
+        // A wildcard listen needs an advertise URL; bad values are named.
+        let wild =
+            format!("[http]\nlisten = \"0.0.0.0:8080\"\n{pg}{ext}[cluster]\nenabled = true\n");
+        assert_eq!(found(&wild), ["cluster.advertise_url"]);
+        let bad = format!(
+            "{pg}{ext}[cluster]\nenabled = true\nreplica_id = \"a b\"\nadvertise_url = \"ftp://h/x\"\ntakeover_poll_ms = 10\n"
+        );
+        let mut got = found(&bad);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "cluster.advertise_url",
+                "cluster.replica_id",
+                "cluster.takeover_poll_ms"
+            ]
+        );
+        // Off, [cluster] changes nothing.
+        assert!(Config::parse("[cluster]\nenabled = false\n").is_ok());
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub mod broker;
 pub mod broker_gate;
 pub mod broker_log;
 pub mod budgets;
+pub mod cluster;
 pub mod config;
 pub mod console;
 pub mod derive;

@@ -383,20 +383,57 @@ async fn serve(
         cfg.auth.bootstrap_admin_token_file = Some(p);
     }
     cfg.audit_log.accept_broken_chain |= accept_broken_chain;
-    let running = Registry::start(cfg)
-        .await
-        .context("starting the registry")?;
+    let watchdog = cloud_registry::notify::Watchdog::from_env();
+    // A standby is up (it forwards requests) while it waits to lead.
+    let standby_pings = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let on_standby = {
+        let (watchdog, pings) = (watchdog.clone(), standby_pings.clone());
+        let http = cfg.http.listen;
+        Box::new(move |leader: Option<String>| {
+            let line =
+                serde_json::json!({"event": "standby", "http": http.to_string(), "leader": leader});
+            if let Err(e) = print_out(&line.to_string()) {
+                tracing::warn!(error = %e, "cannot write the standby line to stdout");
+            }
+            watchdog.ready(&format!(
+                "standing by; forwarding HTTP to the leader {}",
+                leader.as_deref().unwrap_or("(none yet)")
+            ));
+            let w = watchdog.clone();
+            if let Ok(mut p) = pings.lock() {
+                *p = Some(tokio::spawn(async move { w.keep_alive().await }));
+            }
+        }) as Box<dyn FnOnce(Option<String>) + Send>
+    };
+    let started = Registry::start_replica(cfg, on_standby).await;
+    if let Some(p) = standby_pings.lock().ok().and_then(|mut p| p.take()) {
+        p.abort();
+    }
+    let running = started.context("starting the registry")?;
     // Before the ready line: whoever reads it may stop us at once.
     let stop = shutdown_signal();
     // Nobody reading the ready line is no reason to stop serving.
     if let Err(e) = print_out(&running.ready_line()) {
         tracing::warn!(error = %e, "cannot write the ready line to stdout");
     }
-    let watchdog = cloud_registry::notify::Watchdog::from_env();
     watchdog.ready(&format!("serving HTTP on {}", running.http_addr));
+    let fenced = async {
+        while !running.lost_store_lock() {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    };
+    let mut lost_lock = false;
     tokio::select! {
         _ = stop => {}
         _ = watchdog.run(&running) => {}
+        _ = fenced => lost_lock = true,
+    }
+    if lost_lock {
+        tracing::error!("another registry took this store's lock: stopping (exit 75)");
+        watchdog.stopping("lost the store's lock to another registry");
+        quiet_broker_for_shutdown();
+        running.shutdown().await;
+        std::process::exit(75);
     }
     watchdog.stopping("stopping: finishing HTTP requests and lease commits");
     tracing::info!("shutdown signal received");

@@ -43,6 +43,20 @@ impl Watchdog {
         send(&[NotifyState::Stopping, NotifyState::Status(status)]);
     }
 
+    /// Ping at half the watchdog timeout, whatever happens; never returns
+    /// (a standby: it has no lease engine or broker to probe). Returns at
+    /// once when the watchdog is off.
+    pub async fn keep_alive(&self) {
+        let Some(timeout) = self.timeout else {
+            return std::future::pending().await;
+        };
+        let mut tick = tokio::time::interval(timeout / 2);
+        loop {
+            tick.tick().await;
+            send(&[NotifyState::Watchdog]);
+        }
+    }
+
     /// Ping at half the watchdog timeout while `registry` is healthy;
     /// never returns (run it beside the shutdown signal). Returns at once
     /// when the watchdog is off.

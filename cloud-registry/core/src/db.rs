@@ -408,7 +408,26 @@ impl Db {
             path: shown.clone(),
             source,
         };
-        let mut writer = Connection::postgres(PgConn::connect(url, schema).map_err(open_err)?);
+        let writer = PgConn::connect(url, schema).map_err(open_err)?;
+        Self::open_postgres_on(writer, url, schema, migrate)
+    }
+
+    /// [`Db::open_postgres`] with `writer` as the writing session (one
+    /// that holds the store's advisory lock, [`PgConn::try_fence`]).
+    ///
+    /// Errors: as [`Db::open_postgres`].
+    pub fn open_postgres_on(
+        writer: PgConn,
+        url: &str,
+        schema: &str,
+        migrate: impl FnOnce(&mut Connection) -> rusqlite::Result<()>,
+    ) -> Result<Self, DbError> {
+        let shown = PathBuf::from(redact_url(url));
+        let open_err = |source| DbError::Open {
+            path: shown.clone(),
+            source,
+        };
+        let mut writer = Connection::postgres(writer);
         migrate(&mut writer)?;
         let reader = Connection::postgres(PgConn::connect(url, schema).map_err(open_err)?);
         Ok(Self {

@@ -88,6 +88,15 @@ impl ApiError {
         if crate::storage::is_full(&err) {
             return Self::storage_full(&err);
         }
+        if err.to_string().contains(crate::sql::pg::FENCED) {
+            tracing::error!(error = %err, "store fenced");
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "leader_unavailable",
+                "this registry lost its store's lock to another replica and stops; nothing of the request was stored: retry (another replica leads)",
+            )
+            .with_details(json!({ "retryable": true }));
+        }
         if crate::storage::is_unreachable(&err) {
             tracing::warn!(error = %err, "store unreachable");
             return Self::new(

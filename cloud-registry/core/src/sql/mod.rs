@@ -205,6 +205,20 @@ impl Connection {
         }
     }
 
+    /// PostgreSQL: let go of the advisory lock this session holds
+    /// ([`pg::PgConn::try_fence`]) and write no more on it; SQLite:
+    /// nothing. The registry's last step when it stops, so that the next
+    /// registry on the store need not wait for this session to close.
+    ///
+    /// Errors: the server cannot be reached (the lock then went with the
+    /// session).
+    pub fn release_fence(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Sqlite(_) => Ok(()),
+            Inner::Pg(c) => c.borrow_mut().release_fence(),
+        }
+    }
+
     /// Runs one or more statements without parameters (schema changes).
     ///
     /// Errors: the first statement that fails; those before it stay run

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use bytes::BytesMut;
 use postgres::types::{FromSql, IsNull, ToSql as PgToSql, Type as PgType};
@@ -21,7 +23,20 @@ pub struct PgConn {
     cache: HashMap<String, postgres::Statement>,
     /// Open transaction levels (0: autocommit).
     pub(crate) depth: u32,
+    /// The advisory lock this session must hold ([`PgConn::try_fence`]).
+    fence: Option<Fence>,
 }
+
+/// An advisory lock a session holds and takes again whenever it reopens.
+#[derive(Clone)]
+struct Fence {
+    key: i64,
+    lost: Arc<AtomicBool>,
+}
+
+/// The message of the error a fenced session answers with once another
+/// session took its advisory lock.
+pub const FENCED: &str = "store fenced: another registry holds this store's lock";
 
 impl PgConn {
     /// Connects to `url` (`postgres://user@host:port/db`) and makes
@@ -44,7 +59,50 @@ impl PgConn {
             schema: schema.to_owned(),
             cache: HashMap::new(),
             depth: 0,
+            fence: None,
         })
+    }
+
+    /// Take the session-level advisory lock `key` without waiting
+    /// (`pg_try_advisory_lock`). Once taken, the session keeps it; when the
+    /// session reopens (its connection ended, and the server let the lock
+    /// go with it) it takes the lock again before any statement, and if
+    /// another session has it meanwhile every statement fails with
+    /// [`FENCED`] and the returned flag turns true: a registry that lost
+    /// its store's lock never writes to it again.
+    ///
+    /// Returns `Ok(None)` while another session holds the lock.
+    ///
+    /// Errors: the server cannot be reached.
+    pub fn try_fence(&mut self, key: i64) -> Result<Option<Arc<AtomicBool>>> {
+        self.reconnect_if_closed()?;
+        if !try_lock(&mut self.client, key)? {
+            return Ok(None);
+        }
+        let lost = Arc::new(AtomicBool::new(false));
+        self.fence = Some(Fence {
+            key,
+            lost: lost.clone(),
+        });
+        Ok(Some(lost))
+    }
+
+    /// Let go of the advisory lock of [`PgConn::try_fence`]; every later
+    /// statement on this session fails with [`FENCED`] (a stopped
+    /// registry writes no more). Does nothing without a fence.
+    ///
+    /// Errors: the server cannot be reached (the lock went with the
+    /// session then).
+    pub fn release_fence(&mut self) -> Result<()> {
+        let Some(f) = &self.fence else {
+            return Ok(());
+        };
+        f.lost.store(true, Ordering::SeqCst);
+        let key = f.key;
+        self.client
+            .execute("SELECT pg_advisory_unlock($1)", &[&key])
+            .map(|_| ())
+            .map_err(to_error)
     }
 
     /// A session whose connection has ended (the server restarted, the
@@ -52,10 +110,24 @@ impl PgConn {
     /// begins outside a transaction; inside one, the statement fails, and
     /// so does the transaction, whose changes the server never committed.
     fn reconnect_if_closed(&mut self) -> Result<()> {
+        if let Some(f) = &self.fence {
+            if f.lost.load(Ordering::SeqCst) {
+                return Err(fenced());
+            }
+        }
         if !self.client.is_closed() || self.depth > 0 {
             return Ok(());
         }
-        let fresh = Self::connect(&self.url, &self.schema)?;
+        let mut fresh = Self::connect(&self.url, &self.schema)?;
+        if let Some(f) = self.fence.take() {
+            if !try_lock(&mut fresh.client, f.key)? {
+                tracing::error!(schema = %self.schema, "{FENCED}: this session writes no more");
+                f.lost.store(true, Ordering::SeqCst);
+                self.fence = Some(f);
+                return Err(fenced());
+            }
+            fresh.fence = Some(f);
+        }
         tracing::warn!(schema = %self.schema, "PostgreSQL session reopened after its connection ended");
         *self = fresh;
         Ok(())
@@ -147,6 +219,19 @@ impl PgConn {
         let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
         self.client.query(stmt, &refs).map_err(to_error)
     }
+}
+
+/// `pg_try_advisory_lock(key)` on `client`.
+fn try_lock(client: &mut Client, key: i64) -> Result<bool> {
+    client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+        .and_then(|r| r.try_get(0))
+        .map_err(to_error)
+}
+
+/// The error of a session that lost its advisory lock ([`FENCED`]).
+fn fenced() -> Error {
+    Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_BUSY), Some(FENCED.to_owned()))
 }
 
 /// [`to_error`], naming the statement (its first 300 characters).

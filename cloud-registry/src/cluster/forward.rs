@@ -1,0 +1,155 @@
+//! A standby's proxy: every request goes to the leader as it came
+//! (method, path and query, headers but the hop-by-hop ones, the body as a
+//! stream) and the leader's answer comes back the same way, event streams
+//! included. Without a reachable leader the answer is 503
+//! `leader_unavailable` with `Retry-After: 1`.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde_json::json;
+
+use super::Leader;
+use crate::error::ApiError;
+
+/// Request header a standby adds: its replica id. A request that already
+/// carries it is not forwarded again (two standbys that each think the
+/// other leads answer 503 instead of passing it back and forth).
+pub const FORWARDED_BY: &str = "x-benchlink-forwarded-by";
+
+/// Response header a standby adds: the replica id of the leader that
+/// answered.
+pub const SERVED_BY: &str = "x-benchlink-served-by";
+
+/// Headers of one connection, not of the request (RFC 9110 §7.6.1), and
+/// those the proxy sets itself.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+];
+
+/// The proxy's state.
+#[derive(Clone)]
+pub struct Forwarder {
+    leader: Arc<RwLock<Option<Leader>>>,
+    replica: HeaderValue,
+    own_url: String,
+    client: reqwest::Client,
+}
+
+impl Forwarder {
+    /// Forward to whoever `leader` names (updated by the standby loop),
+    /// never to `own_url`.
+    pub fn new(
+        leader: Arc<RwLock<Option<Leader>>>,
+        replica: String,
+        own_url: String,
+        connect_timeout: Duration,
+    ) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Self {
+            leader,
+            replica: HeaderValue::from_str(&replica)
+                .unwrap_or_else(|_| HeaderValue::from_static("standby")),
+            own_url,
+            client,
+        }
+    }
+}
+
+/// Every path, every method.
+pub fn router(forwarder: Forwarder) -> Router {
+    Router::new().fallback(forward).with_state(forwarder)
+}
+
+fn unavailable(message: String, leader: Option<&Leader>) -> Response {
+    let mut resp = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "leader_unavailable",
+        message,
+    )
+    .with_details(json!({
+        "retryable": true,
+        "leader": leader.map(|l| json!({"replica": l.replica, "url": l.url, "epoch": l.epoch})),
+    }))
+    .into_response();
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+async fn forward(State(f): State<Forwarder>, req: Request) -> Response {
+    let leader = f.leader.read().ok().and_then(|l| l.clone());
+    let Some(leader) = leader.filter(|l| l.url != f.own_url) else {
+        return unavailable(
+            "this replica stands by and no other replica leads yet: retry".into(),
+            None,
+        );
+    };
+    if req.headers().contains_key(FORWARDED_BY) {
+        return unavailable(
+            "the request was forwarded already and reached another standby: retry".into(),
+            Some(&leader),
+        );
+    }
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut headers = HeaderMap::new();
+    copy_headers(&parts.headers, &mut headers);
+    headers.insert(HeaderName::from_static(FORWARDED_BY), f.replica.clone());
+    let sent = f
+        .client
+        .request(parts.method, format!("{}{path}", leader.url))
+        .headers(headers)
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()))
+        .send()
+        .await;
+    let answer = match sent {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(leader = %leader.url, error = %e, "cannot forward a request to the leader");
+            return unavailable(
+                format!(
+                    "the leader ({}) does not answer; a standby takes over within seconds: retry",
+                    leader.replica
+                ),
+                Some(&leader),
+            );
+        }
+    };
+    let status = answer.status();
+    let mut headers = HeaderMap::new();
+    copy_headers(answer.headers(), &mut headers);
+    let mut resp = Response::new(Body::from_stream(answer.bytes_stream()));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    if let Ok(v) = HeaderValue::from_str(&leader.replica) {
+        resp.headers_mut()
+            .insert(HeaderName::from_static(SERVED_BY), v);
+    }
+    resp
+}

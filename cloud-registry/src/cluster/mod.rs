@@ -1,0 +1,280 @@
+//! Replicas on one PostgreSQL schema (docs/scale.md "Replicas").
+//!
+//! The replica whose store writer holds the schema's advisory lock
+//! ([`crate::app::schema_lock_key`]) is the leader: it runs the lease
+//! engine, MQTT and the whole API. The others stand by ([`stand_by`]):
+//! they forward every HTTP request to the leader's URL, which the leader
+//! records in the `cluster_leader` row ([`record_leader`]), and ask for
+//! the lock every `takeover_poll_ms`; the server lets the lock go when the
+//! leader's session ends (the process stopped or was killed), and the
+//! first standby to get it starts the registry on its own listener.
+//! - [`ClusterConfig`] is `[cluster]`;
+//! - [`forward`] is the standby's proxy.
+
+mod forward;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::app::AppError;
+use crate::sql::pg::PgConn;
+use crate::sql::{params, Connection};
+
+pub use forward::{FORWARDED_BY, SERVED_BY};
+
+/// `[cluster]`: this registry as one of several replicas on one
+/// PostgreSQL schema and one external broker.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Run as a replica: stand by while another replica leads instead of
+    /// refusing to start. Needs `[store] backend = "postgres"` and an
+    /// external broker. Default false.
+    pub enabled: bool,
+    /// This replica's name in logs, the ready line and `cluster_leader`
+    /// (1 to 64 of `A-Za-z0-9._-`). Default: the host name and the HTTP
+    /// port, `host-8080`.
+    pub replica_id: Option<String>,
+    /// The URL the other replicas forward requests to while this one
+    /// leads, `http://10.0.0.5:8080`. Default: the scheme and
+    /// `[http] listen` (which must then not be a wildcard address).
+    pub advertise_url: Option<String>,
+    /// How often a standby asks for the lock, ms (50 to 10,000; default
+    /// 500). Takeover takes this plus the registry's start (docs/scale.md).
+    pub takeover_poll_ms: u64,
+    /// How long a standby waits to connect to the leader before it answers
+    /// 503 `leader_unavailable`, ms (50 to 30,000; default 1,000).
+    pub forward_connect_timeout_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            replica_id: None,
+            advertise_url: None,
+            takeover_poll_ms: 500,
+            forward_connect_timeout_ms: 1_000,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The configured replica id, or `<host>-<port>`.
+    pub fn replica_id(&self, http_port: u16) -> String {
+        if let Some(id) = &self.replica_id {
+            return id.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "registry".into());
+        format!("{host}-{http_port}")
+    }
+
+    /// The configured advertise URL, or `scheme://addr`.
+    pub fn advertise_url(&self, scheme: &str, addr: std::net::SocketAddr) -> String {
+        match &self.advertise_url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => format!("{scheme}://{addr}"),
+        }
+    }
+}
+
+/// Who leads: the `cluster_leader` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// Its `replica_id`.
+    pub replica: String,
+    /// Its advertise URL.
+    pub url: String,
+    /// How many times a replica took the lead on this store (1 for the
+    /// first): each takeover adds one.
+    pub epoch: i64,
+}
+
+/// Create the `cluster_leader` table (idempotent): at most one row,
+/// `slot = 'leader'`, with `replica`, `url`, `epoch` and `since` (RFC 3339
+/// UTC).
+pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS cluster_leader (
+            slot    TEXT PRIMARY KEY,
+            replica TEXT NOT NULL,
+            url     TEXT NOT NULL,
+            epoch   INTEGER NOT NULL,
+            since   TEXT NOT NULL
+        )",
+    )
+}
+
+/// Record `replica` at `url` as the leader and return its epoch (one more
+/// than the last leader's). Run by the store's writer, which holds the
+/// lock: two replicas never write it at once.
+///
+/// Errors: the store refuses the write.
+pub fn record_leader(conn: &Connection, replica: &str, url: &str) -> rusqlite::Result<i64> {
+    let since = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    conn.query_row(
+        "INSERT INTO cluster_leader (slot, replica, url, epoch, since)
+         VALUES ('leader', ?1, ?2, 1, ?3)
+         ON CONFLICT (slot) DO UPDATE SET replica = excluded.replica,
+             url = excluded.url, epoch = cluster_leader.epoch + 1, since = excluded.since
+         RETURNING epoch",
+        params![replica, url, since],
+        |r| r.get(0),
+    )
+}
+
+/// The `cluster_leader` row, read on `conn` (`None` before any leader,
+/// or before the store was ever migrated).
+fn read_leader(conn: &mut PgConn) -> Option<Leader> {
+    let row = conn
+        .client()
+        .query_opt(
+            "SELECT replica, url, epoch FROM cluster_leader WHERE slot = 'leader'",
+            &[],
+        )
+        .ok()??;
+    Some(Leader {
+        replica: row.try_get(0).ok()?,
+        url: row.try_get(1).ok()?,
+        epoch: row.try_get(2).ok()?,
+    })
+}
+
+/// The store's writer session, holding the advisory lock, and the flag
+/// that turns true if it is ever lost ([`PgConn::try_fence`]).
+pub type LockedWriter = (PgConn, Arc<AtomicBool>);
+
+/// Ask for the lock once on `conn`, and read who leads.
+fn poll_once(mut conn: PgConn, key: i64) -> (PgConn, Result<Option<Arc<AtomicBool>>, AppError>) {
+    let got = conn.try_fence(key).map_err(AppError::Sqlite);
+    (conn, got)
+}
+
+/// What a standby's forwarder needs from the registry's start.
+pub struct ForwarderSetup {
+    /// The registry's HTTP limits and TLS acceptor (the forwarder serves
+    /// the registry's own listener).
+    pub limits: crate::http_server::HttpLimits,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// This replica's id (sent to the leader in [`FORWARDED_BY`]).
+    pub replica: String,
+    /// This replica's advertise URL (never forwarded to).
+    pub own_url: String,
+}
+
+/// Wait until this replica may lead, serving `listener` as a standby
+/// meanwhile: every request is forwarded to the leader. Calls `on_standby`
+/// once, with the leader's URL when known, if it has to wait at all.
+/// Returns the listener (no longer served) and the locked writer session.
+///
+/// Errors: the server cannot be reached at the first attempt (later
+/// failures are logged and retried), or the listener cannot be shared.
+pub async fn stand_by(
+    store: &crate::config::StoreConfig,
+    cluster: &ClusterConfig,
+    listener: TcpListener,
+    forwarder: ForwarderSetup,
+    on_standby: Box<dyn FnOnce(Option<String>) + Send>,
+) -> Result<(TcpListener, LockedWriter), AppError> {
+    let url = store.url.clone().unwrap_or_default();
+    let schema = store.schema.clone();
+    let key = crate::app::schema_lock_key(&store.schema);
+    let (mut conn, first) = tokio::task::spawn_blocking(move || {
+        let conn = PgConn::connect(&url, &schema).map_err(AppError::Sqlite)?;
+        Ok::<_, AppError>(poll_once(conn, key))
+    })
+    .await??;
+    if let Some(lost) = first? {
+        return Ok((listener, (conn, lost)));
+    }
+    // Standing by: serve a duplicate of the listener's socket, so the
+    // registry gets the original back when this one stops accepting.
+    let std_listener = listener.into_std().map_err(|source| AppError::Io {
+        what: "HTTP listener".into(),
+        source,
+    })?;
+    let dup = std_listener
+        .try_clone()
+        .and_then(|l| {
+            l.set_nonblocking(true)?;
+            TcpListener::from_std(l)
+        })
+        .map_err(|source| AppError::Io {
+            what: "sharing the HTTP listener with the standby's forwarder".into(),
+            source,
+        })?;
+    let leader = Arc::new(RwLock::new(None::<Leader>));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let router = forward::router(forward::Forwarder::new(
+        leader.clone(),
+        forwarder.replica.clone(),
+        forwarder.own_url.clone(),
+        Duration::from_millis(cluster.forward_connect_timeout_ms),
+    ));
+    let serving = tokio::spawn(crate::http_server::serve(
+        dup,
+        router,
+        forwarder.limits,
+        forwarder.tls,
+        stop_rx,
+    ));
+    let (c, known) = tokio::task::spawn_blocking(move || {
+        let known = read_leader(&mut conn);
+        (conn, known)
+    })
+    .await?;
+    conn = c;
+    let shown = known.as_ref().map(|l| l.url.clone());
+    if let Ok(mut l) = leader.write() {
+        *l = known;
+    }
+    on_standby(shown);
+    let every = Duration::from_millis(cluster.takeover_poll_ms);
+    let lost = loop {
+        tokio::time::sleep(every).await;
+        let (c, got, known) = tokio::task::spawn_blocking(move || {
+            let (mut c, got) = poll_once(conn, key);
+            let known = match &got {
+                Ok(None) => read_leader(&mut c),
+                _ => None,
+            };
+            (c, got, known)
+        })
+        .await?;
+        conn = c;
+        match got {
+            Ok(Some(lost)) => break lost,
+            Ok(None) => {
+                if let (Some(k), Ok(mut l)) = (known, leader.write()) {
+                    if l.as_ref() != Some(&k) {
+                        tracing::info!(leader = %k.replica, url = %k.url, epoch = k.epoch, "standing by; forwarding requests to the leader");
+                    }
+                    *l = Some(k);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "standby cannot ask for the store's lock; asking again")
+            }
+        }
+    };
+    // Stop accepting at once: requests already forwarded finish on their
+    // own; new connections wait in the backlog for the registry.
+    let _ = stop_tx.send(true);
+    serving.abort();
+    let _ = serving.await;
+    let listener = TcpListener::from_std(std_listener).map_err(|source| AppError::Io {
+        what: "HTTP listener".into(),
+        source,
+    })?;
+    tracing::info!("this replica holds the store's lock: taking over");
+    Ok((listener, (conn, lost)))
+}
