@@ -134,6 +134,9 @@ pub struct LabOptions {
     /// TOML appended to the registry's configuration (e.g. `[policy]`
     /// tables).
     pub registry_extra_toml: String,
+    /// Further lines of the registry's `[store]` table (after `path`),
+    /// e.g. `backend = "postgres"` with its `url` and `schema`.
+    pub registry_store_toml: String,
     /// Keys put into a capability's table of the generated bench, as
     /// (capability id, TOML lines), e.g. `(caps::PSU, "constraints = {
     /// max_voltage_v = 6.0 }")`.
@@ -175,6 +178,7 @@ impl Default for LabOptions {
             registry_store_dir: None,
             edge_config_template: None,
             registry_extra_toml: String::new(),
+            registry_store_toml: String::new(),
             edge_metrics: false,
             tls: None,
         }
@@ -211,6 +215,21 @@ pub fn program_command(program: &Path, log: &Path) -> Result<Command> {
         }
     }
     Ok(cmd)
+}
+
+/// `text` with its `replica_id = "…"` line naming `replica_id` instead.
+fn with_replica_id(text: &str, replica_id: &str) -> String {
+    text.lines()
+        .map(|l| {
+            if l.trim_start().starts_with("replica_id") {
+                format!("replica_id = \"{replica_id}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
 
 /// Path of the lab's binary `name` (`cloud-registry`, `edge-agent`): in
@@ -366,13 +385,14 @@ impl Lab {
             &registry_config,
             format!(
                 "[http]\nlisten = \"127.0.0.1:{http_port}\"\n{http_tls}\n\
-                 [store]\npath = \"{store}\"\n\n\
+                 [store]\npath = \"{store}\"\n{store_extra}\n\
                  [auth]\nbootstrap_admin_token_file = \"{admin}\"\n\n\
                  [mqtt]\n{mqtt_section}topic_prefix = \"{prefix}\"\nkeep_alive_seconds = 5\n\n\
                  [leases]\ndefault_grace_period_seconds = {grace}\nsweep_interval_ms = 100\n\n\
                  [heartbeat]\ninterval_seconds = {hb}\noffline_after_missed = {missed}\n{clear}\n\
                  [sessions]\n{result_grace}\n{extra}",
                 store = store_path.display(),
+                store_extra = opts.registry_store_toml,
                 admin = root.join("registry/admin.token").display(),
                 prefix = opts.topic_prefix,
                 grace = opts.grace_period_seconds,
@@ -534,6 +554,47 @@ impl Lab {
             .with_context(|| self.log_hint("registry"))?;
         self.registry = Some(p);
         Ok(())
+    }
+
+    /// Write the config of another replica of this lab's registry: the
+    /// same file with `[http] listen` on `http_port` and `replica_id =
+    /// "{replica_id}"` in place of the first's (whose `[cluster]` table
+    /// the test put in [`LabOptions::registry_extra_toml`]). Returns its
+    /// path.
+    ///
+    /// Errors: the lab's config cannot be read or the new one written.
+    pub fn replica_config(&self, http_port: u16, replica_id: &str) -> Result<PathBuf> {
+        let text = crate::read_to_string(&self.registry_config)?;
+        let text = text.replacen(
+            &format!("listen = \"127.0.0.1:{}\"", self.http_port),
+            &format!("listen = \"127.0.0.1:{http_port}\""),
+            1,
+        );
+        let text = with_replica_id(&text, replica_id);
+        let path = self
+            .root
+            .join(format!("registry/replica-{replica_id}.toml"));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// Start `cloud-registry serve --config config` as another replica
+    /// and wait until it prints its standby line (`{"event":"standby"}`;
+    /// or its ready line, should it lead at once). Its log is
+    /// `logs/registry-{name}.log`.
+    ///
+    /// Errors: it does not start within 20 s.
+    pub fn start_replica(&self, config: &Path, name: &str) -> Result<(Proc, Value)> {
+        let bin = lab_bin(self.opts.bin_dir.as_deref(), "cloud-registry")?;
+        let mut cmd = program_command(&bin, &self.root.join(format!("logs/registry-{name}.log")))?;
+        cmd.args(["serve", "--config"]).arg(config);
+        Proc::start_until(
+            "cloud-registry replica",
+            cmd,
+            Duration::from_secs(20),
+            |v| matches!(v["event"].as_str(), Some("standby" | "ready")),
+        )
+        .with_context(|| format!("replica {name}; see logs/registry-{name}.log"))
     }
 
     /// Start (or restart) `edge-agent run`.

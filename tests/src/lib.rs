@@ -7,6 +7,7 @@ pub mod asr;
 pub mod bench;
 pub mod browser;
 pub mod client;
+pub mod pg;
 pub mod pki;
 pub mod scenario;
 
