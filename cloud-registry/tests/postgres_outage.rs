@@ -3,6 +3,9 @@
 //! error, never a hang or a crash, and once the server answers again the
 //! registry serves from the same store without a restart.
 //!
+//! A registry cut off long enough for another to take its store's lock
+//! writes nothing once it is back (docs/scale.md "One leader per schema").
+//!
 //! The server's connections run through a socat proxy the test stops and
 //! starts; it needs PostgreSQL on 127.0.0.1:5432 (or
 //! `BENCHLINK_TEST_POSTGRES_URL`) and socat, and fails under CI=true when
@@ -140,5 +143,107 @@ async fn requests_fail_cleanly_while_postgres_is_away_and_succeed_once_it_is_bac
     assert_eq!(ids, ["p1"], "{listed}");
     let (status, body) = api.register_provider(&admin, &provider_body("p2")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    reg.shutdown().await;
+}
+
+/// Take the advisory lock `key` on a session of its own (another
+/// registry, for the store), asking for up to 10 s; hold it until the
+/// returned sender is dropped. Answers false when it never got it.
+fn hold_lock_elsewhere(url: String, key: i64) -> (bool, std::sync::mpsc::Sender<()>) {
+    let (got_tx, got_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let got = loop {
+            let got: bool = c
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+                .and_then(|r| r.try_get(0))
+                .expect("try lock");
+            if got || std::time::Instant::now() > deadline {
+                break got;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let _ = got_tx.send(got);
+        let _ = stop_rx.recv();
+    });
+    (got_rx.recv().unwrap_or(false), stop_tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_lost_its_lock_while_cut_off_writes_no_more() {
+    let url = postgres_url();
+    let parsed: postgres::Config = url.parse().expect("a PostgreSQL URL");
+    let upstream = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
+        (Some(postgres::config::Host::Tcp(h)), Some(p)) => format!("{h}:{p}"),
+        _ => "127.0.0.1:5432".into(),
+    };
+    let port = free_port();
+    let Some(mut proxy) = Proxy::start(port, &upstream) else {
+        return;
+    };
+    wait_listening(port).await;
+    let via_proxy = url.replacen(&upstream, &format!("127.0.0.1:{port}"), 1);
+
+    let dir = TempDir::new().unwrap();
+    let mut cfg = test_config(&dir);
+    cfg.store.backend = cloud_registry::config::StoreBackend::Postgres;
+    cfg.store.url = Some(via_proxy);
+    cfg.store.schema = postgres_schema(&dir);
+    let key = cloud_registry::app::schema_lock_key(&cfg.store.schema);
+    let reg_schema = cfg.store.schema.clone();
+    let reg = start(cfg).await;
+    let api = Api::new(&reg.base_url());
+    let admin = reg.admin_token.clone().unwrap();
+    register_p1(&api, &admin).await;
+
+    // Cut off: the server lets the registry's lock go with its sessions,
+    // and another registry takes it.
+    proxy.stop();
+    let elsewhere = url.clone();
+    let (got, _held) = tokio::task::spawn_blocking(move || hold_lock_elsewhere(elsewhere, key))
+        .await
+        .unwrap();
+    assert!(got, "the lock is free once the registry's sessions ended");
+    let _back = Proxy::start(port, &upstream).unwrap();
+    wait_listening(port).await;
+    assert!(!reg.lost_store_lock());
+
+    // Back on the network, the registry's writer finds the lock taken: it
+    // writes nothing, says so, and tells serve to stop.
+    // (The first statement on a session that was cut may only find out
+    // that it was: 503 store_unavailable, then the session reopens.)
+    let (status, body) = eventually(Duration::from_secs(10), "the writer reopens", || async {
+        let (status, body) = api.register_provider(&admin, &provider_body("p2")).await;
+        (body["error"]["code"] != "store_unavailable").then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "leader_unavailable", "{body}");
+    assert_eq!(body["error"]["details"]["retryable"], true, "{body}");
+    assert!(reg.lost_store_lock(), "the registry knows it lost its lock");
+    let (status, body) = api.register_provider(&admin, &provider_body("p3")).await;
+    assert_eq!(
+        body["error"]["code"], "leader_unavailable",
+        "{status} {body}"
+    );
+    let (url, schema) = (postgres_url(), reg_schema);
+    let stored: Vec<String> = tokio::task::spawn_blocking(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        c.query(
+            &format!(
+                "SELECT provider_id FROM \"{schema}\".capability_providers ORDER BY provider_id"
+            ),
+            &[],
+        )
+        .expect("providers")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    })
+    .await
+    .unwrap();
+    assert_eq!(stored, ["p1"], "nothing written after the lock was lost");
     reg.shutdown().await;
 }
