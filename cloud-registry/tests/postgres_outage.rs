@@ -78,8 +78,10 @@ async fn wait_listening(port: u16) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_fail_cleanly_while_postgres_is_away_and_succeed_once_it_is_back() {
+/// A proxy in front of the PostgreSQL server: (server URL, its
+/// `host:port`, the proxy's port, the proxy); `None` when socat cannot
+/// start outside CI.
+async fn proxied_server() -> Option<(String, String, u16, Proxy)> {
     let url = postgres_url();
     let parsed: postgres::Config = url.parse().expect("a PostgreSQL URL");
     let upstream = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
@@ -87,10 +89,16 @@ async fn requests_fail_cleanly_while_postgres_is_away_and_succeed_once_it_is_bac
         _ => "127.0.0.1:5432".into(),
     };
     let port = free_port();
-    let Some(mut proxy) = Proxy::start(port, &upstream) else {
+    let proxy = Proxy::start(port, &upstream)?;
+    wait_listening(port).await;
+    Some((url, upstream, port, proxy))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_fail_cleanly_while_postgres_is_away_and_succeed_once_it_is_back() {
+    let Some((url, upstream, port, mut proxy)) = proxied_server().await else {
         return;
     };
-    wait_listening(port).await;
     let via_proxy = url.replacen(&upstream, &format!("127.0.0.1:{port}"), 1);
     assert_ne!(via_proxy, url, "the URL names {upstream}");
 
@@ -173,17 +181,9 @@ fn hold_lock_elsewhere(url: String, key: i64) -> (bool, std::sync::mpsc::Sender<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_that_lost_its_lock_while_cut_off_writes_no_more() {
-    let url = postgres_url();
-    let parsed: postgres::Config = url.parse().expect("a PostgreSQL URL");
-    let upstream = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
-        (Some(postgres::config::Host::Tcp(h)), Some(p)) => format!("{h}:{p}"),
-        _ => "127.0.0.1:5432".into(),
-    };
-    let port = free_port();
-    let Some(mut proxy) = Proxy::start(port, &upstream) else {
+    let Some((url, upstream, port, mut proxy)) = proxied_server().await else {
         return;
     };
-    wait_listening(port).await;
     let via_proxy = url.replacen(&upstream, &format!("127.0.0.1:{port}"), 1);
 
     let dir = TempDir::new().unwrap();

@@ -403,12 +403,10 @@ impl Db {
         schema: &str,
         migrate: impl FnOnce(&mut Connection) -> rusqlite::Result<()>,
     ) -> Result<Self, DbError> {
-        let shown = PathBuf::from(redact_url(url));
-        let open_err = |source| DbError::Open {
-            path: shown.clone(),
+        let writer = PgConn::connect(url, schema).map_err(|source| DbError::Open {
+            path: PathBuf::from(redact_url(url)),
             source,
-        };
-        let writer = PgConn::connect(url, schema).map_err(open_err)?;
+        })?;
         Self::open_postgres_on(writer, url, schema, migrate)
     }
 
