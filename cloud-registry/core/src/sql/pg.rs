@@ -41,7 +41,8 @@ pub const FENCED: &str = "store fenced: another registry holds this store's lock
 impl PgConn {
     /// Connects to `url` (`postgres://user@host:port/db`) and makes
     /// `schema` (created when missing) the one every unqualified name
-    /// resolves to.
+    /// resolves to. The server's notices (`relation … already exists,
+    /// skipping` at each start) are not sent; warnings are.
     ///
     /// Errors: the server cannot be reached or refuses the login, or the
     /// schema cannot be created.
@@ -50,7 +51,8 @@ impl PgConn {
         let quoted = quote_ident(schema);
         client
             .batch_execute(&format!(
-                "CREATE SCHEMA IF NOT EXISTS {quoted}; SET search_path TO {quoted}"
+                "SET client_min_messages TO warning; \
+                 CREATE SCHEMA IF NOT EXISTS {quoted}; SET search_path TO {quoted}"
             ))
             .map_err(to_error)?;
         Ok(Self {
