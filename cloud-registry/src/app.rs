@@ -175,6 +175,35 @@ pub enum AppError {
     },
     #[error("the event log's hash chain is broken at {0}; `cloud-registry audit-log verify` tells more; start with `serve --accept-broken-chain` to extend it anyway (docs/audit-trail.md)")]
     ChainBroken(#[from] events::chain::ChainError),
+    /// The store's newest checkpoint was signed with another key than
+    /// this registry's: a replica (or a registry moved to a new machine)
+    /// without the key file of the registry that signed it.
+    #[error("the store's checkpoints are signed with key {store_key}, this registry's key is {own_key} ({path}): replicas of one store, and a registry moved to another machine, use one key: copy `audit_log.signing_key_file` (mode 0600) from the registry that signed them (docs/scale.md \"Replicas\"); `serve --accept-broken-chain` starts anyway")]
+    ForeignSigningKey {
+        /// The newest checkpoint's public key (hex, first 16 digits).
+        store_key: String,
+        /// This registry's public key (hex, first 16 digits).
+        own_key: String,
+        /// This registry's key file.
+        path: String,
+    },
+}
+
+/// `Err(ForeignSigningKey)` when the newest checkpoint's public key
+/// `stored` (hex) is not `own` (hex), the key file being `path`.
+pub(crate) fn same_signing_key(
+    stored: Option<&str>,
+    own: &str,
+    path: &Path,
+) -> Result<(), AppError> {
+    match stored {
+        Some(k) if !k.eq_ignore_ascii_case(own) => Err(AppError::ForeignSigningKey {
+            store_key: k.chars().take(16).collect(),
+            own_key: own.chars().take(16).collect(),
+            path: path.display().to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Take an exclusive advisory lock on `{store}.lock`, so a second registry
@@ -393,6 +422,25 @@ pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// A standby's signing key file and public key (hex), loaded (or created)
+/// before it stands by, so that one that could not take over says so at
+/// once; `None` with `audit_log.accept_broken_chain`.
+///
+/// Errors: a bad key file.
+async fn standby_signing_key(config: &Config) -> Result<Option<(PathBuf, String)>, AppError> {
+    if config.audit_log.accept_broken_chain {
+        return Ok(None);
+    }
+    let key_path = config.audit_log.key_path(&config.store.path);
+    let path = key_path.clone();
+    let key = tokio::task::spawn_blocking(move || {
+        events::chain::SigningKeyFile::load_or_create(&key_path)
+    })
+    .await?
+    .map_err(AppError::SigningKey)?;
+    Ok(Some((path, key.public_hex())))
+}
+
 /// Load (or create) the event log's signing key and verify the chain's
 /// tail with it (`audit_log.verify_at_start` events and the checkpoints
 /// among them).
@@ -401,12 +449,21 @@ pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 /// `audit_log.accept_broken_chain`.
 async fn open_chain(config: &Config, db: &Db) -> Result<Arc<SigningKey>, AppError> {
     let key_path = config.audit_log.key_path(&config.store.path);
+    let path = key_path.clone();
     let key = tokio::task::spawn_blocking(move || {
         events::chain::SigningKeyFile::load_or_create(&key_path)
     })
     .await?
     .map_err(AppError::SigningKey)?;
     let public = key.public_hex();
+    if !config.audit_log.accept_broken_chain {
+        let newest = db.read(|c| events::chain::latest_checkpoint(c)).await??;
+        same_signing_key(
+            newest.as_ref().map(|c| c.public_key.as_str()),
+            &public,
+            &path,
+        )?;
+    }
     let n = config.audit_log.verify_at_start;
     if n > 0 {
         let t0 = Instant::now();
@@ -763,6 +820,7 @@ impl Registry {
                     tls: tls.http.clone(),
                     replica: replica.clone(),
                     own_url: advertise.clone(),
+                    signing_key: standby_signing_key(&config).await?,
                 },
                 on_standby,
             )
@@ -1024,6 +1082,7 @@ impl Registry {
                 gate: gate_stats,
             },
             metrics: metrics.clone(),
+            cluster: cluster.clone(),
         });
         let v1 = OpenApiRouter::new()
             .merge(crate::providers::api::routes(ProvidersApi {

@@ -5,6 +5,8 @@
 //!
 //! A registry cut off long enough for another to take its store's lock
 //! writes nothing once it is back (docs/scale.md "One leader per schema").
+//! A replica whose event-log signing key is not the leader's refuses to
+//! stand by, since it could not take over (docs/scale.md "Replicas").
 //!
 //! The server's connections run through a socat proxy the test stops and
 //! starts; it needs PostgreSQL on 127.0.0.1:5432 (or
@@ -246,4 +248,72 @@ async fn a_registry_that_lost_its_lock_while_cut_off_writes_no_more() {
     .unwrap();
     assert_eq!(stored, ["p1"], "nothing written after the lock was lost");
     reg.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_the_leaders_signing_key_refuses_to_stand_by() {
+    let parsed: postgres::Config = postgres_url().parse().expect("a PostgreSQL URL");
+    let addr = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
+        (Some(postgres::config::Host::Tcp(h)), Some(p)) => format!("{h}:{p}"),
+        _ => "127.0.0.1:5432".into(),
+    };
+    if !benchlink_testkit::reachable(&addr.replace("localhost", "127.0.0.1")) {
+        benchlink_testkit::skip_unless_ci(&format!("PostgreSQL is not reachable at {addr}"));
+        return;
+    }
+    use cloud_registry::app::{AppError, Registry};
+    let dir = TempDir::new().unwrap();
+    let mut a = test_config(&dir);
+    a.store.backend = cloud_registry::config::StoreBackend::Postgres;
+    a.store.url = Some(postgres_url());
+    a.store.schema = postgres_schema(&dir);
+    a.cluster.enabled = true;
+    a.cluster.replica_id = Some("a".into());
+    a.audit_log.checkpoint_interval_seconds = 1;
+    let leader = Registry::start_replica(a.clone(), Box::new(|_| {}))
+        .await
+        .expect("a leads");
+    // Events for a to sign a checkpoint of within the second.
+    let api = Api::new(&leader.base_url());
+    register_p1(&api, leader.admin_token.as_deref().expect("admin token")).await;
+
+    // b on the same schema, from a directory of its own: a key of its own.
+    let dir_b = TempDir::new().unwrap();
+    let mut b = a.clone();
+    b.store.path = dir_b.path().join("registry.sqlite3");
+    b.auth.bootstrap_admin_token_file = Some(dir_b.path().join("admin.token"));
+    b.cluster.replica_id = Some("b".into());
+    let refused = tokio::time::timeout(
+        Duration::from_secs(10),
+        Registry::start_replica(b.clone(), Box::new(|_| {})),
+    )
+    .await
+    .expect("b stops within a poll of a's first checkpoint, not when a dies");
+    let err = match refused {
+        Err(e) => e,
+        Ok(_) => panic!("b stood by with a key a's checkpoints do not verify with"),
+    };
+    assert!(matches!(err, AppError::ForeignSigningKey { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("signing_key_file") && text.contains("registry.sqlite3.signing-key"),
+        "the error names the setting and b's key file: {text}"
+    );
+
+    // With a's key file, b stands by and names a.
+    b.audit_log.signing_key_file = Some(a.audit_log.key_path(&a.store.path));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let standby = tokio::spawn(Registry::start_replica(
+        b,
+        Box::new(move |l| {
+            let _ = tx.send(l);
+        }),
+    ));
+    let named = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("b stands by within 10 s")
+        .expect("b's standby line");
+    assert_eq!(named.as_deref(), Some(leader.base_url().as_str()));
+    standby.abort();
+    leader.shutdown().await;
 }

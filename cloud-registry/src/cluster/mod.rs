@@ -149,11 +149,25 @@ fn read_leader(conn: &mut PgConn) -> Option<Leader> {
     })
 }
 
+/// The public key (hex) of the store's newest event-log checkpoint, read
+/// on `conn` (`None` before any, or before the store was migrated).
+fn newest_checkpoint_key(conn: &mut PgConn) -> Option<String> {
+    conn.client()
+        .query_opt(
+            "SELECT public_key FROM event_checkpoints ORDER BY checkpoint_id DESC LIMIT 1",
+            &[],
+        )
+        .ok()
+        .flatten()
+        .and_then(|row| row.try_get(0).ok())
+}
+
 /// The store's writer session, holding the advisory lock, and the flag
 /// that turns true if it is ever lost ([`PgConn::try_fence`]).
 pub type LockedWriter = (PgConn, Arc<AtomicBool>);
 
-/// Ask for the lock once on `conn`, and read who leads.
+/// Ask for the lock once on `conn`: `Some(lost flag)` once this session
+/// holds it, `None` while another does (the caller reads who leads).
 fn poll_once(mut conn: PgConn, key: i64) -> (PgConn, Result<Option<Arc<AtomicBool>>, AppError>) {
     let got = conn.try_fence(key).map_err(AppError::Sqlite);
     (conn, got)
@@ -169,6 +183,10 @@ pub struct ForwarderSetup {
     pub replica: String,
     /// This replica's advertise URL (never forwarded to).
     pub own_url: String,
+    /// This replica's event-log signing key file and public key (hex):
+    /// checked against the store's newest checkpoint before standing by
+    /// (`None`: not checked).
+    pub signing_key: Option<(std::path::PathBuf, String)>,
 }
 
 /// Wait until this replica may lead, serving `listener` as a standby
@@ -188,13 +206,29 @@ pub async fn stand_by(
     let url = store.url.clone().unwrap_or_default();
     let schema = store.schema.clone();
     let key = crate::app::schema_lock_key(&store.schema);
-    let (mut conn, first) = tokio::task::spawn_blocking(move || {
+    let (conn, first) = tokio::task::spawn_blocking(move || {
         let conn = PgConn::connect(&url, &schema).map_err(AppError::Sqlite)?;
         Ok::<_, AppError>(poll_once(conn, key))
     })
     .await??;
+    // Held in a guard from here: every way out of this function (an error,
+    // or the future dropped) ends the session off the runtime's workers.
+    let mut session = Session(Some(conn));
     if let Some(lost) = first? {
-        return Ok((listener, (conn, lost)));
+        return Ok((listener, (session.take(), lost)));
+    }
+    // A standby that could never take over says so now, not when the
+    // leader dies: its key must be the one the leader signs with (and
+    // again at every poll below).
+    if let Some((path, own)) = forwarder.signing_key.clone() {
+        let mut conn = session.take();
+        let (c, stored) = tokio::task::spawn_blocking(move || {
+            let stored = newest_checkpoint_key(&mut conn);
+            (conn, stored)
+        })
+        .await?;
+        session.0 = Some(c);
+        crate::app::same_signing_key(stored.as_deref(), &own, &path)?;
     }
     // Standing by: serve a duplicate of the listener's socket, so the
     // registry gets the original back when this one stops accepting.
@@ -227,30 +261,45 @@ pub async fn stand_by(
         forwarder.tls,
         stop_rx,
     ));
+    let mut conn = session.take();
     let (c, known) = tokio::task::spawn_blocking(move || {
         let known = read_leader(&mut conn);
         (conn, known)
     })
     .await?;
-    conn = c;
+    session.0 = Some(c);
     let shown = known.as_ref().map(|l| l.url.clone());
     if let Ok(mut l) = leader.write() {
         *l = known;
     }
     on_standby(shown);
     let every = Duration::from_millis(cluster.takeover_poll_ms);
+    let check_key = forwarder.signing_key.is_some();
     let lost = loop {
         tokio::time::sleep(every).await;
-        let (c, got, known) = tokio::task::spawn_blocking(move || {
+        let conn = session.take();
+        let (c, got, known, stored) = tokio::task::spawn_blocking(move || {
             let (mut c, got) = poll_once(conn, key);
-            let known = match &got {
-                Ok(None) => read_leader(&mut c),
-                _ => None,
+            let (known, stored) = match &got {
+                Ok(None) => (
+                    read_leader(&mut c),
+                    check_key.then(|| newest_checkpoint_key(&mut c)).flatten(),
+                ),
+                _ => (None, None),
             };
-            (c, got, known)
+            (c, got, known, stored)
         })
         .await?;
-        conn = c;
+        session.0 = Some(c);
+        // The leader's checkpoints may appear only after this standby
+        // started (both started at once): checked at every poll.
+        if let Some((path, own)) = &forwarder.signing_key {
+            if let Err(e) = crate::app::same_signing_key(stored.as_deref(), own, path) {
+                let _ = stop_tx.send(true);
+                serving.abort();
+                return Err(e);
+            }
+        }
         match got {
             Ok(Some(lost)) => break lost,
             Ok(None) => {
@@ -276,5 +325,29 @@ pub async fn stand_by(
         source,
     })?;
     tracing::info!("this replica holds the store's lock: taking over");
-    Ok((listener, (conn, lost)))
+    Ok((listener, (session.take(), lost)))
+}
+
+/// The standby's PostgreSQL session. The synchronous client blocks when
+/// it is dropped, which a runtime worker must not do: a guard still
+/// holding it ends it on a thread of its own.
+struct Session(Option<PgConn>);
+
+impl Session {
+    /// The session, out of the guard.
+    ///
+    /// Panics: when taken twice without being put back (a bug here).
+    fn take(&mut self) -> PgConn {
+        self.0
+            .take()
+            .expect("the standby's session is in its guard")
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            std::thread::spawn(move || drop(conn));
+        }
+    }
 }
