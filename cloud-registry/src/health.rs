@@ -58,6 +58,8 @@ pub struct HealthState {
     pub mqtt: MqttHealth,
     /// The figures recorded as the registry runs.
     pub metrics: Metrics,
+    /// With `[cluster] enabled`: this replica's id and its epoch (it leads).
+    pub cluster: Option<(String, i64)>,
 }
 
 /// `/healthz`, `/metrics` and `/time` (merged at the root and under
@@ -74,8 +76,9 @@ pub fn routes(state: HealthState) -> OpenApiRouter {
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
 struct Health {
-    /// `ok` (200) or `degraded` (503).
-    #[schema(pattern = "^(ok|degraded)$")]
+    /// `ok` (200) or `degraded` (503); a replica that stands by answers
+    /// `standby` (200) with only `cluster` (docs/scale.md "Replicas").
+    #[schema(pattern = "^(ok|degraded|standby)$")]
     status: String,
     /// `{"status": "ok"|"full"|"error", "error"?, "writable", "path",
     /// "full_errors_total", ...}`.
@@ -84,6 +87,10 @@ struct Health {
     mqtt: Object,
     /// `{"scheme": "http"|"https"}`.
     http: Object,
+    /// With `[cluster] enabled`: `{"role": "leader", "replica", "epoch"}`,
+    /// or on a standby `{"role": "standby", "replica", "leader":
+    /// {"replica", "url", "epoch"} | null}`.
+    cluster: Option<Object>,
 }
 
 /// A JSON object (for the OpenAPI document).
@@ -124,7 +131,7 @@ async fn healthz(State(st): State<HealthState>) -> Response {
     {
         o.extend(d);
     }
-    let body = json!({
+    let mut body = json!({
         "status": if ok { "ok" } else { "degraded" },
         "store": store_json,
         "mqtt": {
@@ -135,6 +142,9 @@ async fn healthz(State(st): State<HealthState>) -> Response {
         },
         "http": { "scheme": st.http_scheme },
     });
+    if let Some((replica, epoch)) = &st.cluster {
+        body["cluster"] = json!({ "role": "leader", "replica": replica, "epoch": epoch });
+    }
     let code = if ok {
         StatusCode::OK
     } else {

@@ -103,6 +103,33 @@ async fn two_replicas_serve_one_api_and_one_event_stream() {
     assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
     assert_eq!(v["error"]["code"], "not_found", "{v}");
 
+    // Each replica answers `/healthz` about itself (a load balancer asks
+    // every one): b stands by and names a, a leads.
+    for (url, role) in [(&b_url, "standby"), (&lab.base_url, "leader")] {
+        let answer = on_b
+            .http()
+            .get(format!("{url}/healthz"))
+            .send()
+            .await
+            .expect("healthz");
+        assert_eq!(answer.status(), StatusCode::OK, "{url}/healthz");
+        assert!(
+            answer.headers().get("x-benchlink-served-by").is_none(),
+            "{url}/healthz is answered by the replica asked"
+        );
+        let health: Value = answer.json().await.expect("healthz JSON");
+        assert_eq!(health["cluster"]["role"], role, "{url}: {health}");
+        if role == "standby" {
+            assert_eq!(health["status"], "standby", "{health}");
+            assert_eq!(health["cluster"]["replica"], "b", "{health}");
+            assert_eq!(health["cluster"]["leader"]["replica"], "a", "{health}");
+        } else {
+            assert_eq!(health["status"], "ok", "{health}");
+            assert_eq!(health["cluster"]["replica"], "a", "{health}");
+            assert_eq!(health["cluster"]["epoch"], 1, "{health}");
+        }
+    }
+
     // A group lease asked of B is held on A, and released there.
     let group = on_b
         .lease_group(&[caps::PSU, caps::CONSOLE], 50, "group through b", 10)

@@ -2,7 +2,8 @@
 //! (method, path and query, headers but the hop-by-hop ones, the body as a
 //! stream) and the leader's answer comes back the same way, event streams
 //! included. Without a reachable leader the answer is 503
-//! `leader_unavailable` with `Retry-After: 1`.
+//! `leader_unavailable` with `Retry-After: 1`. `/healthz` is answered
+//! here: a load balancer asks each replica about itself.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -73,9 +74,30 @@ impl Forwarder {
     }
 }
 
-/// Every path, every method.
+/// `GET /healthz` (and `/api/v1/healthz`) answered by the standby itself;
+/// every other path and method forwarded.
 pub fn router(forwarder: Forwarder) -> Router {
-    Router::new().fallback(forward).with_state(forwarder)
+    Router::new()
+        .route("/healthz", axum::routing::get(healthz))
+        .route("/api/v1/healthz", axum::routing::get(healthz))
+        .fallback(forward)
+        .with_state(forwarder)
+}
+
+/// 200 `{"status": "standby", "cluster": {"role": "standby", "replica",
+/// "leader": {"replica", "url", "epoch"} | null}}`: the standby runs and
+/// forwards (or, with `leader` null, answers 503 until one leads).
+async fn healthz(State(f): State<Forwarder>) -> Response {
+    let leader = f.leader.read().ok().and_then(|l| l.clone());
+    let body = json!({
+        "status": "standby",
+        "cluster": {
+            "role": "standby",
+            "replica": f.replica.to_str().unwrap_or("standby"),
+            "leader": leader.map(|l| json!({"replica": l.replica, "url": l.url, "epoch": l.epoch})),
+        },
+    });
+    ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
 }
 
 fn unavailable(message: String, leader: Option<&Leader>) -> Response {
