@@ -82,7 +82,7 @@ struct Bench {
 }
 
 /// A private Mosquitto on a free loopback port; killed on drop.
-struct Mosquitto {
+pub(super) struct Mosquitto {
     /// The running broker.
     child: Child,
     /// Its loopback port.
@@ -96,7 +96,7 @@ struct Mosquitto {
 impl Mosquitto {
     /// Start `bin` with the shipped ACL and only the registry's login;
     /// returns once it listens (at most 5 s).
-    fn start(bin: &str, dir: &Path) -> Result<Self> {
+    pub(super) fn start(bin: &str, dir: &Path) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -151,7 +151,18 @@ impl Mosquitto {
 
     /// Write every bench's login and make Mosquitto read it (SIGHUP).
     fn add_benches(&self, benches: &[Bench]) -> Result<()> {
-        write_passwords(&self.passwd, &self.registry_password, benches)?;
+        let logins: Vec<(&str, &str)> = benches
+            .iter()
+            .map(|b| (b.id.as_str(), b.token.as_str()))
+            .collect();
+        self.set_logins(&logins)
+    }
+
+    /// Let the registry and these (user name, password) pairs log in, and
+    /// no one else; Mosquitto reads the file on SIGHUP, so a connection
+    /// right after may still be refused (wait ~0.5 s).
+    pub(super) fn set_logins(&self, logins: &[(&str, &str)]) -> Result<()> {
+        write_passwords(&self.passwd, &self.registry_password, logins)?;
         let pid = i32::try_from(self.child.id())?;
         // SAFETY: kill with a pid of our own child and a valid signal.
         if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
@@ -161,12 +172,12 @@ impl Mosquitto {
     }
 
     /// Mosquitto's pid, for `/proc`.
-    fn pid_str(&self) -> String {
+    pub(super) fn pid_str(&self) -> String {
         self.child.id().to_string()
     }
 
     /// The registry's `[mqtt]` table body for this Mosquitto.
-    fn registry_config(&self) -> String {
+    pub(super) fn registry_config(&self) -> String {
         format!(
             "mode = \"external\"\nhost = \"127.0.0.1\"\nport = {}\nusername = \"{REGISTRY_USER}\"\npassword = \"{}\"\n",
             self.port, self.registry_password
@@ -182,12 +193,12 @@ impl Drop for Mosquitto {
 }
 
 /// Write Mosquitto's password file with the registry's login and
-/// `benches'` (plain text, then hashed in place by `mosquitto_passwd -U`).
-fn write_passwords(passwd: &Path, registry_password: &str, benches: &[Bench]) -> Result<()> {
+/// `logins` (plain text, then hashed in place by `mosquitto_passwd -U`).
+fn write_passwords(passwd: &Path, registry_password: &str, logins: &[(&str, &str)]) -> Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(passwd)?);
     writeln!(f, "{REGISTRY_USER}:{registry_password}")?;
-    for b in benches {
-        writeln!(f, "{}:{}", b.id, b.token)?;
+    for (user, password) in logins {
+        writeln!(f, "{user}:{password}")?;
     }
     f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     let ok = Command::new("mosquitto_passwd")
@@ -756,6 +767,7 @@ async fn fleet_measure(
     // Leases on capabilities of `clients` benches spread over the fleet.
     let setup_leases = LeaseSetup {
         base: base.to_string(),
+        client_bases: Vec::new(),
         own_capabilities: (0..clients)
             .map(|j| benches[j * n / clients].capabilities[0].clone())
             .collect(),
@@ -796,7 +808,7 @@ async fn fleet_measure(
     let b0 = cpu_seconds("self").unwrap_or(0.0);
     let leases = run_leases(
         &setup_leases,
-        &pid,
+        std::slice::from_ref(&pid),
         &lease_args,
         Scenario::Own,
         clients,

@@ -80,6 +80,7 @@ use shared_protocol::PROTOCOL_VERSION;
 use tokio::time::Instant;
 
 mod fleet;
+mod stores;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -146,6 +147,23 @@ struct Args {
     /// `--fleet` alone: 10,000.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "10000")]
     fleet: Vec<usize>,
+    /// Instead of the full run: the `own` lease runs (`--clients`,
+    /// `--paced-rates`) and the heartbeat ingest on SQLite, on PostgreSQL
+    /// (`--store-url`, default the local server's `test` database) with
+    /// one registry, and with two `[cluster]` replicas on one schema; then
+    /// `--failovers` SIGKILLs of the leader (stores.rs).
+    #[arg(long)]
+    stores: bool,
+    /// SIGKILLs of the leader in `--stores` (0 skips the takeover rounds).
+    #[arg(long, default_value_t = 10)]
+    failovers: usize,
+    /// Clients leasing and releasing through both replicas while the
+    /// leader is killed.
+    #[arg(long, default_value_t = 20)]
+    failover_clients: usize,
+    /// The replicas' `[cluster] takeover_poll_ms` (the shipped default: 500).
+    #[arg(long, default_value_t = 500)]
+    takeover_poll_ms: u64,
     /// The broker of the fleet runs.
     #[arg(long, value_enum, default_value = "both")]
     fleet_broker: fleet::BrokerSetup,
@@ -261,6 +279,24 @@ fn cpu_seconds(pid: &str) -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
+/// CPU seconds used so far by every process named `postgres` on this
+/// machine (the server and its backends; a backend that has exited is no
+/// longer counted, the registry's sessions live as long as it does).
+fn postgres_cpu_seconds() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .filter_map(|pid| cpu_seconds(&pid))
+        .sum()
+}
+
 /// `VmRSS` and `VmHWM` (peak) of a process, MB (10^6 bytes).
 fn rss_mb(pid: u32) -> Option<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -283,17 +319,72 @@ struct RegistryProcess {
     admin_token: String,
     db_path: PathBuf,
     log_path: PathBuf,
-    /// PostgreSQL: the URL and the schema, dropped when the process is.
+    /// PostgreSQL: the URL and the schema.
     pg_schema: Option<(String, String)>,
+    /// Drop `pg_schema` when this process is dropped (a schema of its own).
+    drop_schema: bool,
+    /// Its first line was the ready line: it leads (or runs alone).
+    leading: bool,
+    /// Lines the registry printed on stdout after the first, with the time
+    /// each arrived.
+    lines: Mutex<std::sync::mpsc::Receiver<(std::time::Instant, String)>>,
+}
+
+/// Where a started registry keeps its state.
+enum StoreChoice {
+    /// PostgreSQL in a new schema when `--store-url` is given (dropped
+    /// with the process), else SQLite in the directory.
+    FromArgs,
+    /// A SQLite file in the directory.
+    Sqlite,
+    /// This PostgreSQL schema, kept when the process is dropped.
+    Postgres { url: String, schema: String },
+}
+
+/// A `[cluster]` replica's settings.
+#[derive(Clone)]
+struct ReplicaSpec {
+    /// `replica_id`.
+    id: String,
+    /// Its HTTP port on 127.0.0.1 (fixed, so a restart keeps its URL).
+    http_port: u16,
+    /// `takeover_poll_ms`.
+    takeover_poll_ms: u64,
+}
+
+/// How [`RegistryProcess::launch`] configures a registry.
+struct Launch<'a> {
+    /// The `[mqtt]` table's body (TOML lines).
+    mqtt_config: &'a str,
+    /// More TOML after the generated tables.
+    extra_config: &'a str,
+    store: StoreChoice,
+    /// Set: a `[cluster]` replica.
+    replica: Option<ReplicaSpec>,
+    /// The bootstrap admin token file (default `admin.token` in the
+    /// directory); replicas of one store share one.
+    token_file: Option<PathBuf>,
+    /// The log's file name in the directory.
+    log_name: &'a str,
+}
+
+/// A fresh PostgreSQL schema name for this process.
+fn new_schema_name() -> String {
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    let n = STARTED.fetch_add(1, Ordering::Relaxed);
+    format!("bench_{}_{n}", std::process::id())
 }
 
 /// `--store-url`, once parsed.
 static STORE_URL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
+/// The first line a registry prints: `{"event":"ready","http","mqtt",..}`
+/// or, for a replica that stands by, `{"event":"standby","http","leader"}`.
 #[derive(Deserialize)]
-struct ReadyLine {
+struct FirstLine {
+    event: String,
     http: String,
-    mqtt: String,
+    mqtt: Option<String>,
 }
 
 impl RegistryProcess {
@@ -317,14 +408,41 @@ impl RegistryProcess {
         mqtt_config: &str,
         extra_config: &str,
     ) -> Result<Self> {
+        Self::launch(
+            bin,
+            dir,
+            &Launch {
+                mqtt_config,
+                extra_config,
+                store: StoreChoice::FromArgs,
+                replica: None,
+                token_file: None,
+                log_name: "registry.log",
+            },
+        )
+    }
+
+    /// Write the configuration into `dir` and start `bin serve` as
+    /// `launch` says; returns once it printed its first line (the ready
+    /// line, or a replica's standby line), at most 120 s.
+    fn launch(bin: &Path, dir: &Path, launch: &Launch<'_>) -> Result<Self> {
         let db_path = dir.join("registry.sqlite3");
-        let schema = STORE_URL.get().and_then(|u| u.as_ref()).map(|url| {
-            static STARTED: AtomicUsize = AtomicUsize::new(0);
-            let n = STARTED.fetch_add(1, Ordering::Relaxed);
-            (url.clone(), format!("bench_{}_{n}", std::process::id()))
-        });
-        let token_path = dir.join("admin.token");
-        let log_path = dir.join("registry.log");
+        let (schema, drop_schema) = match &launch.store {
+            StoreChoice::FromArgs => (
+                STORE_URL
+                    .get()
+                    .and_then(|u| u.as_ref())
+                    .map(|url| (url.clone(), new_schema_name())),
+                true,
+            ),
+            StoreChoice::Sqlite => (None, false),
+            StoreChoice::Postgres { url, schema } => (Some((url.clone(), schema.clone())), false),
+        };
+        let token_path = launch
+            .token_file
+            .clone()
+            .unwrap_or_else(|| dir.join("admin.token"));
+        let log_path = dir.join(launch.log_name);
         // `toml::Value`'s Display quotes and escapes a string as TOML.
         let quoted = |p: &Path| toml::Value::from(p.display().to_string()).to_string();
         let store_extra = match &schema {
@@ -334,15 +452,27 @@ impl RegistryProcess {
             ),
             None => String::new(),
         };
+        let (listen, cluster) = match &launch.replica {
+            Some(r) => (
+                format!("127.0.0.1:{}", r.http_port),
+                format!(
+                    "[cluster]\nenabled = true\nreplica_id = \"{}\"\ntakeover_poll_ms = {}\n\n",
+                    r.id, r.takeover_poll_ms
+                ),
+            ),
+            None => ("127.0.0.1:0".to_string(), String::new()),
+        };
         let config = format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n\n\
+            "[http]\nlisten = \"{listen}\"\n\n\
              [store]\npath = {}\n{store_extra}\n\
              [auth]\nbootstrap_admin_token_file = {}\n\n\
-             [mqtt]\n{mqtt_config}\n\
-             [sessions]\nartifact_dir = {}\n\n{extra_config}",
+             [mqtt]\n{}\n\
+             [sessions]\nartifact_dir = {}\n\n{cluster}{}",
             quoted(&db_path),
             quoted(&token_path),
+            launch.mqtt_config,
             quoted(&dir.join("artifacts")),
+            launch.extra_config,
         );
         let config_path = dir.join("cloud-registry.toml");
         std::fs::write(&config_path, config)
@@ -357,21 +487,22 @@ impl RegistryProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .spawn()
-            .with_context(|| format!("start {}", bin.display()))?;
+            .with_context(|| format!("start {bin}", bin = bin.display()))?;
         let pid = child.id();
         let stdout = child.stdout.take().context("registry stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();
-        // Only the ready line is printed on stdout; keep draining it anyway.
+        // Stdout carries the ready line (a standby's line first, for a
+        // replica); each is passed on with the time it arrived.
         std::thread::spawn(move || {
-            let mut tx = Some(tx);
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(line);
+                if tx.send((std::time::Instant::now(), line)).is_err() {
+                    break;
                 }
             }
         });
         let mut process = Self {
             pg_schema: schema,
+            drop_schema,
             child,
             pid,
             base: String::new(),
@@ -379,25 +510,46 @@ impl RegistryProcess {
             admin_token: String::new(),
             db_path,
             log_path,
+            leading: false,
+            lines: Mutex::new(rx),
         };
-        let line = rx.recv_timeout(Duration::from_secs(120)).map_err(|_| {
-            anyhow!(
-                "no ready line from the registry within 120 s; see {}",
-                process.log_path.display()
-            )
-        })?;
-        let ready: ReadyLine =
+        let line = process
+            .next_line(Duration::from_secs(120))
+            .ok_or_else(|| {
+                anyhow!(
+                    "no ready line from the registry within 120 s; see {}",
+                    process.log_path.display()
+                )
+            })?
+            .1;
+        let first: FirstLine =
             serde_json::from_str(&line).with_context(|| format!("registry ready line `{line}`"))?;
-        process.base = format!("http://{}", ready.http);
-        process.mqtt = ready
-            .mqtt
-            .parse()
-            .with_context(|| format!("MQTT address `{}`", ready.mqtt))?;
+        process.base = format!("http://{}", first.http);
+        process.leading = first.event == "ready";
+        if let Some(mqtt) = &first.mqtt {
+            process.mqtt = mqtt
+                .parse()
+                .with_context(|| format!("MQTT address `{mqtt}`"))?;
+        }
         process.admin_token = std::fs::read_to_string(&token_path)
             .with_context(|| format!("read {}", token_path.display()))?
             .trim()
             .to_string();
         Ok(process)
+    }
+
+    /// The next line the registry printed on stdout and when it arrived,
+    /// waiting at most `wait`.
+    fn next_line(&self, wait: Duration) -> Option<(std::time::Instant, String)> {
+        let rx = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        rx.recv_timeout(wait).ok()
+    }
+
+    /// SIGKILL (nothing of the registry gets to run), and reap it.
+    fn kill(&mut self) -> Result<()> {
+        self.child.kill().context("SIGKILL the registry")?;
+        self.child.wait().context("reap the registry")?;
+        Ok(())
     }
 
     fn pid_str(&self) -> String {
@@ -426,11 +578,25 @@ impl Drop for RegistryProcess {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        if let Some((url, schema)) = &self.pg_schema {
-            if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
-                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
-            }
+        if let (true, Some((url, schema))) = (self.drop_schema, &self.pg_schema) {
+            drop_schema(url, schema);
         }
+    }
+}
+
+/// `DROP SCHEMA … CASCADE` on its own thread: the synchronous client
+/// must not run on a tokio worker, where the drops happen.
+fn drop_schema(url: &str, schema: &str) {
+    let (url, sql) = (
+        url.to_string(),
+        format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
+    );
+    let dropped = std::thread::spawn(move || {
+        postgres::Client::connect(&url, postgres::NoTls).and_then(|mut c| c.batch_execute(&sql))
+    })
+    .join();
+    if let Ok(Err(e)) = dropped {
+        eprintln!("could not drop the benchmark's schema: {e}");
     }
 }
 
@@ -718,7 +884,11 @@ impl LeaseClient {
 /// Everything the lease runs share: the simulated clients' tokens and the
 /// HTTP clients.
 struct LeaseSetup {
+    /// The registry the runs read `/metrics` from.
     base: String,
+    /// The URL each simulated client sends its requests to: client `i`
+    /// uses entry `i % len` (replicas); empty: `base`.
+    client_bases: Vec<String>,
     /// (principal, token) per simulated client.
     agents: Vec<(String, String)>,
     /// The `own` scenario's capability of each simulated client.
@@ -727,6 +897,15 @@ struct LeaseSetup {
 }
 
 impl LeaseSetup {
+    /// The URL simulated client `i` sends its requests to.
+    fn client_base(&self, i: usize) -> &str {
+        if self.client_bases.is_empty() {
+            &self.base
+        } else {
+            &self.client_bases[i % self.client_bases.len()]
+        }
+    }
+
     fn http(&self) -> Result<reqwest::Client> {
         match &self.shared {
             Some(c) => Ok(c.clone()),
@@ -755,6 +934,8 @@ struct RunResult {
     errors: usize,
     first_error: Option<String>,
     registry_cpu_s: f64,
+    /// CPU of the PostgreSQL server's processes on this machine (0 on SQLite).
+    postgres_cpu_s: f64,
     bench_cpu_s: f64,
     events: u64,
     /// Bytes the registry wrote (files and sockets, `wchar`).
@@ -828,9 +1009,11 @@ struct Window {
     pace: Option<(Duration, Instant)>,
 }
 
+/// One lease run of `clients` simulated clients; the CPU and bytes written
+/// are summed over `registry_pids` (every replica).
 async fn run_leases(
     setup: &LeaseSetup,
-    registry_pid: &str,
+    registry_pids: &[String],
     args: &Args,
     scenario: Scenario,
     clients: usize,
@@ -845,7 +1028,7 @@ async fn run_leases(
         };
         lease_clients.push(Arc::new(LeaseClient::new(
             setup.http()?,
-            &setup.base,
+            setup.client_base(i),
             token.clone(),
             principal,
             &cap,
@@ -872,34 +1055,40 @@ async fn run_leases(
     // Counters and CPU at both ends of the window.
     let sampler = {
         let base = setup.base.clone();
-        let pid = registry_pid.to_string();
+        let pids = registry_pids.to_vec();
         let http = http_client()?;
         tokio::spawn(async move {
-            let sample = |http: reqwest::Client, base: String, pid: String| async move {
+            let sample = |http: reqwest::Client, base: String, pids: Vec<String>| async move {
                 let c = counters(&http, &base).await.unwrap_or_default();
                 (
                     c.events,
-                    cpu_seconds(&pid).unwrap_or(0.0),
+                    pids.iter()
+                        .map(|p| cpu_seconds(p).unwrap_or(0.0))
+                        .sum::<f64>(),
                     cpu_seconds("self").unwrap_or(0.0),
-                    written_bytes(&pid).unwrap_or(0),
+                    pids.iter()
+                        .map(|p| written_bytes(p).unwrap_or(0))
+                        .sum::<u64>(),
+                    postgres_cpu_seconds(),
                 )
             };
             tokio::time::sleep_until(window.from).await;
-            let a = sample(http.clone(), base.clone(), pid.clone()).await;
+            let a = sample(http.clone(), base.clone(), pids.clone()).await;
             tokio::time::sleep_until(window.to).await;
-            let b = sample(http, base, pid).await;
+            let b = sample(http, base, pids).await;
             (
                 b.0.saturating_sub(a.0),
                 b.1 - a.1,
                 b.2 - a.2,
                 b.3.saturating_sub(a.3),
+                b.4 - a.4,
             )
         })
     };
 
     let mut tasks = Vec::with_capacity(clients);
     for (i, client) in lease_clients.into_iter().enumerate() {
-        let base = setup.base.clone();
+        let base = setup.client_base(i).to_string();
         let recorded = recorded.clone();
         let cut_short = cut_short.clone();
         let first_error = first_error.clone();
@@ -974,7 +1163,7 @@ async fn run_leases(
         service_us.extend(v);
         errors += e;
     }
-    let (events, registry_cpu_s, bench_cpu_s, registry_written) = sampler.await?;
+    let (events, registry_cpu_s, bench_cpu_s, registry_written, postgres_cpu_s) = sampler.await?;
     let measured_to = cut_short
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -1000,6 +1189,7 @@ async fn run_leases(
         errors,
         first_error,
         registry_cpu_s,
+        postgres_cpu_s,
         bench_cpu_s,
         events,
         registry_written,
@@ -1009,9 +1199,12 @@ async fn run_leases(
 
 /// Keep the lease provider online while the lease runs last (the registry
 /// marks a provider offline after three missed heartbeat intervals).
+///
+/// Each heartbeat goes to the first of `bases` that takes it (replicas:
+/// one may be down).
 fn keep_lease_provider_online(
     http: reqwest::Client,
-    base: String,
+    bases: Vec<String>,
     token: String,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -1023,9 +1216,17 @@ fn keep_lease_provider_online(
             faults: Vec::new(),
         };
         loop {
-            if let Err(e) =
-                post_json(&http, &base, &token, "/api/v1/capabilities/heartbeat", &hb).await
-            {
+            let mut failed = None;
+            for base in &bases {
+                match post_json(&http, base, &token, "/api/v1/capabilities/heartbeat", &hb).await {
+                    Ok(_) => {
+                        failed = None;
+                        break;
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if let Some(e) = failed {
                 eprintln!("lease provider heartbeat failed: {e:#}");
             }
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -1059,14 +1260,19 @@ struct MqttProvider {
     body: Value,
 }
 
+/// `--providers` simulated providers publish heartbeats to `registry`'s
+/// broker (or `mosquitto`, whose logins are set to theirs) as fast as it
+/// ingests them; see the module doc, point 2.
 async fn run_heartbeats(
     registry: &RegistryProcess,
     http: &reqwest::Client,
     args: &Args,
+    mosquitto: Option<&fleet::Mosquitto>,
 ) -> Result<HeartbeatResult> {
     let base = registry.base.as_str();
     let mut providers = Vec::with_capacity(args.providers);
     let mut loops = Vec::new();
+    let mut logins = Vec::with_capacity(args.providers);
     for p in 0..args.providers {
         let id = format!("bench-hb-provider-{p:03}");
         let token = mint_token(http, base, &registry.admin_token, "provider", &id).await?;
@@ -1074,7 +1280,17 @@ async fn run_heartbeats(
             .map(|c| capability(format!("{id}-cap-{c}"), CapabilityType::SerialPort))
             .collect();
         register_provider(http, base, &token, &id, caps).await?;
-
+        logins.push((id, token));
+    }
+    if let Some(m) = mosquitto {
+        let pairs: Vec<(&str, &str)> = logins
+            .iter()
+            .map(|(id, token)| (id.as_str(), token.as_str()))
+            .collect();
+        m.set_logins(&pairs)?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for (id, token) in logins {
         let mut opts = MqttOptions::new(&id, registry.mqtt.ip().to_string(), registry.mqtt.port());
         opts.set_credentials(&id, &token)
             .set_keep_alive(Duration::from_secs(30))
@@ -1241,6 +1457,53 @@ async fn run_heartbeats(
     })
 }
 
+/// Print a heartbeat run's figures (header line and table).
+fn print_heartbeats(h: &HeartbeatResult, args: &Args) {
+    println!(
+        "Heartbeats over MQTT (QoS 0, {} capabilities each, at most {} in flight): {} s warm-up, {} s measured",
+        h.capabilities, args.heartbeat_window, args.warmup, h.seconds
+    );
+    println!(
+        "{:>9} {:>10} {:>9} {:>11} {:>9} {:>10} {:>13} {:>13} {:>11} {:>6}",
+        "providers",
+        "published",
+        "ingested",
+        "ingested/s",
+        "rejected",
+        "duplicates",
+        "reg CPU/msg",
+        "cli CPU/msg",
+        "reg wr/msg",
+        "load"
+    );
+    let per = |cpu: f64| {
+        if h.ingested == 0 {
+            0.0
+        } else {
+            cpu / h.ingested as f64 * 1e6
+        }
+    };
+    println!(
+        "{:>9} {:>10} {:>9} {:>11.0} {:>9} {:>10} {:>10.0} us {:>10.0} us {:>8.1} KB {:>6}",
+        h.providers,
+        h.published,
+        h.ingested,
+        h.ingested as f64 / h.seconds,
+        h.rejected,
+        h.duplicates,
+        per(h.registry_cpu_s),
+        per(h.bench_cpu_s),
+        per(h.registry_written as f64) / 1e6 / 1024.0,
+        load_average(),
+    );
+    println!(
+        "  whole run: {} published, {} ingested after the drain ({} lost)",
+        h.published_total,
+        h.ingested_total,
+        h.published_total.saturating_sub(h.ingested_total)
+    );
+}
+
 // ---------------------------------------------------------------- main
 
 fn registry_binary(args: &Args) -> Result<PathBuf> {
@@ -1383,6 +1646,13 @@ async fn main() -> Result<()> {
         }
         return outcome;
     }
+    if args.stores {
+        let outcome = stores::run(&bin, &dir, &args).await;
+        if outcome.is_ok() && remove {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return outcome;
+    }
     if args.policy_compare {
         let outcome = policy_compare(&bin, &dir, &args).await;
         if outcome.is_ok() && remove {
@@ -1405,11 +1675,14 @@ async fn main() -> Result<()> {
 
 /// Register the lease provider (one relay per client, plus the contended
 /// one), keep it online, and mint an `audit_agent` token per client.
+/// With `replicas` (every replica's URL), the clients take turns among
+/// them.
 async fn lease_lab(
     registry: &RegistryProcess,
     http: &reqwest::Client,
     max_clients: usize,
     args: &Args,
+    replicas: &[String],
 ) -> Result<(LeaseSetup, tokio::task::JoinHandle<()>)> {
     let http = http.clone();
     let base = registry.base.clone();
@@ -1427,7 +1700,12 @@ async fn lease_lab(
         .collect();
     caps.push(capability(CONTENDED.into(), CapabilityType::Relay));
     register_provider(&http, &base, &provider_token, LEASE_PROVIDER, caps).await?;
-    let keepalive = keep_lease_provider_online(http.clone(), base.clone(), provider_token);
+    let bases = if replicas.is_empty() {
+        vec![base.clone()]
+    } else {
+        replicas.to_vec()
+    };
+    let keepalive = keep_lease_provider_online(http.clone(), bases.clone(), provider_token);
     let mut agents = Vec::with_capacity(max_clients);
     for i in 0..max_clients {
         let principal = format!("audit:bench-client-{i:04}");
@@ -1443,6 +1721,7 @@ async fn lease_lab(
     }
     let setup = LeaseSetup {
         base: base.clone(),
+        client_bases: if bases.len() > 1 { bases } else { Vec::new() },
         agents,
         own_capabilities: (0..max_clients)
             .map(|i| format!("bench-cap-{i:04}"))
@@ -1465,7 +1744,7 @@ async fn policy_compare(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
         let d = dir.join(format!("policy-{mode}"));
         std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
         let registry = RegistryProcess::start(bin, &d, extra)?;
-        let (setup, keepalive) = lease_lab(&registry, &http, max_clients, args).await?;
+        let (setup, keepalive) = lease_lab(&registry, &http, max_clients, args, &[]).await?;
         labs.push((mode, registry, setup, keepalive));
     }
     println!(
@@ -1485,7 +1764,7 @@ async fn policy_compare(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
             for (i, (mode, registry, setup, _)) in labs.iter().enumerate() {
                 let r = run_leases(
                     setup,
-                    &registry.pid_str(),
+                    &[registry.pid_str()],
                     args,
                     Scenario::Own,
                     clients,
@@ -1554,7 +1833,7 @@ async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
         .unwrap_or(1)
         .max(1);
 
-    let (setup, keepalive) = lease_lab(registry, &http, max_clients, args).await?;
+    let (setup, keepalive) = lease_lab(registry, &http, max_clients, args, &[]).await?;
 
     println!(
         "Benchlink registry benchmark, {}",
@@ -1600,7 +1879,8 @@ async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
     let mut results = Vec::new();
     for scenario in [Scenario::Own, Scenario::One] {
         for &clients in &args.clients {
-            let r = run_leases(&setup, &registry.pid_str(), args, scenario, clients, None).await?;
+            let r =
+                run_leases(&setup, &[registry.pid_str()], args, scenario, clients, None).await?;
             eprintln!(
                 "  done: {} x{}: {:.0} cycles/s",
                 r.label,
@@ -1613,7 +1893,7 @@ async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
     for &rate in args.paced_rates.iter().filter(|r| **r > 0.0) {
         let r = run_leases(
             &setup,
-            &registry.pid_str(),
+            &[registry.pid_str()],
             args,
             Scenario::Own,
             args.paced_clients,
@@ -1637,50 +1917,8 @@ async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
 
     if args.providers > 0 {
         println!();
-        let h = run_heartbeats(registry, &http, args).await?;
-        println!(
-            "Heartbeats over MQTT (QoS 0, {} capabilities each, at most {} in flight): {} s warm-up, {} s measured",
-            h.capabilities, args.heartbeat_window, args.warmup, h.seconds
-        );
-        println!(
-            "{:>9} {:>10} {:>9} {:>11} {:>9} {:>10} {:>13} {:>13} {:>11} {:>6}",
-            "providers",
-            "published",
-            "ingested",
-            "ingested/s",
-            "rejected",
-            "duplicates",
-            "reg CPU/msg",
-            "cli CPU/msg",
-            "reg wr/msg",
-            "load"
-        );
-        let per = |cpu: f64| {
-            if h.ingested == 0 {
-                0.0
-            } else {
-                cpu / h.ingested as f64 * 1e6
-            }
-        };
-        println!(
-            "{:>9} {:>10} {:>9} {:>11.0} {:>9} {:>10} {:>10.0} us {:>10.0} us {:>8.1} KB {:>6}",
-            h.providers,
-            h.published,
-            h.ingested,
-            h.ingested as f64 / h.seconds,
-            h.rejected,
-            h.duplicates,
-            per(h.registry_cpu_s),
-            per(h.bench_cpu_s),
-            per(h.registry_written as f64) / 1e6 / 1024.0,
-            load_average(),
-        );
-        println!(
-            "  whole run: {} published, {} ingested after the drain ({} lost)",
-            h.published_total,
-            h.ingested_total,
-            h.published_total.saturating_sub(h.ingested_total)
-        );
+        let h = run_heartbeats(registry, &http, args, None).await?;
+        print_heartbeats(&h, args);
     }
 
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
