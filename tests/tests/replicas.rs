@@ -6,7 +6,10 @@
 //! - failover: 200 clients lease and release through both replicas while
 //!   the leader is killed with SIGKILL; the standby takes over within 5 s,
 //!   and the store afterwards shows no lease granted twice, every
-//!   acknowledged grant and release kept, and nothing left queued or held.
+//!   acknowledged grant and release kept, and nothing left queued or held;
+//! - a session in flight when the leader is killed ends on the new leader
+//!   (completed with its artifact, or reconciled as never received), and
+//!   its lease is held across the takeover.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -486,4 +489,102 @@ async fn killing_the_leader_under_200_clients_loses_nothing_and_grants_nothing_t
         rows.len(),
         col(&events[0], 0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_in_flight_when_the_leader_dies_ends_on_the_new_leader() {
+    if !benchlink_testkit::mosquitto() {
+        return;
+    }
+    let Some(pg) = PgSchema::fresh("inflight") else {
+        return;
+    };
+    let mut lab = Lab::start(replica_lab(&pg, 0)).await.expect("lab");
+    let b_port = benchlink_testkit::free_port();
+    let b_config = lab.replica_config(b_port, "b").expect("replica config");
+    let (mut b, line) = lab.start_replica(&b_config, "b").expect("replica b");
+    assert_eq!(line["event"], "standby", "{line}");
+    let b_url = format!("http://127.0.0.1:{b_port}");
+    let on_a = Agent::new(&lab.base_url, HW_AGENT, &lab.hw_token);
+    let on_b = Agent::new(&b_url, HW_AGENT, &lab.hw_token);
+
+    // A 4 s capture of the DUT console, started on the leader.
+    let lease = on_a
+        .lease_ok(caps::CONSOLE, "capture across a takeover")
+        .await
+        .expect("console lease");
+    let (s, v) = on_a
+        .post(
+            &format!("/api/v1/capability-leases/{lease}/actions"),
+            &json!({"action": "capture_log", "params": {"duration_ms": 4000}, "wait_ms": 0}),
+        )
+        .await
+        .expect("start the capture");
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let session_id = v["session_id"].as_str().expect("session id").to_string();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    // SIGKILL the leader mid-capture; b takes over.
+    lab.registry.take().expect("leader a").kill();
+    let rx = b.stdout_rx.take().expect("b's stdout");
+    let ready = tokio::task::spawn_blocking(move || loop {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) if l.contains("\"event\":\"ready\"") => return Some(l),
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    })
+    .await
+    .expect("reader")
+    .expect("b takes over within 30 s");
+    let ready: Value = serde_json::from_str(&ready).expect("ready line");
+    assert_eq!(ready["replica"], "b", "{ready}");
+    // a comes back and stands by: the bench's uploads, sent to a's URL,
+    // reach b through it (a load balancer's part in a deployment).
+    let (_a_again, line) = lab
+        .start_replica(lab.registry_config(), "a-again")
+        .expect("a restarts");
+    assert_eq!(line["event"], "standby", "{line}");
+
+    // The session ends on b, never left running: completed with its
+    // artifact when the bench got the command (it reports to whoever
+    // leads), or failed as never received when the command was still in
+    // a's MQTT queue at the kill (a 202 answers once the command is handed
+    // to the MQTT client, not once the broker has it).
+    let session = benchlink_e2e::eventually(
+        Duration::from_secs(60),
+        "the capture ends on the new leader",
+        || async {
+            let s = on_b
+                .get_ok(&format!("/api/v1/sessions/{session_id}"))
+                .await
+                .ok()?;
+            (s["status"] != "running").then_some(s)
+        },
+    )
+    .await;
+    match session["status"].as_str() {
+        Some("completed") => {
+            let artifacts = session["artifact_refs"].as_array().expect("artifact_refs");
+            assert!(!artifacts.is_empty(), "the log capture is kept: {session}");
+        }
+        Some("failed") => assert!(
+            session["error_message"]
+                .as_str()
+                .is_some_and(|m| m.contains("never reached it")),
+            "failed only because the bench never got the command: {session}"
+        ),
+        _ => panic!("the session ends completed or reconciled: {session}"),
+    }
+    eprintln!("session after the takeover: {}", session["status"]);
+    let held = on_b
+        .get_ok(&format!("/api/v1/capability-leases/{lease}"))
+        .await
+        .expect("the lease on b");
+    assert_eq!(
+        held["status"], "active",
+        "the lease, active since its first action, outlives the takeover: {held}"
+    );
+    let (s, v) = on_b.release(&lease).await.expect("release on b");
+    assert_eq!(s, StatusCode::OK, "{v}");
 }
