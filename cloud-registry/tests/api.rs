@@ -2094,3 +2094,28 @@ async fn an_nfd_and_an_nfc_spelling_of_one_tag_select_the_same_device() {
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+/// The stream's status line and headers arrive at once on a quiet
+/// registry, not with the first event or keep-alive (15 s), which a proxy
+/// or client with a shorter timeout would give up on.
+#[tokio::test]
+async fn an_event_stream_with_nothing_to_send_answers_at_once() {
+    let (_dir, _reg, api, admin) = registry().await;
+    let t0 = std::time::Instant::now();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(3),
+        api.http
+            .get(format!("{}/api/v1/capability-events/stream", api.base))
+            .bearer_auth(&admin)
+            .send(),
+    )
+    .await
+    .expect("headers within 3 s")
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    eprintln!("stream answered in {} ms", t0.elapsed().as_millis());
+}

@@ -311,6 +311,14 @@ async fn stream(
             }
         }
     });
-    Ok(Sse::new(ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    // A comment first, so that the status line and headers reach the
+    // client now, not with the first event or keep-alive (up to 15 s on a
+    // quiet lab, longer than many proxies wait).
+    let opened = futures::stream::once(async {
+        Ok::<_, Infallible>(Event::default().comment("stream open"))
+    });
+    Ok(
+        Sse::new(futures::StreamExt::chain(opened, ReceiverStream::new(rx)))
+            .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))),
+    )
 }
