@@ -405,13 +405,23 @@ async fn serve(
             }
         }) as Box<dyn FnOnce(Option<String>) + Send>
     };
-    let started = Registry::start_replica(cfg, on_standby).await;
+    // From here on: a standby (or a registry still starting) that is told
+    // to stop does so with a log line and status 0, not by the signal's
+    // default disposition.
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    let started = tokio::select! {
+        s = Registry::start_replica(cfg, on_standby) => s,
+        _ = &mut stop => {
+            watchdog.stopping("stopping before leading");
+            tracing::info!("shutdown signal received while starting or standing by; stopping");
+            return Ok(());
+        }
+    };
     if let Some(p) = standby_pings.lock().ok().and_then(|mut p| p.take()) {
         p.abort();
     }
     let running = started.context("starting the registry")?;
-    // Before the ready line: whoever reads it may stop us at once.
-    let stop = shutdown_signal();
     // Nobody reading the ready line is no reason to stop serving.
     if let Err(e) = print_out(&running.ready_line()) {
         tracing::warn!(error = %e, "cannot write the ready line to stdout");
@@ -424,7 +434,7 @@ async fn serve(
     };
     let mut lost_lock = false;
     tokio::select! {
-        _ = stop => {}
+        _ = &mut stop => {}
         _ = watchdog.run(&running) => {}
         _ = fenced => lost_lock = true,
     }
