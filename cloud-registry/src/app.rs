@@ -178,7 +178,7 @@ pub enum AppError {
     /// The store's newest checkpoint was signed with another key than
     /// this registry's: a replica (or a registry moved to a new machine)
     /// without the key file of the registry that signed it.
-    #[error("the store's checkpoints are signed with key {store_key}, this registry's key is {own_key} ({path}): replicas of one store, and a registry moved to another machine, use one key: copy `audit_log.signing_key_file` (mode 0600) from the registry that signed them (docs/scale.md \"Replicas\"); `serve --accept-broken-chain` starts anyway")]
+    #[error("the store's checkpoints are signed with key {store_key}, this registry's key is {own_key} ({path}): replicas of one store, and a registry moved to another machine, use one key: copy `audit_log.signing_key_file` (mode 0600) from the registry that signed them (docs/scale.md \"Replicas\"); a registry that signs with another key leaves a chain no single key verifies")]
     ForeignSigningKey {
         /// The newest checkpoint's public key (hex, first 16 digits).
         store_key: String,
@@ -431,6 +431,17 @@ async fn standby_signing_key(config: &Config) -> Result<Option<(PathBuf, String)
     if config.audit_log.accept_broken_chain {
         return Ok(None);
     }
+    let (path, key) = load_signing_key(config).await?;
+    Ok(Some((path, key.public_hex())))
+}
+
+/// The event log's signing key file (`audit_log.signing_key_file`, or
+/// beside the store) and the key in it, created when missing.
+///
+/// Errors: a bad key file.
+async fn load_signing_key(
+    config: &Config,
+) -> Result<(PathBuf, events::chain::SigningKeyFile), AppError> {
     let key_path = config.audit_log.key_path(&config.store.path);
     let path = key_path.clone();
     let key = tokio::task::spawn_blocking(move || {
@@ -438,7 +449,7 @@ async fn standby_signing_key(config: &Config) -> Result<Option<(PathBuf, String)
     })
     .await?
     .map_err(AppError::SigningKey)?;
-    Ok(Some((path, key.public_hex())))
+    Ok((path, key))
 }
 
 /// Load (or create) the event log's signing key and verify the chain's
@@ -448,13 +459,7 @@ async fn standby_signing_key(config: &Config) -> Result<Option<(PathBuf, String)
 /// Errors: a bad key file; a broken chain unless
 /// `audit_log.accept_broken_chain`.
 async fn open_chain(config: &Config, db: &Db) -> Result<Arc<SigningKey>, AppError> {
-    let key_path = config.audit_log.key_path(&config.store.path);
-    let path = key_path.clone();
-    let key = tokio::task::spawn_blocking(move || {
-        events::chain::SigningKeyFile::load_or_create(&key_path)
-    })
-    .await?
-    .map_err(AppError::SigningKey)?;
+    let (path, key) = load_signing_key(config).await?;
     let public = key.public_hex();
     if !config.audit_log.accept_broken_chain {
         let newest = db.read(|c| events::chain::latest_checkpoint(c)).await??;
@@ -853,6 +858,15 @@ impl Registry {
                     .await??;
                 tracing::info!(replica = %replica, url = %advertise, epoch, "this replica leads");
                 Some((replica, epoch))
+            }
+            // A registry on PostgreSQL without `[cluster]` holds the lock
+            // too: replicas of the schema forward to it, not to the URL of
+            // whichever replica led before it.
+            false if !sqlite => {
+                let (r, u) = (replica.clone(), advertise.clone());
+                db.write(move |c| crate::cluster::record_leader(c, &r, &u))
+                    .await??;
+                None
             }
             false => None,
         };

@@ -199,6 +199,24 @@ async fn a_registry_that_lost_its_lock_while_cut_off_writes_no_more() {
     let api = Api::new(&reg.base_url());
     let admin = reg.admin_token.clone().unwrap();
     register_p1(&api, &admin).await;
+    // Without [cluster] it still leads the schema: replicas forward to it.
+    let (leader_url, leader_schema) = (postgres_url(), reg_schema.clone());
+    let recorded: String = tokio::task::spawn_blocking(move || {
+        let mut c = postgres::Client::connect(&leader_url, postgres::NoTls).expect("connect");
+        c.query_one(
+            &format!("SELECT url FROM \"{leader_schema}\".cluster_leader WHERE slot = 'leader'"),
+            &[],
+        )
+        .expect("the leader row")
+        .get(0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded,
+        reg.base_url(),
+        "the lock holder is the recorded leader"
+    );
 
     // Cut off: the server lets the registry's lock go with its sessions,
     // and another registry takes it.

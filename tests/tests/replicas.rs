@@ -55,7 +55,7 @@ async fn two_replicas_serve_one_api_and_one_event_stream() {
     let lab = Lab::start(replica_lab(&pg, 0)).await.expect("lab");
     let b_port = benchlink_testkit::free_port();
     let b_config = lab.replica_config(b_port, "b").expect("replica config");
-    let (_b, line) = lab.start_replica(&b_config, "b").expect("replica b");
+    let (mut b, line) = lab.start_replica(&b_config, "b").expect("replica b");
     assert_eq!(
         line["event"], "standby",
         "b stands by while a leads: {line}"
@@ -187,6 +187,18 @@ async fn two_replicas_serve_one_api_and_one_event_stream() {
     );
     follow_a.abort();
     follow_b.abort();
+
+    // Told to stop, a standby stops cleanly (status 0), and a leads on.
+    assert_eq!(
+        b.terminate(Duration::from_secs(10)),
+        Some(0),
+        "SIGTERM stops a standby with status 0"
+    );
+    let (s, v) = on_a
+        .get("/api/v1/capabilities")
+        .await
+        .expect("a after b stopped");
+    assert_eq!(s, StatusCode::OK, "{v}");
 }
 
 /// What the failover clients saw.

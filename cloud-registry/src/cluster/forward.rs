@@ -100,7 +100,10 @@ async fn healthz(State(f): State<Forwarder>) -> Response {
     ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
 }
 
-fn unavailable(message: String, leader: Option<&Leader>) -> Response {
+/// 503 `leader_unavailable`; `details.outcome` is `not_forwarded`
+/// (nothing reached the leader: nothing was done) or `unknown` (the leader
+/// went away after it got the request).
+fn unavailable(message: String, leader: Option<&Leader>, outcome: &str) -> Response {
     let mut resp = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "leader_unavailable",
@@ -108,6 +111,7 @@ fn unavailable(message: String, leader: Option<&Leader>) -> Response {
     )
     .with_details(json!({
         "retryable": true,
+        "outcome": outcome,
         "leader": leader.map(|l| json!({"replica": l.replica, "url": l.url, "epoch": l.epoch})),
     }))
     .into_response();
@@ -130,12 +134,18 @@ async fn forward(State(f): State<Forwarder>, req: Request) -> Response {
         return unavailable(
             "this replica stands by and no other replica leads yet: retry".into(),
             None,
+            "not_forwarded",
         );
     };
     if req.headers().contains_key(FORWARDED_BY) {
         return unavailable(
-            "the request was forwarded already and reached another standby: retry".into(),
+            format!(
+                "the request carries {FORWARDED_BY}: another standby forwarded it here, so the \
+                 two name each other as leader until one takes over (retry); a client must not \
+                 send this header"
+            ),
             Some(&leader),
+            "not_forwarded",
         );
     }
     let (parts, body) = req.into_parts();
@@ -152,7 +162,7 @@ async fn forward(State(f): State<Forwarder>, req: Request) -> Response {
         .await;
     let answer = match sent {
         Ok(a) => a,
-        Err(e) => {
+        Err(e) if e.is_connect() => {
             tracing::debug!(leader = %leader.url, error = %e, "cannot forward a request to the leader");
             return unavailable(
                 format!(
@@ -160,6 +170,21 @@ async fn forward(State(f): State<Forwarder>, req: Request) -> Response {
                     leader.replica
                 ),
                 Some(&leader),
+                "not_forwarded",
+            );
+        }
+        Err(e) => {
+            // Sent, but the answer never came: the leader may have done it.
+            tracing::debug!(leader = %leader.url, error = %e, "the leader went away before answering a forwarded request");
+            return unavailable(
+                format!(
+                    "the leader ({}) went away before it answered; it may have done the request \
+                     (a lease request may be stored and granted later): retry with the same \
+                     Idempotency-Key to get its outcome",
+                    leader.replica
+                ),
+                Some(&leader),
+                "unknown",
             );
         }
     };
