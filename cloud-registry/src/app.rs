@@ -175,6 +175,15 @@ pub enum AppError {
     },
     #[error("the event log's hash chain is broken at {0}; `cloud-registry audit-log verify` tells more; start with `serve --accept-broken-chain` to extend it anyway (docs/audit-trail.md)")]
     ChainBroken(#[from] events::chain::ChainError),
+    /// Another replica leads under this standby's `replica_id` or
+    /// `advertise_url` (a configuration copied without changing them).
+    #[error("another replica holds the store's lock, yet the leader row names this replica ({leader_replica} at {leader_url}; this one is {replica} at {url}): give each replica its own [cluster] replica_id and advertise_url (docs/scale.md \"Replicas\")")]
+    SameAsLeader {
+        replica: String,
+        url: String,
+        leader_replica: String,
+        leader_url: String,
+    },
     /// The store's newest checkpoint was signed with another key than
     /// this registry's: a replica (or a registry moved to a new machine)
     /// without the key file of the registry that signed it.

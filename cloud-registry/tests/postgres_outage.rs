@@ -335,3 +335,53 @@ async fn a_replica_without_the_leaders_signing_key_refuses_to_stand_by() {
     standby.abort();
     leader.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_configured_as_the_leader_says_so_and_stops() {
+    let parsed: postgres::Config = postgres_url().parse().expect("a PostgreSQL URL");
+    let addr = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
+        (Some(postgres::config::Host::Tcp(h)), Some(p)) => format!("{h}:{p}"),
+        _ => "127.0.0.1:5432".into(),
+    };
+    if !benchlink_testkit::reachable(&addr.replace("localhost", "127.0.0.1")) {
+        benchlink_testkit::skip_unless_ci(&format!("PostgreSQL is not reachable at {addr}"));
+        return;
+    }
+    use cloud_registry::app::{AppError, Registry};
+    let dir = TempDir::new().unwrap();
+    let mut a = test_config(&dir);
+    a.store.backend = cloud_registry::config::StoreBackend::Postgres;
+    a.store.url = Some(postgres_url());
+    a.store.schema = postgres_schema(&dir);
+    a.cluster.enabled = true;
+    a.cluster.replica_id = Some("a".into());
+    a.cluster.takeover_poll_ms = 200;
+    let leader = Registry::start_replica(a.clone(), Box::new(|_| {}))
+        .await
+        .expect("a leads");
+
+    // b: a's configuration copied, its port changed, its replica_id not.
+    let mut b = a.clone();
+    b.auth.bootstrap_admin_token_file = None;
+    let t0 = std::time::Instant::now();
+    let refused = tokio::time::timeout(
+        Duration::from_secs(20),
+        Registry::start_replica(b, Box::new(|_| {})),
+    )
+    .await
+    .expect("b stops within 20 s");
+    let err = match refused {
+        Err(e) => e,
+        Ok(_) => panic!("b led while a holds the lock"),
+    };
+    assert!(matches!(err, AppError::SameAsLeader { .. }), "{err}");
+    assert!(
+        err.to_string().contains("replica_id and advertise_url"),
+        "the error says what to change: {err}"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_secs(5),
+        "not before the row has named it for 5 s"
+    );
+    leader.shutdown().await;
+}

@@ -162,6 +162,11 @@ fn newest_checkpoint_key(conn: &mut PgConn) -> Option<String> {
         .and_then(|row| row.try_get(0).ok())
 }
 
+/// How long the leader row may name this standby's own id or URL before
+/// it stops: longer than the moment after a restart in which the row
+/// still names this replica as the leader it was.
+const SAME_AS_LEADER_FOR: Duration = Duration::from_secs(5);
+
 /// The store's writer session, holding the advisory lock, and the flag
 /// that turns true if it is ever lost ([`PgConn::try_fence`]).
 pub type LockedWriter = (PgConn, Arc<AtomicBool>);
@@ -275,6 +280,9 @@ pub async fn stand_by(
     on_standby(shown);
     let every = Duration::from_millis(cluster.takeover_poll_ms);
     let check_key = forwarder.signing_key.is_some();
+    // Since when the leader row has named this replica (its id or its URL)
+    // while another session holds the lock: two replicas configured alike.
+    let mut named_us_since: Option<std::time::Instant> = None;
     let lost = loop {
         tokio::time::sleep(every).await;
         let conn = session.take();
@@ -303,6 +311,25 @@ pub async fn stand_by(
         match got {
             Ok(Some(lost)) => break lost,
             Ok(None) => {
+                let named_us = known
+                    .as_ref()
+                    .filter(|k| k.replica == forwarder.replica || k.url == forwarder.own_url);
+                match named_us {
+                    None => named_us_since = None,
+                    Some(k) => {
+                        let since = named_us_since.get_or_insert_with(std::time::Instant::now);
+                        if since.elapsed() >= SAME_AS_LEADER_FOR {
+                            let _ = stop_tx.send(true);
+                            serving.abort();
+                            return Err(AppError::SameAsLeader {
+                                replica: forwarder.replica.clone(),
+                                url: forwarder.own_url.clone(),
+                                leader_replica: k.replica.clone(),
+                                leader_url: k.url.clone(),
+                            });
+                        }
+                    }
+                }
                 if let (Some(k), Ok(mut l)) = (known, leader.write()) {
                     if l.as_ref() != Some(&k) {
                         tracing::info!(leader = %k.replica, url = %k.url, epoch = k.epoch, "standing by; forwarding requests to the leader");

@@ -1735,6 +1735,38 @@ async fn lease_lab(
     Ok((setup, keepalive))
 }
 
+/// The closed-loop runs of each of `scenarios` at every `--clients`
+/// count, then the paced `own` runs at every `--paced-rates` rate.
+async fn lease_runs(
+    setup: &LeaseSetup,
+    pids: &[String],
+    args: &Args,
+    scenarios: &[Scenario],
+) -> Result<Vec<RunResult>> {
+    let mut results = Vec::new();
+    let runs = scenarios
+        .iter()
+        .flat_map(|&s| args.clients.iter().map(move |&c| (s, c, None)))
+        .chain(
+            args.paced_rates
+                .iter()
+                .filter(|r| **r > 0.0)
+                .map(|&rate| (Scenario::Own, args.paced_clients, Some(rate))),
+        )
+        .collect::<Vec<_>>();
+    for (scenario, clients, rate) in runs {
+        let r = run_leases(setup, pids, args, scenario, clients, rate).await?;
+        eprintln!(
+            "  done: {} x{}: {:.0} cycles/s",
+            r.label,
+            r.clients,
+            r.rate()
+        );
+        results.push(r);
+    }
+    Ok(results)
+}
+
 /// `--policy-compare`: see [`Args::policy_compare`].
 async fn policy_compare(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     let max_clients = args.clients.iter().copied().max().unwrap_or(1).max(1);
@@ -1876,38 +1908,13 @@ async fn bench(registry: &RegistryProcess, args: &Args) -> Result<()> {
         args.warmup, args.seconds
     );
 
-    let mut results = Vec::new();
-    for scenario in [Scenario::Own, Scenario::One] {
-        for &clients in &args.clients {
-            let r =
-                run_leases(&setup, &[registry.pid_str()], args, scenario, clients, None).await?;
-            eprintln!(
-                "  done: {} x{}: {:.0} cycles/s",
-                r.label,
-                r.clients,
-                r.rate()
-            );
-            results.push(r);
-        }
-    }
-    for &rate in args.paced_rates.iter().filter(|r| **r > 0.0) {
-        let r = run_leases(
-            &setup,
-            &[registry.pid_str()],
-            args,
-            Scenario::Own,
-            args.paced_clients,
-            Some(rate),
-        )
-        .await?;
-        eprintln!(
-            "  done: {} x{}: {:.0} cycles/s",
-            r.label,
-            r.clients,
-            r.rate()
-        );
-        results.push(r);
-    }
+    let results = lease_runs(
+        &setup,
+        &[registry.pid_str()],
+        args,
+        &[Scenario::Own, Scenario::One],
+    )
+    .await?;
     keepalive.abort();
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
     let rss_leases = rss_mb(pid).context("registry RSS")?;

@@ -35,8 +35,8 @@ use tokio::time::Instant;
 
 use super::fleet::Mosquitto;
 use super::{
-    http_client, lease_lab, load_average, machine, percentile, print_heartbeats, run_heartbeats,
-    run_leases, Args, Launch, RegistryProcess, ReplicaSpec, RunResult, Scenario, StoreChoice,
+    http_client, lease_lab, lease_runs, load_average, machine, percentile, print_heartbeats,
+    run_heartbeats, Args, Launch, RegistryProcess, ReplicaSpec, RunResult, Scenario, StoreChoice,
 };
 
 /// The default `--store-url`.
@@ -276,27 +276,7 @@ pub async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
             let (lease_setup, keepalive) =
                 lease_lab(&setup.registries[0], &http, max_clients, args, &bases).await?;
             let pids = setup.pids();
-            for &clients in &args.clients {
-                let r = run_leases(&lease_setup, &pids, args, Scenario::Own, clients, None).await?;
-                eprintln!("  done: {} x{}: {:.0} cycles/s", r.label, clients, r.rate());
-                leases.push((setup.label, r));
-            }
-            for &rate in args.paced_rates.iter().filter(|r| **r > 0.0) {
-                let r = run_leases(
-                    &lease_setup,
-                    &pids,
-                    args,
-                    Scenario::Own,
-                    args.paced_clients,
-                    Some(rate),
-                )
-                .await?;
-                eprintln!(
-                    "  done: {} x{}: {:.0} cycles/s",
-                    r.label,
-                    r.clients,
-                    r.rate()
-                );
+            for r in lease_runs(&lease_setup, &pids, args, &[Scenario::Own]).await? {
                 leases.push((setup.label, r));
             }
             if args.providers > 0 {
