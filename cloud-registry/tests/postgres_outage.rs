@@ -20,6 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use benchlink_testkit::eventually;
+use cloud_registry::app::{AppError, Registry};
 use common::*;
 use reqwest::StatusCode;
 use tempfile::TempDir;
@@ -268,8 +269,9 @@ async fn a_registry_that_lost_its_lock_while_cut_off_writes_no_more() {
     reg.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_without_the_leaders_signing_key_refuses_to_stand_by() {
+/// A directory for a test's store when PostgreSQL answers (else `None`,
+/// a failure under CI=true).
+fn postgres_up() -> Option<TempDir> {
     let parsed: postgres::Config = postgres_url().parse().expect("a PostgreSQL URL");
     let addr = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
         (Some(postgres::config::Host::Tcp(h)), Some(p)) => format!("{h}:{p}"),
@@ -277,16 +279,29 @@ async fn a_replica_without_the_leaders_signing_key_refuses_to_stand_by() {
     };
     if !benchlink_testkit::reachable(&addr.replace("localhost", "127.0.0.1")) {
         benchlink_testkit::skip_unless_ci(&format!("PostgreSQL is not reachable at {addr}"));
-        return;
+        return None;
     }
-    use cloud_registry::app::{AppError, Registry};
-    let dir = TempDir::new().unwrap();
-    let mut a = test_config(&dir);
-    a.store.backend = cloud_registry::config::StoreBackend::Postgres;
-    a.store.url = Some(postgres_url());
-    a.store.schema = postgres_schema(&dir);
-    a.cluster.enabled = true;
-    a.cluster.replica_id = Some("a".into());
+    Some(TempDir::new().unwrap())
+}
+
+/// [`test_config`] of `dir` as `[cluster]` replica `id` on PostgreSQL, in
+/// the schema of `dir`.
+fn replica_config(dir: &TempDir, id: &str) -> cloud_registry::config::Config {
+    let mut c = test_config(dir);
+    c.store.backend = cloud_registry::config::StoreBackend::Postgres;
+    c.store.url = Some(postgres_url());
+    c.store.schema = postgres_schema(dir);
+    c.cluster.enabled = true;
+    c.cluster.replica_id = Some(id.into());
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_the_leaders_signing_key_refuses_to_stand_by() {
+    let Some(dir) = postgres_up() else {
+        return;
+    };
+    let mut a = replica_config(&dir, "a");
     a.audit_log.checkpoint_interval_seconds = 1;
     let leader = Registry::start_replica(a.clone(), Box::new(|_| {}))
         .await
@@ -338,23 +353,10 @@ async fn a_replica_without_the_leaders_signing_key_refuses_to_stand_by() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_configured_as_the_leader_says_so_and_stops() {
-    let parsed: postgres::Config = postgres_url().parse().expect("a PostgreSQL URL");
-    let addr = match (parsed.get_hosts().first(), parsed.get_ports().first()) {
-        (Some(postgres::config::Host::Tcp(h)), Some(p)) => format!("{h}:{p}"),
-        _ => "127.0.0.1:5432".into(),
-    };
-    if !benchlink_testkit::reachable(&addr.replace("localhost", "127.0.0.1")) {
-        benchlink_testkit::skip_unless_ci(&format!("PostgreSQL is not reachable at {addr}"));
+    let Some(dir) = postgres_up() else {
         return;
-    }
-    use cloud_registry::app::{AppError, Registry};
-    let dir = TempDir::new().unwrap();
-    let mut a = test_config(&dir);
-    a.store.backend = cloud_registry::config::StoreBackend::Postgres;
-    a.store.url = Some(postgres_url());
-    a.store.schema = postgres_schema(&dir);
-    a.cluster.enabled = true;
-    a.cluster.replica_id = Some("a".into());
+    };
+    let mut a = replica_config(&dir, "a");
     a.cluster.takeover_poll_ms = 200;
     let leader = Registry::start_replica(a.clone(), Box::new(|_| {}))
         .await
